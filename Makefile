@@ -1,0 +1,19 @@
+# The two quickstart commands: `make optimize` (the main job) and `make test` (the test suite).
+# Each installs what it needs on first use.
+.PHONY: setup optimize test lint clean
+
+setup:
+	bash .ci/setup-system.sh
+	bash .ci/setup-python.sh
+
+optimize: setup
+	.venv/bin/infra-agent optimize --target throughput
+
+test: setup
+	.venv/bin/python -m pytest -q
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+
+clean:
+	rm -rf .venv build *.egg-info

@@ -1,0 +1,45 @@
+"""Per-invocation state shared by CLI commands: the effective settings and the run store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra_agent.config import Settings, load_settings
+from infra_agent.store import RunStore, open_store
+
+
+@dataclass
+class Invocation:
+    config_path: Path | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    debug: bool = False
+    _settings: Settings | None = None
+    _store: RunStore | None = None
+
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = load_settings(self.config_path, self.overrides)
+        return self._settings
+
+    def store(self, *, readonly: bool = False) -> RunStore:
+        """Open the configured run store (read-only commands don't create it)."""
+        if self._store is None:
+            self._store = open_store(self.settings().store.path(), readonly=readonly)
+        return self._store
+
+    def store_path(self) -> Path:
+        return self.settings().store.path()
+
+
+_current = Invocation()
+
+
+def current() -> Invocation:
+    return _current
+
+
+def reset(invocation: Invocation) -> None:
+    global _current
+    _current = invocation

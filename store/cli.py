@@ -1,0 +1,91 @@
+"""`infra-agent runs list|show` and `infra-agent config show`."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra_agent.config import masked
+from infra_agent.context import current
+from infra_agent.errors import UserError
+from infra_agent.output import emit
+
+runs_app = typer.Typer(help="Recorded runs in the run store.", no_args_is_help=True)
+config_app = typer.Typer(help="The effective configuration.", no_args_is_help=True)
+
+JSON_OPT = typer.Option(False, "--json", help="Print one JSON document on stdout, nothing else.")
+
+
+def _store_or_none():  # type: ignore[no-untyped-def]
+    """The run store for reading, or None when it does not exist yet (nothing recorded)."""
+    inv = current()
+    if not inv.store_path().exists():
+        return None
+    return inv.store(readonly=True)
+
+
+@runs_app.command("list")
+def list_runs(
+    limit: int = typer.Option(50, "--limit", help="Most recent N runs."), as_json: bool = JSON_OPT
+) -> None:
+    """List recorded runs, newest first."""
+    store = _store_or_none()
+    runs = store.list_runs(limit) if store is not None else []
+
+    def render(console: Console) -> None:
+        if not runs:
+            console.print("No runs recorded yet.")
+            return
+        table = Table("run", "task", "objective", "policy", "status", "started", "summary")
+        for r in runs:
+            table.add_row(
+                r.id, r.task, r.objective, r.policy, r.status.value,
+                r.created_at.strftime("%Y-%m-%d %H:%M"), r.summary[:60],
+            )  # fmt: skip
+        console.print(table)
+
+    emit(runs, render, as_json=as_json)
+
+
+@runs_app.command("show")
+def show_run(run_id: str = typer.Argument(..., help="Run id."), as_json: bool = JSON_OPT) -> None:
+    """Show one run: its steps, experiments and proposals."""
+    store = _store_or_none()
+    run = store.get_run(run_id) if store is not None else None
+    if run is None or store is None:
+        raise UserError(f"run '{run_id}' not found in {current().store_path()}")
+    steps = store.steps(run_id)
+    experiments = store.experiments(run_id)
+    proposals = store.proposals(run_id=run_id)
+    doc = {"run": run, "steps": steps, "experiments": experiments, "proposals": proposals}
+
+    def render(console: Console) -> None:
+        console.print(f"[bold]{run.id}[/] {run.task} ({run.objective}, {run.policy}) — {run.status.value}")
+        if run.summary:
+            console.print(run.summary)
+        console.print(f"{len(steps)} steps, {len(experiments)} experiments, {len(proposals)} proposals")
+        table = Table("experiment", "patch", "verdict", "speedup (95% CI)")
+        for e in experiments:
+            perf = e.result.evidence.performance
+            speed = f"{perf.speedup:.3f} ({perf.ci_low:.3f}-{perf.ci_high:.3f})" if perf else "-"
+            table.add_row(e.id, e.patch_id[:12], e.result.verdict.value, speed)
+        if experiments:
+            console.print(table)
+
+    emit(doc, render, as_json=as_json)
+
+
+@config_app.command("show")
+def show_config(as_json: bool = JSON_OPT) -> None:
+    """Print the effective configuration (file < environment < flags) with secrets masked."""
+    settings = current().settings()
+    data = masked(settings)
+
+    def render(console: Console) -> None:
+        import tomllib  # noqa: F401  (the file format shown)
+
+        console.print(f"# source: {settings.source or 'defaults (no infra-agent.toml found)'}")
+        console.print_json(data=data)
+
+    emit(data, render, as_json=as_json)

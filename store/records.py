@@ -1,0 +1,183 @@
+"""Typed records kept in the run store. Each is versioned through `STORE_SCHEMA_VERSION`.
+
+A run is a sequence of steps (model messages and tool results); experiments, proposals and
+review decisions hang off it. Records cross modules as these types, never as free-form dicts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from infra_agent.experiments.verdict import ExperimentResult
+
+STORE_SCHEMA_VERSION = 1
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class RunStatus(str, Enum):
+    RUNNING = "running"
+    WAITING_REVIEW = "waiting_review"
+    INTERRUPTED = "interrupted"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class RunRecord(BaseModel):
+    id: str = Field(default_factory=lambda: new_id("run"))
+    task: str
+    objective: str
+    """throughput | latency | accuracy | goodput"""
+    policy: str
+    """llm | search | scripted"""
+    status: RunStatus = RunStatus.RUNNING
+    model: str | None = None
+    """Model name for the llm/scripted policy."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Budget and options the run was started with (no secrets)."""
+    summary: str = ""
+    """Final outcome in a sentence."""
+    created_at: datetime = Field(default_factory=now)
+    updated_at: datetime = Field(default_factory=now)
+
+
+class ToolCall(BaseModel):
+    id: str
+    name: str
+    arguments: str
+    """JSON text exactly as the model produced it (may be invalid JSON)."""
+
+
+class StepRecord(BaseModel):
+    """One message of the agent's conversation, in order."""
+
+    run_id: str
+    seq: int = -1
+    """Position in the run; assigned by the store."""
+    role: Literal["system", "user", "assistant", "tool", "harness"]
+    content: str = ""
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    """For role='tool': the call this answers."""
+    name: str | None = None
+    """For role='tool': the tool's name."""
+    error: str | None = None
+    """Set when the message is an error report (bad tool call, rate limit, timeout)."""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    """Per-token logprobs when the endpoint returned them."""
+    created_at: datetime = Field(default_factory=now)
+
+
+class PatchKind(str, Enum):
+    DIFF = "diff"
+    KNOBS = "knobs"
+
+
+class PatchRecord(BaseModel):
+    id: str
+    """Content hash of the patch (see tasks.patch.Patch.hash)."""
+    kind: PatchKind
+    diff: str = ""
+    knobs: dict[str, Any] = Field(default_factory=dict)
+    files: list[str] = Field(default_factory=list)
+    author: str = "human"
+    """Who proposed it: 'human', 'search', a model name."""
+    rationale: str = ""
+    created_at: datetime = Field(default_factory=now)
+
+
+class ExperimentRecord(BaseModel):
+    id: str = Field(default_factory=lambda: new_id("exp"))
+    run_id: str | None = None
+    task: str
+    patch_id: str
+    sandbox: str = "local"
+    result: ExperimentResult
+    started_at: datetime = Field(default_factory=now)
+    duration_s: float = 0.0
+    target_fingerprint: str = ""
+    """Hash of the task + baseline workspace the experiment ran against (staleness check)."""
+
+
+class ProposalStatus(str, Enum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    CHANGES_REQUESTED = "changes_requested"
+    APPLIED = "applied"
+    SUPERSEDED = "superseded"
+
+
+class RiskLevel(str, Enum):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    FORBIDDEN = "forbidden"
+
+
+class ProposalRecord(BaseModel):
+    id: str = Field(default_factory=lambda: new_id("prop"))
+    run_id: str | None = None
+    task: str
+    patch_id: str
+    patch_hash: str
+    """The patch content hash the evidence was measured on; decisions bind to it."""
+    experiment_ids: list[str] = Field(default_factory=list)
+    status: ProposalStatus = ProposalStatus.PENDING
+    risk: RiskLevel = RiskLevel.MEDIUM
+    risk_reasons: list[str] = Field(default_factory=list)
+    expected_gain: float | None = None
+    """Measured speedup (or accuracy gain) of the backing experiment."""
+    rationale: str = ""
+    target_fingerprint: str = ""
+    created_at: datetime = Field(default_factory=now)
+    updated_at: datetime = Field(default_factory=now)
+
+
+class DecisionAction(str, Enum):
+    APPROVE = "approve"
+    REJECT = "reject"
+    REQUEST_CHANGES = "request_changes"
+    REVERIFY = "reverify"
+    AUTO_APPROVE = "auto_approve"
+    APPLY = "apply"
+
+
+class DecisionRecord(BaseModel):
+    """An append-only audit entry: who decided what on which exact patch."""
+
+    id: str = Field(default_factory=lambda: new_id("dec"))
+    proposal_id: str
+    reviewer: str
+    action: DecisionAction
+    patch_hash: str
+    comment: str = ""
+    created_at: datetime = Field(default_factory=now)
+
+
+class FeedbackRecord(BaseModel):
+    """A stored instrument result (accuracy, timeline, bench, gil, health)."""
+
+    id: str = Field(default_factory=lambda: new_id("fb"))
+    run_id: str | None = None
+    instrument: str
+    record: dict[str, Any]
+    """The instrument's typed record, dumped to JSON."""
+    rendering: str
+    """The short text the model saw."""
+    created_at: datetime = Field(default_factory=now)

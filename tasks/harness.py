@@ -1,0 +1,133 @@
+"""The harness contract: the trusted half of a task.
+
+A task's `harness.py` defines a subclass of `Harness` (named by `harness_class` in task.toml).
+It runs in the experiment's own process, never in the sandbox: it generates inputs from seeds the
+candidate never sees, computes the reference (and the float64 reference), calls the candidate's
+code through `arm.worker` (an RPC worker inside the sandbox), and measures with its own clock.
+
+The experiment engine (`infra_agent.experiments`) drives it:
+
+    for arm in (baseline, candidate): harness.prepare(arm)
+    correctness: harness.check(arm, seed) on fresh seeds, both arms
+    performance: harness.sample(arm, seed) interleaved ABBA..., adaptive stopping
+    health:      harness.health(arm, seed) both arms, then harness.health_problems(base, cand)
+    finally:     harness.finish(arm)
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from infra_agent.tasks.manifest import TaskManifest
+
+if TYPE_CHECKING:
+    from infra_agent.sandboxes.base import Sandbox
+
+
+class IncorrectOutput(Exception):
+    """Raised by a harness when a candidate's output is wrong (also during timed samples)."""
+
+
+class CandidateFailure(Exception):
+    """The candidate crashed, hung past its timeout, or hit a resource limit."""
+
+    def __init__(self, message: str, *, kind: str = "crash", log_tail: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        """'crash' | 'timeout' | 'memory' | 'protocol' | 'violation'"""
+        self.log_tail = log_tail
+
+
+class Worker(Protocol):
+    """An RPC worker running inside the sandbox with the arm's workspace on its sys.path."""
+
+    def call(self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """Call `module:function` in the sandbox. Arguments go in pickled (trusted direction);
+        the result comes back through a safe loader (tensors, numbers, strings, lists, tuples,
+        dicts only). Raises CandidateFailure on crash/timeout/limit or on a rule violation seen
+        at run time (extra threads or child processes left behind)."""
+        ...
+
+    def timed_call(
+        self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> tuple[Any, float]:
+        """Like `call`, also returning the round-trip seconds measured by the harness's clock
+        (perf_counter_ns in the harness process: the candidate cannot patch it)."""
+        ...
+
+
+@dataclass
+class Arm:
+    """One side of an experiment: a sandbox with its own copy of the workspace."""
+
+    name: Literal["baseline", "candidate"]
+    sandbox: Sandbox
+    knobs: dict[str, Any]
+    """Effective knob values for this arm (task defaults overlaid with the patch's assignment)."""
+    params: dict[str, Any]
+    """Effective scale parameters of the task for this run."""
+    worker_factory: Any = field(repr=False, default=None)
+    _worker: Worker | None = field(default=None, repr=False)
+    state: dict[str, Any] = field(default_factory=dict)
+    """Scratch space for the harness (e.g. a server handle)."""
+
+    @property
+    def worker(self) -> Worker:
+        """The arm's RPC worker, started on first use."""
+        if self._worker is None:
+            self._worker = self.worker_factory(self)
+        assert self._worker is not None
+        return self._worker
+
+
+@dataclass
+class CheckResult:
+    """Correctness of one arm on one fresh input set."""
+
+    passed: bool
+    """Output matches the reference within tolerance."""
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    err_vs_f64: float | None = None
+    """The arm's error against the float64 reference (the task's error measure)."""
+    tolerance: str | None = None
+    detail: str | None = None
+    """Why it failed, in words."""
+
+
+class Harness(abc.ABC):
+    """Base class for task harnesses. Subclass it in a task's harness.py."""
+
+    def __init__(self, manifest: TaskManifest, params: dict[str, Any]) -> None:
+        self.manifest = manifest
+        self.params = params
+
+    def prepare(self, arm: Arm) -> None:
+        """Called once per arm before anything else (start a server, warm up). Default: nothing."""
+
+    @abc.abstractmethod
+    def check(self, arm: Arm, seed: int) -> CheckResult:
+        """Run the arm on fresh inputs derived from `seed` and compare with the references."""
+
+    @abc.abstractmethod
+    def sample(self, arm: Arm, seed: int) -> dict[str, float]:
+        """One measurement: {metric name: value} including the manifest's metric and constraint
+        metrics. Must time with the harness's clock and should verify the output it timed
+        (raise IncorrectOutput), so cached or unfinished results cannot win."""
+
+    def health(self, arm: Arm, seed: int) -> dict[str, float | int | str | bool]:
+        """Task health checks for one arm (e.g. corruption counts). Default: none."""
+        return {}
+
+    def health_problems(
+        self,
+        baseline: dict[str, float | int | str | bool],
+        candidate: dict[str, float | int | str | bool],
+    ) -> list[str]:
+        """Reasons the candidate is less healthy than baseline (each names the rule). Default: []."""
+        return []
+
+    def finish(self, arm: Arm) -> None:
+        """Called once per arm at the end, even after failures. Default: nothing."""

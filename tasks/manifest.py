@@ -1,0 +1,207 @@
+"""The task manifest (`task.toml`): what is optimized, how it is measured, what a patch may touch.
+
+A task is a folder a user can write without touching this package:
+
+    my-task/
+      task.toml      # this manifest
+      README.md      # the story: symptom, origin, what "fixed" means
+      workspace/     # the code under optimization (copied into each sandbox)
+      harness.py     # trusted: inputs, reference, checks, measurement (never visible to candidates)
+      reference.patch (optional) # a known-good fix, used by tests, never shown to the agent
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from infra_agent.errors import UserError
+
+MANIFEST_FILENAME = "task.toml"
+Objective = Literal["throughput", "latency", "accuracy", "goodput", "correctness"]
+
+
+class Metric(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    """Key in the harness's sample dict, e.g. 'step_time_ms'."""
+    unit: str
+    """Unit for people, e.g. 'ms', 'tok/s', 'corruptions/10k'."""
+    higher_is_better: bool
+    """Direction: True for throughput-like metrics, False for times and error rates."""
+
+
+class Constraint(BaseModel):
+    """A secondary metric the candidate must not worsen beyond a ratio of baseline's median."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str
+    """Key in the harness's sample dict."""
+    max_ratio: float
+    """Candidate median / baseline median may not exceed this (for a higher-is-better metric,
+    baseline / candidate may not exceed it). E.g. 1.3 for 'at most 1.3x baseline time'."""
+    higher_is_better: bool = False
+
+
+class Knob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["int", "float", "choice", "bool"]
+    default: Any
+    choices: list[Any] | None = None
+    """Allowed values for 'choice' (and optionally int)."""
+    min: float | None = None
+    max: float | None = None
+    log: bool = False
+    """Search on a log scale (sizes, counts)."""
+    help: str = ""
+    needs_gpu: bool = False
+
+    def validate_value(self, name: str, value: Any) -> Any:
+        """Return `value` coerced to this knob's type, or raise UserError naming the knob."""
+        if self.type == "bool":
+            if not isinstance(value, bool):
+                raise UserError(f"knob '{name}': expected true or false, got {value!r}")
+            return value
+        if self.type == "choice" or self.choices is not None:
+            if value not in (self.choices or []):
+                raise UserError(f"knob '{name}': {value!r} is not one of {self.choices}")
+            return value
+        kind = int if self.type == "int" else float
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"knob '{name}': expected a number, got {value!r}")
+        if kind is int and float(value) != int(value):
+            raise UserError(f"knob '{name}': expected an integer, got {value!r}")
+        value = kind(value)
+        if self.min is not None and value < self.min:
+            raise UserError(f"knob '{name}': {value} is below the minimum {self.min}")
+        if self.max is not None and value > self.max:
+            raise UserError(f"knob '{name}': {value} is above the maximum {self.max}")
+        return value
+
+
+class Budget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    call_timeout_s: float = 60.0
+    """Wall-clock limit for one call into candidate code."""
+    experiment_timeout_s: float = 600.0
+    """Wall-clock limit for a whole experiment."""
+    memory_mb: int = 4096
+    """Memory (address space) limit of the candidate process."""
+    cpu_time_s: int = 900
+    min_samples: int = 8
+    """Minimum samples per arm before a performance verdict."""
+    max_samples: int = 40
+    """Sampling stops here even if the confidence interval is still wide."""
+    measure_budget_s: float = 60.0
+    """Time budget for the performance stage (adaptive stopping)."""
+    target_ci_width: float = 0.04
+    """Stop sampling once the 95% CI of the speedup is narrower than this (relative)."""
+    correctness_checks: int = 3
+    """Fresh inputs checked in the correctness stage."""
+
+
+class Tolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    atol: float | None = None
+    """Absolute tolerance; None: torch.testing.assert_close's default for the dtype."""
+    rtol: float | None = None
+    f64_factor: float = 1.5
+    """Candidate error vs float64 may exceed baseline's by at most this factor (dynamo's rule)."""
+    f64_floor: float = 0.0
+    """Errors vs float64 below this are treated as equal (precision floor)."""
+
+
+class TaskManifest(BaseModel):
+    """The parsed `task.toml`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    title: str = ""
+    story: str
+    """One paragraph: symptom, where it comes from, what 'fixed' means."""
+    objective: Objective
+    objectives: list[Objective] = Field(default_factory=list)
+    metric: Metric
+    constraints: list[Constraint] = Field(default_factory=list)
+    editable: list[str]
+    """Glob patterns (relative to workspace/) a patch may modify."""
+    knobs: dict[str, Knob] = Field(default_factory=dict)
+    budget: Budget = Field(default_factory=Budget)
+    tolerance: Tolerance = Field(default_factory=Tolerance)
+    plausible_speedup: float | None = None
+    """Speedups above this are flagged `suspicious` and forced to human review."""
+    min_effect: float = 0.02
+    """Relative change below which a difference counts as NO_CHANGE even if significant."""
+    allow: list[str] = Field(default_factory=list)
+    """Static-rule groups this task's code legitimately needs (e.g. 'threading', 'ctypes')."""
+    harness: str = "harness.py"
+    """Harness module file, relative to the task folder."""
+    harness_class: str = "TaskHarness"
+    kind: Literal["python", "serving"] = "python"
+    """'python': candidate code runs in an RPC worker; 'serving': the harness runs a server."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Scale parameters (sizes, load, duration) with their CI defaults; overridable per run."""
+    tags: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskManifest:
+        if not self.objectives:
+            self.objectives = [self.objective]
+        for name, knob in self.knobs.items():
+            knob.validate_value(name, knob.default)
+        return self
+
+
+class Task(BaseModel):
+    """A loaded task: its manifest and where its folder is."""
+
+    manifest: TaskManifest
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace"
+
+    @property
+    def harness_path(self) -> Path:
+        return self.root / self.manifest.harness
+
+    @property
+    def reference_patch(self) -> Path | None:
+        path = self.root / "reference.patch"
+        return path if path.is_file() else None
+
+
+def load_task(folder: Path) -> Task:
+    """Load and validate a task folder; raise UserError naming the file and field on any problem."""
+    path = folder / MANIFEST_FILENAME
+    if not path.is_file():
+        raise UserError(f"{folder}: not a task folder (no {MANIFEST_FILENAME})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML ({exc})") from exc
+    try:
+        manifest = TaskManifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise UserError(f"{path}: field '{where}': {first['msg']}") from exc
+    if not (folder / "workspace").is_dir():
+        raise UserError(f"{folder}: task has no workspace/ folder")
+    if not (folder / manifest.harness).is_file():
+        raise UserError(f"{path}: harness file '{manifest.harness}' not found")
+    return Task(manifest=manifest, root=folder.resolve())
