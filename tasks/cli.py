@@ -16,12 +16,7 @@ def list_tasks(as_json: bool = typer.Option(False, "--json", help="Print one JSO
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(tasks_app, name="tasks")
+    from infra_agent.tasks.diagnose import register as register_diagnose
 
-    @app.command()
-    def diagnose(
-        task: str = typer.Option(..., "--task", help="Task name or folder."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
-    ) -> None:
-        """Reproduce a task's symptom and localize it with the instruments, changing no code."""
-        raise NotBuiltError("infra-agent diagnose (issue 5)")
+    app.add_typer(tasks_app, name="tasks")
+    register_diagnose(app)
