@@ -1,0 +1,112 @@
+"""The SGLang environment: a separate virtual environment the project creates and caches.
+
+SGLang (about 11 GB with its pinned torch and CUDA libraries) never goes into infra-agent's own
+install: infra-agent drives it through its command line and HTTP API, as a real deployment does.
+
+    ensure_sglang_env() -> Path      # the venv folder; created on first use (~4.5 min, 11 GB)
+    python -m infra_agent.serving.env --ensure     # the same, for `make test` / CI, idempotent
+
+The location is `$INFRA_AGENT_HOME/sglang-<version>-venv` (default home:
+`~/.cache/infra-agent`). A venv is complete only once the marker file is written after a
+successful install, so an interrupted install is redone rather than used half-built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from infra_agent.errors import UserError
+
+SGLANG_VERSION = "0.5.23"
+COMPLETE_MARKER = ".infra-agent-complete"
+INSTALL_TIMEOUT_S = 3600.0
+
+
+def home() -> Path:
+    """infra-agent's cache folder: `$INFRA_AGENT_HOME` or `~/.cache/infra-agent`."""
+    return Path(os.environ.get("INFRA_AGENT_HOME") or Path.home() / ".cache" / "infra-agent")
+
+
+def sglang_env_path(version: str = SGLANG_VERSION) -> Path:
+    return home() / f"sglang-{version}-venv"
+
+
+def env_python(env: Path) -> Path:
+    return env / "bin" / "python"
+
+
+def is_ready(env: Path) -> bool:
+    """True when the venv finished installing (marker present) and its python exists."""
+    return (env / COMPLETE_MARKER).is_file() and env_python(env).is_file()
+
+
+def find_sglang_env(version: str = SGLANG_VERSION) -> Path | None:
+    """The cached environment if it is complete, else None (never installs)."""
+    env = sglang_env_path(version)
+    return env if is_ready(env) else None
+
+
+def ensure_sglang_env(version: str = SGLANG_VERSION, *, quiet: bool = False) -> Path:
+    """Return the SGLang venv, creating it (python -m venv + pip install sglang==version) if needed.
+
+    Raises UserError with the pip output's tail when the install fails.
+    """
+    env = sglang_env_path(version)
+    if is_ready(env):
+        return env
+    say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if env.exists():
+        say(f"removing incomplete SGLang environment {env}")
+        shutil.rmtree(env)
+    env.parent.mkdir(parents=True, exist_ok=True)
+    say(f"creating SGLang {version} environment in {env} (first use: several minutes, ~11 GB)")
+    _run([sys.executable, "-m", "venv", str(env)], quiet)
+    say(f"pip install sglang=={version}")
+    _run([str(env_python(env)), "-m", "pip", "install", "--progress-bar", "off", f"sglang=={version}"], quiet)
+    (env / COMPLETE_MARKER).write_text(version + "\n")
+    say(f"SGLang environment ready: {env}")
+    return env
+
+
+def _run(argv: list[str], quiet: bool) -> None:
+    """Run an install step, streaming its 'Collecting/Installing' lines as progress."""
+    lines: list[str] = []
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            del lines[:-30]
+            if not quiet and line.startswith(("Collecting", "Installing", "Successfully")):
+                print("  " + line.rstrip()[:120], file=sys.stderr, flush=True)
+        code = proc.wait(timeout=INSTALL_TIMEOUT_S)
+    if code != 0:
+        tail = "\n".join(lines[-15:])
+        raise UserError(f"{' '.join(argv[:4])} failed (exit {code}):\n{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ensure", action="store_true", help="create the environment if missing")
+    parser.add_argument("--version", default=SGLANG_VERSION)
+    args = parser.parse_args(argv)
+    if args.ensure:
+        try:
+            print(ensure_sglang_env(args.version))
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    env = find_sglang_env(args.version)
+    print(env if env else f"not installed (would be {sglang_env_path(args.version)})")
+    return 0 if env else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
