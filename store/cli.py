@@ -37,11 +37,12 @@ def list_runs(
         if not runs:
             console.print("No runs recorded yet.")
             return
-        table = Table("run", "task", "objective", "policy", "status", "started", "summary")
+        table = Table("task", "objective", "policy", "status", "started", "summary")
+        table.add_column("run", no_wrap=True)
         for r in runs:
             table.add_row(
-                r.id, r.task, r.objective, r.policy, r.status.value,
-                r.created_at.strftime("%Y-%m-%d %H:%M"), r.summary[:60],
+                r.task, r.objective, r.policy, r.status.value,
+                r.created_at.strftime("%Y-%m-%d %H:%M"), r.summary[:40], r.id,
             )  # fmt: skip
         console.print(table)
 

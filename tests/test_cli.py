@@ -1,0 +1,103 @@
+"""The CLI as a user meets it: help, --json discipline, one-line errors, nothing written."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from infra_agent.store import open_store
+from infra_agent.store.records import STORE_SCHEMA_VERSION, RunRecord
+from support import run_cli
+
+GROUPS = [
+    "optimize",
+    "experiment",
+    "diagnose",
+    "feedback",
+    "tasks",
+    "runs",
+    "review",
+    "export",
+    "config",
+]
+
+
+def test_every_group_has_help() -> None:
+    top = run_cli("--help")
+    assert top.returncode == 0
+    for group in GROUPS:
+        assert group in top.stdout
+        result = run_cli(group, "--help")
+        assert result.returncode == 0, (group, result.stderr)
+        assert "Usage" in result.stdout
+
+
+def test_runs_list_json_on_empty_store_is_empty_list(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    result = run_cli("--db", str(db), "runs", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+    assert not db.exists()  # reading never creates a store
+
+
+def test_runs_list_and_show_read_the_store(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    run = RunRecord(
+        task="decode-split-norm", objective="throughput", policy="search", summary="1.6x"
+    )
+    store.put_run(run)
+    store.close()
+    listed = json.loads(run_cli("--db", str(db), "runs", "list", "--json").stdout)
+    assert [r["id"] for r in listed] == [run.id]
+    shown = run_cli("--db", str(db), "runs", "show", run.id, "--json")
+    assert json.loads(shown.stdout)["run"]["task"] == "decode-split-norm"
+    human = run_cli("--db", str(db), "runs", "list")
+    assert run.id in human.stdout
+    missing = run_cli("--db", str(db), "runs", "show", "run-nope")
+    assert missing.returncode != 0 and "run 'run-nope' not found" in missing.stderr
+
+
+def test_malformed_config_is_one_line_no_traceback_nothing_written(tmp_path: Path) -> None:
+    (tmp_path / "infra-agent.toml").write_text('[store]\ndb = "x.db"\nbogus = 1\n')
+    result = run_cli("config", "show", cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "field 'store.bogus'" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert not (tmp_path / "x.db").exists()
+    debug = run_cli("--debug", "config", "show", cwd=tmp_path)
+    assert "Traceback" in debug.stderr
+
+
+def test_config_show_masks_secrets(tmp_path: Path) -> None:
+    result = run_cli(
+        "config", "show", "--json", cwd=tmp_path,
+        env={"OPENAI_API_KEY": "sk-live-123456", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["llm"]["endpoint"]["base_url"] == "http://127.0.0.1:9/v1"
+    assert "sk-live-123456" not in result.stdout
+
+
+def test_newer_schema_database_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    open_store(db).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "UPDATE meta SET value=? WHERE key='schema_version'", (str(STORE_SCHEMA_VERSION + 5),)
+        )
+    result = run_cli("--db", str(db), "runs", "list")
+    assert result.returncode == 2
+    assert "newer than this infra-agent supports" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args", [["runs", "list", "--bogus"], ["no-such-command"]])
+def test_unknown_options_and_commands_fail(args: list[str]) -> None:
+    result = run_cli(*args)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
