@@ -3,9 +3,40 @@
 Python API (stable):
 - `compare_samples(baseline, candidate, *, higher_is_better, confidence=0.95, seed=0,
   paired=False, equivalence=0.02) -> Comparison` — statistics on samples you already have
-  (see `feedback.bench.compare`).
+  (see `feedback.bench.compare`): speedup (> 1 better), ci_low/ci_high, verdict
+  FASTER|SLOWER|SAME|AMBIGUOUS, noise flags.
+- `run_bench(baseline, candidate, *, min_sample_s=0.005, ci_width=0.02, budget_s=10, ...)
+  -> BenchResult` — time two arms interleaved with adaptive stopping (see `feedback.bench.runner`).
+  Arms are zero-argument callables (CPU, perf_counter_ns) or targets from `make_target(fn,
+  device='cuda', flush_l2=..., cuda_graph=...)`, `CommandTarget('shell command')`,
+  `WorkerTarget('module:function')` (separate process).
+- `load_callable('module:function' | 'file.py:function')` — resolve user code.
 """
 
 from infra_agent.feedback.bench.compare import BenchVerdict, Comparison, compare_samples
+from infra_agent.feedback.bench.counters import HardwareCounters
+from infra_agent.feedback.bench.runner import BenchResult, make_target, run_bench
+from infra_agent.feedback.bench.targets import (
+    CallableTarget,
+    CommandTarget,
+    CudaTarget,
+    Target,
+    WorkerTarget,
+)
+from infra_agent.feedback.bench.usercode import load_callable
 
-__all__ = ["BenchVerdict", "Comparison", "compare_samples"]
+__all__ = [
+    "BenchResult",
+    "BenchVerdict",
+    "CallableTarget",
+    "CommandTarget",
+    "Comparison",
+    "CudaTarget",
+    "HardwareCounters",
+    "Target",
+    "WorkerTarget",
+    "compare_samples",
+    "load_callable",
+    "make_target",
+    "run_bench",
+]

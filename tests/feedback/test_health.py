@@ -45,7 +45,9 @@ def test_garbled_text() -> None:
     garbled = "ok \ufffd\x01\x02 text \ue000\ufffd"
     result = check_output(garbled, None)
     assert [i.rule for i in result.issues] == ["garbled_text"]
-    assert check_output("plain ascii, one \ufffd in a line long enough: " + " ".join(map(str, range(40)))).healthy
+    assert check_output(
+        "plain ascii, one \ufffd in a line long enough: " + " ".join(map(str, range(40)))
+    ).healthy
     # With a known alphabet, rare characters count as bad.
     rules = HealthRules(alphabet="abcdefghijklmnopqrstuvwxyz ")
     assert not check_output("abc ЖЖЖ def", rules=rules).healthy

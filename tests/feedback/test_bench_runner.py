@@ -1,0 +1,87 @@
+"""run_bench on real code: a 20% slower variant is SLOWER, identical code is SAME."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from infra_agent.errors import UserError
+from infra_agent.feedback.bench import CommandTarget, WorkerTarget, run_bench
+
+
+def _work(n: int) -> int:
+    s = 0
+    for i in range(n):
+        s += i * i
+    return s
+
+
+def test_detects_a_real_20_percent_slower_variant() -> None:
+    r = run_bench(
+        lambda: _work(20_000), lambda: _work(24_000), clock="cpu", min_sample_s=0.01, budget_s=10
+    )
+    assert r.comparison.verdict == "SLOWER"
+    assert r.comparison.ci_high < 0.95
+    assert r.baseline_samples_s and len(r.baseline_samples_s) == len(r.candidate_samples_s)
+    assert "SLOWER" in r.render()
+
+
+def test_identical_code_is_same() -> None:
+    r = run_bench(
+        lambda: _work(20_000),
+        lambda: _work(20_000),
+        clock="cpu",
+        min_sample_s=0.01,
+        budget_s=15,
+        equivalence=0.03,
+    )
+    assert r.comparison.verdict == "SAME", r.render()
+    assert r.comparison.ci_low <= 1.0 <= r.comparison.ci_high
+
+
+def test_command_and_worker_targets(tmp_path: Path) -> None:
+    code = tmp_path / "kernels.py"
+    code.write_text("def fast():\n    sum(range(1000))\n")
+    worker = WorkerTarget(f"{code}:fast")
+    command = CommandTarget(f"{sys.executable} -c pass")
+    r = run_bench(worker, command, min_sample_s=0.001, budget_s=3, min_samples=4, max_samples=8)
+    assert r.timer == "worker:perf_counter_ns"
+    # A fresh interpreter per call is much slower than summing a range in a warm worker.
+    assert r.comparison.verdict == "SLOWER"
+    assert worker.proc.poll() is not None  # closed on return
+    assert r.counters_unavailable is None
+
+
+def test_failing_command_and_bad_spec_are_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="exited with 3"):
+        CommandTarget("exit 3").sample(1)
+    with pytest.raises(UserError, match="no attribute"):
+        code = tmp_path / "k.py"
+        code.write_text("x = 1\n")
+        WorkerTarget(f"{code}:missing")
+
+
+@pytest.mark.skipif(__import__("shutil").which("ncu") is not None, reason="ncu present")
+def test_counters_say_unavailable_without_ncu() -> None:
+    r = run_bench(
+        lambda: None, lambda: None, budget_s=1, min_samples=4, max_samples=4, with_counters=True
+    )
+    assert r.counters is None
+    assert r.counters_unavailable is not None
+    assert r.counters_unavailable.startswith("unavailable: ncu")
+
+
+def test_parse_ncu_csv_aggregates_per_kernel() -> None:
+    from infra_agent.feedback.bench.counters import parse_ncu_csv
+
+    text = (
+        "==PROF== Connected\n"
+        '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
+        '"0","gemm","gpu__time_duration.sum","nsecond","1,000"\n'
+        '"0","gemm","sm__throughput.avg.pct_of_peak_sustained_elapsed","%","80"\n'
+        '"1","gemm","gpu__time_duration.sum","nsecond","3000"\n'
+        '"1","gemm","sm__throughput.avg.pct_of_peak_sustained_elapsed","%","60"\n'
+    )
+    (k,) = parse_ncu_csv(text)
+    assert k.launches == 2
+    assert k.metrics["gpu__time_duration.sum"] == 4000
+    assert k.metrics["sm__throughput.avg.pct_of_peak_sustained_elapsed"] == 70
