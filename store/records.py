@@ -145,6 +145,13 @@ class ProposalRecord(BaseModel):
     """Measured speedup (or accuracy gain) of the backing experiment."""
     rationale: str = ""
     target_fingerprint: str = ""
+    task_root: str = ""
+    """Folder of the task the evidence was measured on (to re-check the fingerprint)."""
+    resumption: str = ""
+    """What happened to the waiting agent run after the decision: '', 'resumed', 'pending: ...',
+    'failed: ...' (set by the review queue)."""
+    applied_to: str = ""
+    """Where an approved patch was applied (git branch and repo, or the knobs file)."""
     created_at: datetime = Field(default_factory=now)
     updated_at: datetime = Field(default_factory=now)
 

@@ -1,0 +1,457 @@
+"""The review queue: proposals waiting for a human, and the decisions taken on them.
+
+A proposal binds a patch (by content hash) to the experiments that back it. A decision names the
+patch hash the reviewer looked at; the queue refuses it if that is no longer the proposal's
+patch, and refuses an approval whose evidence is stale (measured on another patch, or the target
+changed since: its fingerprint differs) until it has been re-verified. Decisions are compare-and-
+set on the proposal's status inside one transaction with their audit entry (`DecisionRecord`,
+append-only), so of two concurrent decisions exactly one lands and the other is told who won.
+
+    submit_proposal(store, task=..., patch=..., experiment=..., rationale=..., run_id=...)
+    decide(store, proposal_id, reviewer="ana", action="approve", patch_hash=...)
+    review_outcome(store, proposal_id).render()   # what the agent sees as a tool result
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel
+
+from infra_agent.errors import NotBuiltError, UserError
+from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
+from infra_agent.store.base import RunStore
+from infra_agent.store.records import (
+    DecisionAction,
+    DecisionRecord,
+    ExperimentRecord,
+    PatchRecord,
+    ProposalRecord,
+    ProposalStatus,
+    RiskLevel,
+)
+
+if TYPE_CHECKING:
+    from infra_agent.tasks.manifest import Task
+
+POLICY_REVIEWER = "policy"
+"""Reviewer name on decisions the risk policy took by itself."""
+
+_HUMAN_ACTIONS = {
+    DecisionAction.APPROVE: ProposalStatus.APPROVED,
+    DecisionAction.REJECT: ProposalStatus.REJECTED,
+    DecisionAction.REQUEST_CHANGES: ProposalStatus.CHANGES_REQUESTED,
+}
+
+
+class PatchLike(Protocol):
+    """What the queue needs of `infra_agent.tasks.patch.Patch`."""
+
+    @property
+    def hash(self) -> str: ...
+
+    def to_record(self) -> PatchRecord: ...
+
+
+class ReviewConflict(UserError):
+    """The proposal is no longer pending: someone else decided first."""
+
+
+class StaleProposal(UserError):
+    """The evidence no longer matches the patch or the target: re-verify before approving."""
+
+
+class ReviewOutcome(BaseModel):
+    """The reviewer's answer on a proposal, as the agent reads it after a review interrupt."""
+
+    proposal_id: str
+    status: ProposalStatus
+    action: DecisionAction | None = None
+    """The last human (or policy) decision; None while pending."""
+    reviewer: str | None = None
+    comment: str = ""
+    patch_hash: str
+
+    def render(self) -> str:
+        if self.action is None:
+            return f"proposal {self.proposal_id}: still pending review"
+        head = {
+            DecisionAction.APPROVE: "APPROVED",
+            DecisionAction.AUTO_APPROVE: "APPROVED by the risk policy",
+            DecisionAction.REJECT: "REJECTED",
+            DecisionAction.REQUEST_CHANGES: "CHANGES REQUESTED",
+            DecisionAction.APPLY: "APPROVED and applied",
+            DecisionAction.REVERIFY: "re-verified, still pending",
+        }[self.action]
+        text = (
+            f"proposal {self.proposal_id} (patch {self.patch_hash[:12]}): {head} by {self.reviewer}"
+        )
+        if self.comment:
+            text += f"\nreviewer comment: {self.comment}"
+        if self.action == DecisionAction.REQUEST_CHANGES:
+            text += "\nRevise the patch, verify it with an experiment, and submit a new proposal."
+        return text
+
+
+# -- target fingerprint --------------------------------------------------------------------
+
+
+def _fallback_fingerprint(task: Task) -> str:
+    """sha256 over the task manifest, harness and workspace files (used until
+    `infra_agent.experiments.task_fingerprint` exists)."""
+    digest = hashlib.sha256()
+    paths = [task.root / "task.toml", task.harness_path]
+    if task.workspace.is_dir():
+        paths += sorted(
+            p for p in task.workspace.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        )
+    for path in paths:
+        if path.is_file():
+            digest.update(
+                str(path.relative_to(task.root)).encode() + b"\0" + path.read_bytes() + b"\0"
+            )
+    return digest.hexdigest()
+
+
+def current_fingerprint(task: Task) -> str:
+    """The task's fingerprint now, as the experiment engine computes it."""
+    try:
+        from infra_agent.experiments import task_fingerprint  # type: ignore[attr-defined]
+    except ImportError:
+        return _fallback_fingerprint(task)
+    return str(task_fingerprint(task))
+
+
+def resolve_task(proposal: ProposalRecord) -> Task | None:
+    """The task a proposal was measured on: its recorded folder, else by name; None if gone."""
+    from infra_agent.tasks.manifest import load_task
+
+    if proposal.task_root and Path(proposal.task_root, "task.toml").is_file():
+        return load_task(Path(proposal.task_root))
+    try:
+        from infra_agent.tasks.registry import find_task  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        return find_task(proposal.task)  # type: ignore[no-any-return]
+    except UserError:
+        return None
+
+
+def staleness(store: RunStore, proposal: ProposalRecord, task: Task | None = None) -> str | None:
+    """Why the proposal's evidence cannot support an approval now, or None if it is current."""
+    if not proposal.experiment_ids:
+        return "no experiment backs this proposal; re-verify it"
+    patch = store.get_patch(proposal.patch_id)
+    if patch is None or patch.id != proposal.patch_hash:
+        return f"the stored patch no longer has hash {proposal.patch_hash[:12]}; re-verify it"
+    for exp_id in proposal.experiment_ids:
+        exp = store.get_experiment(exp_id)
+        if exp is None:
+            return f"experiment {exp_id} is missing from the run store; re-verify"
+        if exp.patch_id != proposal.patch_hash:
+            return (
+                f"evidence was measured on patch {exp.patch_id[:12]}, but the proposal carries "
+                f"{proposal.patch_hash[:12]}; re-verify"
+            )
+    task = task or resolve_task(proposal)
+    if task is None:
+        return f"task '{proposal.task}' cannot be found, so the target cannot be checked; re-verify"
+    now_fp = current_fingerprint(task)
+    if proposal.target_fingerprint and now_fp != proposal.target_fingerprint:
+        return (
+            f"the target changed since the experiment (task fingerprint "
+            f"{proposal.target_fingerprint[:12]} -> {now_fp[:12]}); re-verify"
+        )
+    return None
+
+
+# -- submitting ------------------------------------------------------------------------------
+
+
+def _as_policy(policy: RiskPolicy | Path | None) -> RiskPolicy:
+    if isinstance(policy, RiskPolicy):
+        return policy
+    return load_policy(policy)
+
+
+def submit_proposal(
+    store: RunStore,
+    *,
+    task: Task,
+    patch: PatchLike | PatchRecord,
+    experiment: ExperimentRecord,
+    rationale: str,
+    run_id: str | None,
+    policy: RiskPolicy | Path | None = None,
+) -> ProposalRecord:
+    """Queue `patch`, backed by `experiment`, for review; return the stored proposal.
+
+    The risk policy sets its risk level and may approve it at once (low risk, IMPROVED, no
+    blocking flags) or reject it (a forbidden file); either is audited as a decision by
+    'policy'. Earlier proposals of the same run that were sent back, and pending proposals of
+    the same task with the same patch, are marked superseded.
+    """
+    record = patch if isinstance(patch, PatchRecord) else patch.to_record()
+    if not isinstance(patch, PatchRecord) and patch.hash != record.id:
+        raise UserError(f"patch hash {patch.hash[:12]} does not match its record {record.id[:12]}")
+    if experiment.patch_id != record.id:
+        raise UserError(
+            f"experiment {experiment.id} measured patch {experiment.patch_id[:12]}, "
+            f"not the proposed patch {record.id[:12]}"
+        )
+    assessment = assess(record, experiment.result, _as_policy(policy))
+    perf = experiment.result.evidence.performance
+    proposal = ProposalRecord(
+        run_id=run_id,
+        task=task.name,
+        task_root=str(task.root),
+        patch_id=record.id,
+        patch_hash=record.id,
+        experiment_ids=[experiment.id],
+        risk=assessment.level,
+        risk_reasons=assessment.reasons,
+        expected_gain=perf.speedup if perf is not None else None,
+        rationale=rationale or record.rationale,
+        target_fingerprint=experiment.target_fingerprint or current_fingerprint(task),
+    )
+    with store.transaction():
+        store.put_patch(record)
+        if store.get_experiment(experiment.id) is None:
+            store.put_experiment(experiment)
+        for old in store.proposals():
+            revised = (
+                run_id is not None
+                and old.run_id == run_id
+                and old.status == ProposalStatus.CHANGES_REQUESTED
+            )
+            duplicate = (
+                old.task == task.name
+                and old.patch_hash == record.id
+                and old.status == ProposalStatus.PENDING
+            )
+            if revised or duplicate:
+                store.set_proposal_status(old.id, old.status, ProposalStatus.SUPERSEDED)
+        store.put_proposal(proposal)
+        if assessment.action != PolicyAction.REVIEW:
+            auto = assessment.action == PolicyAction.AUTO_APPROVE
+            store.set_proposal_status(
+                proposal.id,
+                ProposalStatus.PENDING,
+                ProposalStatus.APPROVED if auto else ProposalStatus.REJECTED,
+            )
+            store.add_decision(
+                DecisionRecord(
+                    proposal_id=proposal.id,
+                    reviewer=POLICY_REVIEWER,
+                    action=DecisionAction.AUTO_APPROVE if auto else DecisionAction.REJECT,
+                    patch_hash=record.id,
+                    comment="; ".join(assessment.reasons),
+                )
+            )
+    stored = store.get_proposal(proposal.id)
+    assert stored is not None
+    return stored
+
+
+# -- deciding --------------------------------------------------------------------------------
+
+
+def get_proposal(store: RunStore, proposal_id: str) -> ProposalRecord:
+    proposal = store.get_proposal(proposal_id)
+    if proposal is None:
+        raise UserError(f"proposal '{proposal_id}' not found")
+    return proposal
+
+
+def _already_decided(store: RunStore, proposal: ProposalRecord) -> ReviewConflict:
+    last = next(
+        (d for d in reversed(store.decisions(proposal.id)) if d.action != DecisionAction.REVERIFY),
+        None,
+    )
+    if last is None:
+        return ReviewConflict(f"proposal {proposal.id} is {proposal.status.value}, not pending")
+    return ReviewConflict(
+        f"proposal {proposal.id} was already decided by {last.reviewer} "
+        f"({last.action.value} at {last.created_at:%Y-%m-%d %H:%M:%S} UTC); "
+        f"it is now {proposal.status.value}"
+    )
+
+
+def decide(
+    store: RunStore,
+    proposal_id: str,
+    *,
+    reviewer: str,
+    action: DecisionAction | str,
+    patch_hash: str,
+    comment: str = "",
+) -> ProposalRecord:
+    """Record a reviewer's decision on the exact patch `patch_hash`; return the updated proposal.
+
+    Raises ReviewConflict if the proposal is no longer pending (naming who decided),
+    StaleProposal if `patch_hash` is not the proposal's patch or an approval's evidence is stale,
+    UserError for an unknown proposal/action, a forbidden approval or a comment-less request.
+    """
+    try:
+        action = DecisionAction(action)
+    except ValueError:
+        raise UserError(f"unknown action '{action}' (approve, reject, request_changes)") from None
+    if action not in _HUMAN_ACTIONS:
+        raise UserError(
+            f"action '{action.value}' is not a reviewer decision (approve, reject, request_changes)"
+        )
+    if not reviewer.strip():
+        raise UserError("a decision needs a reviewer name")
+    if action == DecisionAction.REQUEST_CHANGES and not comment.strip():
+        raise UserError("request-changes needs a comment telling the agent what to change")
+    proposal = get_proposal(store, proposal_id)
+    if proposal.status != ProposalStatus.PENDING:
+        raise _already_decided(store, proposal)
+    if patch_hash != proposal.patch_hash:
+        raise StaleProposal(
+            f"you reviewed patch {patch_hash[:12]}, but proposal {proposal.id} carries "
+            f"{proposal.patch_hash[:12]}; reload it"
+        )
+    if action == DecisionAction.APPROVE:
+        if proposal.risk == RiskLevel.FORBIDDEN:
+            raise UserError(
+                f"proposal {proposal.id} touches files the risk policy forbids; it cannot be approved"
+            )
+        reason = staleness(store, proposal)
+        if reason is not None:
+            raise StaleProposal(f"cannot approve {proposal.id}: {reason}")
+    with store.transaction():
+        if not store.set_proposal_status(
+            proposal.id, ProposalStatus.PENDING, _HUMAN_ACTIONS[action]
+        ):
+            raise _already_decided(store, get_proposal(store, proposal.id))
+        store.add_decision(
+            DecisionRecord(
+                proposal_id=proposal.id,
+                reviewer=reviewer,
+                action=action,
+                patch_hash=patch_hash,
+                comment=comment,
+            )
+        )
+    return get_proposal(store, proposal.id)
+
+
+def review_outcome(store: RunStore, proposal_id: str) -> ReviewOutcome:
+    """The latest decision on a proposal, for the agent's tool result."""
+    proposal = get_proposal(store, proposal_id)
+    last = next(
+        (d for d in reversed(store.decisions(proposal.id)) if d.action != DecisionAction.REVERIFY),
+        None,
+    )
+    if last is None or proposal.status == ProposalStatus.PENDING:
+        return ReviewOutcome(
+            proposal_id=proposal.id, status=proposal.status, patch_hash=proposal.patch_hash
+        )
+    return ReviewOutcome(
+        proposal_id=proposal.id,
+        status=proposal.status,
+        action=last.action,
+        reviewer=last.reviewer,
+        comment=last.comment,
+        patch_hash=last.patch_hash,
+    )
+
+
+def list_queue(
+    store: RunStore,
+    *,
+    status: ProposalStatus | None = None,
+    task: str | None = None,
+    risk: RiskLevel | None = None,
+) -> list[ProposalRecord]:
+    """Proposals matching the filters, largest expected gain first (unmeasured last)."""
+    found = [
+        p
+        for p in store.proposals(status=status)
+        if (task is None or p.task == task) and (risk is None or p.risk == risk)
+    ]
+    return sorted(
+        found, key=lambda p: (p.expected_gain is None, -(p.expected_gain or 0.0), p.created_at)
+    )
+
+
+# -- re-verifying ------------------------------------------------------------------------------
+
+
+def _patch_from_record(record: PatchRecord) -> Any:
+    try:
+        from infra_agent.tasks.patch import Patch  # type: ignore[import-not-found]
+    except ImportError:
+        raise NotBuiltError(
+            "re-verification (infra_agent.tasks.patch, issue of the verify helper)"
+        ) from None
+    return Patch(
+        kind=record.kind.value,
+        diff=record.diff,
+        knobs=record.knobs,
+        author=record.author,
+        rationale=record.rationale,
+    )
+
+
+def reverify(
+    store: RunStore,
+    proposal_id: str,
+    *,
+    reviewer: str,
+    sandbox: str = "local",
+    params: dict[str, Any] | None = None,
+    policy: RiskPolicy | Path | None = None,
+) -> ProposalRecord:
+    """Run the proposal's patch through a fresh experiment against the current target and attach
+    it as the proposal's evidence (risk re-assessed; never auto-approved: a human asked)."""
+    proposal = get_proposal(store, proposal_id)
+    if proposal.status != ProposalStatus.PENDING:
+        raise _already_decided(store, proposal)
+    task = resolve_task(proposal)
+    if task is None:
+        raise UserError(f"task '{proposal.task}' cannot be found; cannot re-verify {proposal.id}")
+    record = store.get_patch(proposal.patch_id)
+    if record is None:
+        raise UserError(
+            f"patch {proposal.patch_id[:12]} of {proposal.id} is missing from the run store"
+        )
+    patch = _patch_from_record(record)
+    if patch.hash != proposal.patch_hash:
+        raise StaleProposal(
+            f"stored patch hashes to {patch.hash[:12]}, not {proposal.patch_hash[:12]}"
+        )
+    try:
+        from infra_agent.experiments import run_experiment  # type: ignore[attr-defined]
+    except ImportError:
+        raise NotBuiltError("re-verification (infra_agent.experiments.run_experiment)") from None
+    experiment: ExperimentRecord = run_experiment(
+        task, patch, sandbox=sandbox, params=params, store=store, run_id=proposal.run_id
+    )
+    if store.get_experiment(experiment.id) is None:
+        store.put_experiment(experiment)
+    assessment = assess(record, experiment.result, _as_policy(policy))
+    perf = experiment.result.evidence.performance
+    with store.transaction():
+        current = get_proposal(store, proposal.id)
+        if current.status != ProposalStatus.PENDING:
+            raise _already_decided(store, current)
+        current.experiment_ids = [*current.experiment_ids, experiment.id]
+        current.target_fingerprint = experiment.target_fingerprint or current_fingerprint(task)
+        current.expected_gain = perf.speedup if perf is not None else None
+        current.risk, current.risk_reasons = assessment.level, assessment.reasons
+        store.put_proposal(current)
+        store.add_decision(
+            DecisionRecord(
+                proposal_id=current.id,
+                reviewer=reviewer,
+                action=DecisionAction.REVERIFY,
+                patch_hash=current.patch_hash,
+                comment=f"experiment {experiment.id}: {experiment.result.verdict.value}",
+            )
+        )
+    return get_proposal(store, proposal.id)

@@ -1,0 +1,206 @@
+"""Risk policy: how dangerous a proposal is, and whether it may skip a human.
+
+A proposal's risk comes from what its patch touches and from the flags its experiment raised:
+
+    knob change of an allow-listed argument  <  source patch (e.g. scheduling)  <  kernel or
+    memory-management patch;  `suspicious` forces HIGH; accuracy-near-threshold and health
+    warnings raise the level by one.
+
+The policy is a TOML file of rules, read top to bottom. Each touched file (or knob) takes the
+FIRST rule whose globs match it; the strictest outcome over all touched items decides
+(forbid > review > auto-approve). An item no rule matches needs review at MEDIUM risk.
+
+    [[rule]]
+    files = ["**/kernels/**", "**/*.cu"]   # globs over patch file paths (workspace-relative)
+    action = "review"                       # auto-approve | review | forbid
+    risk = "high"                           # low | medium | high (optional; default medium)
+    reason = "kernel code"                  # shown to reviewers
+
+    [[rule]]
+    knobs = ["chunked_prefill_size", "schedule_*"]   # globs over knob names
+    action = "auto-approve"
+    risk = "low"
+
+Globs: `*` matches within a path segment, `**` any number of segments, `?` one character.
+Auto-approval also needs the experiment's verdict IMPROVED and none of the flags in
+`blocking_flags` (top-level key; default: every flag except `noisy`).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from enum import Enum
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infra_agent.errors import UserError
+from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
+from infra_agent.store.records import PatchKind, PatchRecord, RiskLevel
+
+DEFAULT_POLICY_PATH = Path(__file__).with_name("default_policy.toml")
+
+_ORDER = [RiskLevel.LOW, RiskLevel.MEDIUM, RiskLevel.HIGH, RiskLevel.FORBIDDEN]
+
+
+class PolicyAction(str, Enum):
+    AUTO_APPROVE = "auto-approve"
+    REVIEW = "review"
+    FORBID = "forbid"
+
+
+_STRICTNESS = {PolicyAction.AUTO_APPROVE: 0, PolicyAction.REVIEW: 1, PolicyAction.FORBID: 2}
+
+
+class PolicyRule(BaseModel):
+    """One line of the policy: globs over files and/or knobs, and what happens on a match."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    files: list[str] = Field(default_factory=list)
+    """Globs over the patch's file paths, relative to the task workspace."""
+    knobs: list[str] = Field(default_factory=list)
+    """Globs over knob names."""
+    action: PolicyAction
+    risk: RiskLevel = RiskLevel.MEDIUM
+    """Risk level of an item this rule matches (ignored for forbid: always FORBIDDEN)."""
+    reason: str = ""
+    """Why, in words a reviewer reads."""
+
+
+class RiskPolicy(BaseModel):
+    """The parsed policy file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: list[PolicyRule] = Field(default_factory=list)
+    blocking_flags: list[Flag] = Field(
+        default_factory=lambda: [
+            Flag.SUSPICIOUS,
+            Flag.ACCURACY_NEAR_THRESHOLD,
+            Flag.HEALTH_WARNING,
+            Flag.DIFFERENT_NODES,
+        ]
+    )
+    """Flags that rule out auto-approval whatever the rules say."""
+    source: str = "default"
+    """Where the policy came from (file path or 'default')."""
+
+
+class RiskAssessment(BaseModel):
+    """The policy's answer for one proposal."""
+
+    level: RiskLevel
+    action: PolicyAction
+    """What happens now: auto-approve, wait for review, or refuse."""
+    reasons: list[str]
+    """One line per matched rule or flag, for the reviewer."""
+
+
+@lru_cache(maxsize=256)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out + r"\Z")
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """True if `path` (posix, relative) matches `pattern` (`*`, `**`, `?`)."""
+    path = path[2:] if path.startswith("./") else path
+    return _glob_regex(pattern).match(path) is not None
+
+
+def load_policy(path: Path | None = None) -> RiskPolicy:
+    """Read a policy TOML file (the bundled default when `path` is None); UserError if malformed."""
+    target = path or DEFAULT_POLICY_PATH
+    try:
+        data = tomllib.loads(target.read_text())
+    except OSError as exc:
+        raise UserError(f"risk policy {target}: cannot read ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"risk policy {target}: not valid TOML ({exc})") from exc
+    try:
+        policy = RiskPolicy.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise UserError(f"risk policy {target}: field '{where}': {first['msg']}") from exc
+    for n, rule in enumerate(policy.rule):
+        if not rule.files and not rule.knobs:
+            raise UserError(f"risk policy {target}: rule {n + 1} has neither 'files' nor 'knobs'")
+    policy.source = str(target) if path else "default"
+    return policy
+
+
+def _first_rule(policy: RiskPolicy, item: str, *, knob: bool) -> PolicyRule | None:
+    for rule in policy.rule:
+        globs = rule.knobs if knob else rule.files
+        if any(glob_match(g, item) for g in globs):
+            return rule
+    return None
+
+
+def _raise(level: RiskLevel, to: RiskLevel) -> RiskLevel:
+    return _ORDER[max(_ORDER.index(level), _ORDER.index(to))]
+
+
+def _bump(level: RiskLevel) -> RiskLevel:
+    return level if level == RiskLevel.FORBIDDEN else _ORDER[min(_ORDER.index(level) + 1, 2)]
+
+
+def assess(
+    patch: PatchRecord, result: ExperimentResult, policy: RiskPolicy | None = None
+) -> RiskAssessment:
+    """Risk level and action for `patch` backed by `result`, under `policy` (default bundled)."""
+    policy = policy or load_policy()
+    items = [(k, True) for k in sorted(patch.knobs)] if patch.kind == PatchKind.KNOBS else []
+    items += [(f, False) for f in patch.files]
+    level, action, reasons = RiskLevel.LOW, PolicyAction.AUTO_APPROVE, []
+    if not items:
+        level, action = RiskLevel.MEDIUM, PolicyAction.REVIEW
+        reasons.append("patch touches nothing the policy can classify")
+    for item, is_knob in items:
+        what = f"knob {item}" if is_knob else item
+        rule = _first_rule(policy, item, knob=is_knob)
+        if rule is None:
+            item_level, item_action = RiskLevel.MEDIUM, PolicyAction.REVIEW
+            reasons.append(f"{what}: no policy rule matches; needs review")
+        else:
+            item_action = rule.action
+            item_level = RiskLevel.FORBIDDEN if rule.action == PolicyAction.FORBID else rule.risk
+            why = f" ({rule.reason})" if rule.reason else ""
+            reasons.append(f"{what}: {rule.action.value}, {item_level.value} risk{why}")
+        level = _raise(level, item_level)
+        if _STRICTNESS[item_action] > _STRICTNESS[action]:
+            action = item_action
+    if Flag.SUSPICIOUS in result.flags:
+        level = _raise(level, RiskLevel.HIGH)
+        reasons.append("flag suspicious: gain above the task's plausibility bound")
+    for flag in (Flag.ACCURACY_NEAR_THRESHOLD, Flag.HEALTH_WARNING):
+        if flag in result.flags:
+            level = _bump(level)
+            reasons.append(f"flag {flag.value}: risk raised one level")
+    if action == PolicyAction.AUTO_APPROVE:
+        blocking = [f.value for f in result.flags if f in policy.blocking_flags]
+        if result.verdict != Verdict.IMPROVED:
+            action = PolicyAction.REVIEW
+            reasons.append(f"verdict {result.verdict.value}: only IMPROVED may be auto-approved")
+        elif blocking:
+            action = PolicyAction.REVIEW
+            reasons.append(f"flags {', '.join(blocking)} rule out auto-approval")
+        elif level != RiskLevel.LOW:
+            action = PolicyAction.REVIEW
+            reasons.append(f"{level.value} risk: only low risk may be auto-approved")
+    return RiskAssessment(level=level, action=action, reasons=reasons)

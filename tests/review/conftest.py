@@ -1,0 +1,182 @@
+"""Fixtures for the review queue: a small task folder in git-free tmp space and proposals on it."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import textwrap
+from types import SimpleNamespace
+from pathlib import Path
+
+import pytest
+
+from infra_agent.experiments.verdict import (
+    CorrectnessEvidence,
+    Evidence,
+    ExperimentResult,
+    Flag,
+    PerformanceEvidence,
+    Verdict,
+)
+from infra_agent.store import RunStore, open_store
+from infra_agent.store.records import ExperimentRecord, PatchKind, PatchRecord
+from infra_agent.tasks.manifest import Task, load_task
+
+SCHED_PY = textwrap.dedent(
+    '''\
+    """A toy batch scheduler."""
+
+
+    def next_batch(queue, max_batch):
+        batch = []
+        for request in queue:
+            if len(batch) >= max_batch:
+                break
+            batch.append(request)
+        return batch
+    '''
+)
+
+SCHED_DIFF = textwrap.dedent(
+    """\
+    --- a/scheduler.py
+    +++ b/scheduler.py
+    @@ -2,9 +2,5 @@
+
+
+     def next_batch(queue, max_batch):
+    -    batch = []
+    -    for request in queue:
+    -        if len(batch) >= max_batch:
+    -            break
+    -        batch.append(request)
+    -    return batch
+    +    # Slicing avoids a Python-level loop per request.
+    +    return list(queue[:max_batch])
+    """
+)
+
+
+def make_task(root: Path) -> Task:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "workspace").mkdir(exist_ok=True)
+    (root / "workspace" / "scheduler.py").write_text(SCHED_PY)
+    (root / "harness.py").write_text("class TaskHarness:\n    pass\n")
+    (root / "task.toml").write_text(
+        textwrap.dedent(
+            """\
+            name = "toy-sched"
+            story = "Batch selection is slow."
+            objective = "latency"
+            editable = ["scheduler.py"]
+            [metric]
+            name = "step_time_ms"
+            unit = "ms"
+            higher_is_better = false
+            [knobs.max_batch]
+            type = "int"
+            default = 8
+            min = 1
+            max = 256
+            """
+        )
+    )
+    return load_task(root)
+
+
+def diff_patch(diff: str = SCHED_DIFF) -> PatchRecord:
+    try:
+        from infra_agent.tasks.patch import parse_diff
+
+        return parse_diff(
+            diff, author="scripted-llm", rationale="slice instead of loop"
+        ).to_record()
+    except ImportError:  # until the verify helper's module lands
+        import hashlib
+
+        return PatchRecord(
+            id=hashlib.sha256(("diff\n" + diff).encode()).hexdigest(),
+            kind=PatchKind.DIFF,
+            diff=diff,
+            files=["scheduler.py"],
+            author="scripted-llm",
+            rationale="slice instead of loop",
+        )
+
+
+def knob_patch_record(knobs: dict[str, object]) -> PatchRecord:
+    from infra_agent.tasks.patch import knob_patch
+
+    return knob_patch(knobs, author="search", rationale="bigger batches").to_record()
+
+
+def measured_result(
+    task: str, patch_id: str, *, speedup: float = 1.3, flags: list[Flag] | None = None
+) -> ExperimentResult:
+    """An ExperimentResult with per-sample timings drawn around a true speedup."""
+    rng = random.Random(7)
+    base = [10.0 + rng.gauss(0, 0.3) for _ in range(24)]
+    cand = [10.0 / speedup + rng.gauss(0, 0.3) for _ in range(24)]
+    return ExperimentResult(
+        task=task,
+        patch_id=patch_id,
+        verdict=Verdict.IMPROVED,
+        reasons=[f"step_time_ms median improved {speedup:.2f}x, CI excludes 1"],
+        flags=flags or [],
+        evidence=Evidence(
+            stage_reached="performance",
+            correctness=CorrectnessEvidence(
+                passed=True, checks=3, max_abs_err=0.0, tolerance="exact",
+                baseline_err_f64=1e-7, candidate_err_f64=1.1e-7,
+            ),
+            performance=PerformanceEvidence(
+                metric="step_time_ms", unit="ms", higher_is_better=False,
+                baseline_median=sorted(base)[12], candidate_median=sorted(cand)[12],
+                speedup=speedup, ci_low=speedup - 0.05, ci_high=speedup + 0.05, n_samples=24,
+                baseline_samples=base, candidate_samples=cand, method="ABBA interleaved, bootstrap",
+            ),
+            health={"repetition_rate": 0.0},
+            extra={"divergence": {"first_layer": None}},
+        ),
+    )  # fmt: skip
+
+
+def experiment_for(task: Task, patch: PatchRecord, **kw: object) -> ExperimentRecord:
+    from infra_agent.review.queue import current_fingerprint
+
+    return ExperimentRecord(
+        task=task.name,
+        patch_id=patch.id,
+        result=measured_result(task.name, patch.id, **kw),  # type: ignore[arg-type]
+        target_fingerprint=current_fingerprint(task),
+    )
+
+
+@pytest.fixture
+def task(tmp_path: Path) -> Task:
+    return make_task(tmp_path / "toy-sched")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> RunStore:
+    return open_store(tmp_path / "runs.db")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+@pytest.fixture
+def kit() -> SimpleNamespace:
+    """The helpers above, for tests (conftest modules are not importable by name)."""
+    return SimpleNamespace(
+        make_task=make_task,
+        diff_patch=diff_patch,
+        knob_patch_record=knob_patch_record,
+        measured_result=measured_result,
+        experiment_for=experiment_for,
+        git=git,
+        SCHED_DIFF=SCHED_DIFF,
+    )

@@ -1,0 +1,113 @@
+"""Risk policy: levels from what a patch touches, flags, and TOML rules (first match wins)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra_agent.errors import UserError
+from infra_agent.experiments.verdict import Flag, Verdict
+from infra_agent.review.queue import submit_proposal
+from infra_agent.review.risk import PolicyAction, assess, glob_match, load_policy
+from infra_agent.store.records import PatchKind, PatchRecord, ProposalStatus, RiskLevel
+
+
+def _patch(files=(), knobs=None) -> PatchRecord:
+    kind = PatchKind.KNOBS if knobs else PatchKind.DIFF
+    return PatchRecord(id="h" * 64, kind=kind, files=list(files), knobs=knobs or {})
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "hit"),
+    [
+        ("**/kernels/**", "kernels/a.py", True),
+        ("**/kernels/**", "srt/layers/kernels/x/a.py", True),
+        ("*.py", "a/b.py", False),
+        ("**/*sched*", "managers/scheduler.py", True),
+        ("**", "anything/at/all.txt", True),
+        ("harness.py", "sub/harness.py", False),
+    ],
+)
+def test_glob(pattern: str, path: str, hit: bool) -> None:
+    assert glob_match(pattern, path) is hit
+
+
+def test_levels_by_what_is_touched(kit) -> None:
+    result = kit.measured_result("t", "h" * 64)
+    knobs = assess(_patch(knobs={"max_batch": 32}), result)
+    sched = assess(_patch(files=["srt/managers/scheduler.py"]), result)
+    kernel = assess(
+        _patch(files=["srt/mem_cache/allocator.py", "srt/managers/scheduler.py"]), result
+    )
+    harness = assess(_patch(files=["harness.py"]), result)
+    assert (knobs.level, knobs.action) == (RiskLevel.LOW, PolicyAction.AUTO_APPROVE)
+    assert (sched.level, sched.action) == (RiskLevel.MEDIUM, PolicyAction.REVIEW)
+    assert (kernel.level, kernel.action) == (RiskLevel.HIGH, PolicyAction.REVIEW)
+    assert (harness.level, harness.action) == (RiskLevel.FORBIDDEN, PolicyAction.FORBID)
+
+
+def test_flags_and_verdict_block_auto_approval(kit) -> None:
+    near = assess(
+        _patch(knobs={"max_batch": 32}),
+        kit.measured_result("t", "h" * 64, flags=[Flag.ACCURACY_NEAR_THRESHOLD]),
+    )
+    assert (near.level, near.action) == (RiskLevel.MEDIUM, PolicyAction.REVIEW)
+    result = kit.measured_result("t", "h" * 64)
+    result.verdict = Verdict.NO_CHANGE
+    flat = assess(_patch(knobs={"max_batch": 32}), result)
+    assert flat.action == PolicyAction.REVIEW
+    assert any("NO_CHANGE" in r for r in flat.reasons)
+
+
+def test_policy_file_first_match_wins(tmp_path, kit) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(
+        '[[rule]]\nknobs = ["max_*"]\naction = "review"\nrisk = "medium"\nreason = "memory sizing"\n'
+        '[[rule]]\nknobs = ["*"]\naction = "auto-approve"\nrisk = "low"\n'
+    )
+    policy = load_policy(path)
+    result = kit.measured_result("t", "h" * 64)
+    assert assess(_patch(knobs={"max_batch": 32}), result, policy).action == PolicyAction.REVIEW
+    assert (
+        assess(_patch(knobs={"stream_interval": 2}), result, policy).action
+        == PolicyAction.AUTO_APPROVE
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[rule]]\naction = 'review'\n", "neither 'files' nor 'knobs'"),
+        ("[[rule]]\nfiles=['*']\naction = 'maybe'\n", "rule.0.action"),
+        ("rule = [", "not valid TOML"),
+    ],
+)
+def test_malformed_policy_is_one_line_error(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=message):
+        load_policy(path)
+
+
+def test_auto_approval_and_forbid_are_audited_as_policy(store, task, kit) -> None:
+    knobs = kit.knob_patch_record({"max_batch": 32})
+    auto = submit_proposal(
+        store,
+        task=task,
+        patch=knobs,
+        experiment=kit.experiment_for(task, knobs),
+        rationale="",
+        run_id=None,
+    )
+    assert auto.status == ProposalStatus.APPROVED
+    [decision] = store.decisions(auto.id)
+    assert decision.reviewer == "policy" and decision.action.value == "auto_approve"
+    bad = _patch(files=["harness.py"]).model_copy(update={"id": "f" * 64, "diff": "x"})
+    forbid = submit_proposal(
+        store,
+        task=task,
+        patch=bad,
+        experiment=kit.experiment_for(task, bad),
+        rationale="",
+        run_id=None,
+    )
+    assert (forbid.status, forbid.risk) == (ProposalStatus.REJECTED, RiskLevel.FORBIDDEN)
