@@ -3,3 +3,20 @@
 # Only importable as part of infra_agent, never as a bare top-level name that could collide.
 if __name__ != "infra_agent.sandboxes":
     raise ImportError("this folder is part of infra_agent; import it as infra_agent.sandboxes")
+
+from infra_agent.sandboxes.base import (  # noqa: E402
+    ExecResult,
+    Sandbox,
+    SandboxProcess,
+    SandboxSpec,
+)
+from infra_agent.sandboxes.registry import available_backends, create_sandbox  # noqa: E402
+
+__all__ = [
+    "ExecResult",
+    "Sandbox",
+    "SandboxProcess",
+    "SandboxSpec",
+    "available_backends",
+    "create_sandbox",
+]

@@ -41,6 +41,8 @@ class SandboxSpec(BaseModel):
     """Extra host paths made visible read-only (e.g. a model folder, an SGLang environment)."""
     image: str | None = None
     """Container image (docker backend)."""
+    secret_env_patterns: list[str] | None = None
+    """Globs of environment variable names never passed in (None: the configured defaults)."""
 
 
 @dataclass

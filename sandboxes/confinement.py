@@ -1,0 +1,189 @@
+"""The command line that confines one local command: bubblewrap, else `unshare`, else nothing.
+
+With bubblewrap the sandboxed command sees a read-only root built from binds of what Python
+needs (/usr, /lib*, a few /etc files, the interpreter prefix and the virtual environment, the
+caller's read-only paths), the workspace copy read-write at its host path, a private /tmp, its
+own /proc and /dev, no network (unless asked), and its own pid namespace: when the command's
+init ends, the kernel kills everything left in it. Running as root, the command then drops to
+an unprivileged uid with `setpriv`, so RLIMIT_NPROC is enforced and root-owned files stay
+read-only. Each step records the isolation it gives in `Confinement.in_force`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra_agent.sandboxes.base import SandboxSpec
+
+SANDBOX_UID = 65534
+"""uid/gid sandboxed commands run as when the host process is root ('nobody')."""
+
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/localtime",
+    "/etc/hosts",
+    "/etc/ssl/certs",
+    "/etc/alternatives",
+)
+ROOT_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+def python_paths() -> list[Path]:
+    """Folders the project's interpreter needs: its prefixes (base and virtual environment)."""
+    paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
+    paths.add(Path(os.path.realpath(sys.executable)).parent.parent)
+    return sorted(paths)
+
+
+def bwrap_binary() -> str | None:
+    return shutil.which("bwrap")
+
+
+def unshare_binary() -> str | None:
+    return shutil.which("unshare")
+
+
+@dataclass
+class Confinement:
+    """A prefix for argv plus what it enforces."""
+
+    prefix: list[str]
+    in_force: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    pid_namespace: bool = False
+
+
+def drop_privileges() -> list[str]:
+    """argv prefix dropping root to SANDBOX_UID with no capabilities (nothing when not root)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+    return [
+        setpriv,
+        f"--reuid={SANDBOX_UID}",
+        f"--regid={SANDBOX_UID}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
+
+
+def bubblewrap(
+    spec: SandboxSpec, *, workspace: Path, cwd: Path, hidden: list[Path], bwrap: str
+) -> Confinement:
+    """bubblewrap confinement for a command running in `cwd` (host path inside `workspace`)."""
+    args = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    args += ["--unshare-cgroup-try", "--new-session"]
+    c = Confinement(prefix=[], pid_namespace=True)
+    if spec.network:
+        c.in_force.append("net:host (spec.network=True: loopback and beyond not restricted)")
+    else:
+        args.append("--unshare-net")
+        c.in_force.append("netns:bwrap")
+    c.in_force.append("pidns:bwrap")
+    tree = _Tree(args)
+    for path in ROOT_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+            tree.mounted.append(Path(path))
+        elif os.path.isdir(path):
+            tree.mount("--ro-bind", Path(path))
+    for path in ETC_FILES:
+        if os.path.exists(path):
+            tree.mount("--ro-bind", Path(path))
+    visible = [*python_paths(), *spec.readonly_paths]
+    for path in visible:
+        if os.path.exists(path):
+            tree.mount("--ro-bind", Path(path))
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--perms", "1777", "--size", str(spec.file_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    tree.created.add(Path("/tmp"))  # a tmpfs: folders inside it can still be made
+    if spec.gpus is not None:
+        gpu_nodes = [*GPU_DEVICES, *(f"/dev/nvidia{i}" for i in spec.gpus)]
+        for node in gpu_nodes:
+            args += ["--dev-bind-try", node, node]
+        c.in_force.append(f"gpu:devices={','.join(map(str, spec.gpus))}")
+    tree.mount("--bind", workspace)
+    shadowed = 0
+    for path in hidden:
+        if not _under_any(path, [Path(p) for p in ROOT_DIRS] + visible):
+            continue  # never bound, so already invisible
+        if path.is_dir():
+            args += ["--tmpfs", str(path)]
+        elif path.exists():
+            args += ["--ro-bind", "/dev/null", str(path)]
+        shadowed += 1
+    args += ["--remount-ro", "/", "--chdir", str(cwd)]
+    c.in_force += ["fs:readonly-root", "tmp:private", f"hidden:{len(hidden)} paths"]
+    if shadowed:
+        c.in_force.append(f"hidden:{shadowed} shadowed by tmpfs")
+    privileges = drop_privileges()
+    c.in_force.append(f"user:{SANDBOX_UID}" if privileges else f"user:{os.geteuid()}")
+    c.prefix = [*args, "--", *privileges]
+    return c
+
+
+def unshare(spec: SandboxSpec, *, hidden: list[Path], unshare_bin: str) -> Confinement:
+    """Fallback when bubblewrap is missing (needs root): namespaces, no filesystem view."""
+    args = [unshare_bin, "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts"]
+    c = Confinement(prefix=[], pid_namespace=True)
+    if spec.network:
+        c.in_force.append("net:host (spec.network=True: loopback and beyond not restricted)")
+    else:
+        args.append("--net")
+        c.in_force.append("netns:unshare")
+    c.in_force.append("pidns:unshare")
+    c.missing += ["fs:readonly-root (no bubblewrap)", "tmp:private (no bubblewrap)"]
+    if hidden:
+        c.missing.append(f"hidden:{len(hidden)} paths outside the workspace (no bubblewrap)")
+    privileges = drop_privileges()
+    c.in_force.append(f"user:{SANDBOX_UID}" if privileges else f"user:{os.geteuid()}")
+    c.prefix = [*args, "--", *privileges]
+    return c
+
+
+def unconfined(spec: SandboxSpec, *, hidden: list[Path]) -> Confinement:
+    """No namespaces at all (neither tool usable): only rlimits, env scrub and process groups."""
+    c = Confinement(prefix=[])
+    if not spec.network:
+        c.missing.append("netns (no bubblewrap, unshare needs root)")
+    c.missing += ["pidns", "fs:readonly-root", "tmp:private"]
+    if hidden:
+        c.missing.append(f"hidden:{len(hidden)} paths outside the workspace")
+    c.in_force.append(f"user:{os.geteuid()}")
+    return c
+
+
+class _Tree:
+    """Adds binds to a bwrap argv, creating their parent folders world-traversable (0755):
+    bubblewrap would create them 0700, unreadable once the command drops root."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.args = args
+        self.mounted: list[Path] = []
+        self.created: set[Path] = set()
+
+    def mount(self, how: str, path: Path) -> None:
+        for parent in reversed(path.parents[:-1]):  # "/" itself excluded
+            if parent in self.created or _under_any(parent, self.mounted):
+                continue  # made already, or inside a read-only bind where it exists
+            self.args += ["--perms", "0755", "--dir", str(parent)]
+            self.created.add(parent)
+        self.args += [how, str(path), str(path)]
+        self.mounted.append(path)
+
+
+def _under_any(path: Path, roots: list[Path]) -> bool:
+    return any(path == root or path.is_relative_to(root) for root in roots)

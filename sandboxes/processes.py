@@ -1,0 +1,80 @@
+"""Finding and killing every process a sandbox started, including ones that left its group.
+
+Each sandboxed process carries marker variables in its environment (`INFRA_AGENT_SANDBOX`, and
+`INFRA_AGENT_SANDBOX_PROC` per command), inherited by everything it forks. Scanning /proc for
+them finds processes that called setsid() or double-forked out of the process group. A process
+that wipes its own environment escapes the scan, which is why the local backend also uses a pid
+namespace (everything in it dies with its init) where bubblewrap or unshare is available.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+SANDBOX_VAR = "INFRA_AGENT_SANDBOX"
+PROCESS_VAR = "INFRA_AGENT_SANDBOX_PROC"
+
+# PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process. All
+# sandboxed processes are therefore started from this one long-lived thread, so a caller's
+# short-lived worker thread ending does not kill a still-needed RPC worker.
+_launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-launcher")
+
+
+def launch(argv: list[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
+    """`subprocess.Popen(argv, **popen_kwargs)` from the launcher thread."""
+    return _launcher.submit(subprocess.Popen, argv, **popen_kwargs).result()
+
+
+def marked_pids(variable: str, value: str) -> list[int]:
+    """Host pids of live processes whose environment has `variable=value` (root sees all)."""
+    needle = f"{variable}={value}".encode()
+    found = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # gone, or not ours to read
+        if needle in environ.split(b"\0") and not _is_zombie(entry):
+            found.append(int(entry.name))
+    return found
+
+
+def _is_zombie(entry: Path) -> bool:
+    try:
+        stat = (entry / "stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_marked(variable: str, value: str, *, rounds: int = 20) -> int:
+    """SIGKILL every process carrying the marker until none is left. Returns how many died."""
+    killed: set[int] = set()
+    for _ in range(rounds):
+        pids = marked_pids(variable, value)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+    return len(killed)
