@@ -1,0 +1,281 @@
+"""What happens after a decision: the waiting agent run resumes, or an approved patch is applied.
+
+- The proposal's run is waiting at the review interrupt: `infra_agent.agent.runner.
+  resume_after_review(store_path, run_id)` continues it (it reads the decision from the store).
+  If the runner is not importable, the proposal records that resumption is pending.
+- Otherwise (finished run, or no run) an approved patch is applied:
+  a diff becomes a commit on the git branch `infra-agent/<proposal-id>`, either in a
+  user-given repository (built with a private index: the user's checkout is not touched) or in a
+  git copy of the task's workspace under the data folder; knob changes are merged into the
+  deployment's argument file (TOML, table `[server_args]`). The APPLY decision is audited and
+  the proposal becomes `applied`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infra_agent.config import default_data_dir
+from infra_agent.errors import UserError
+from infra_agent.review.queue import get_proposal, resolve_task
+from infra_agent.store.base import RunStore
+from infra_agent.store.records import (
+    DecisionAction,
+    DecisionRecord,
+    PatchKind,
+    PatchRecord,
+    ProposalRecord,
+    ProposalStatus,
+    RunStatus,
+)
+
+BRANCH_PREFIX = "infra-agent/"
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "infra-agent review",
+    "GIT_AUTHOR_EMAIL": "infra-agent@localhost",
+    "GIT_COMMITTER_NAME": "infra-agent review",
+    "GIT_COMMITTER_EMAIL": "infra-agent@localhost",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def _git(
+    repo: Path, *args: str, env: dict[str, str] | None = None, stdin: str | None = None
+) -> str:
+    full_env = {**os.environ, **_GIT_ENV, **(env or {})}
+    result = subprocess.run(
+        ["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True, env=full_env
+    )
+    if result.returncode != 0:
+        first = (result.stderr.strip() or result.stdout.strip() or "failed").splitlines()[0]
+        raise UserError(f"git {args[0]} in {repo}: {first}")
+    return result.stdout.strip()
+
+
+def commit_on_branch(repo: Path, diff: str, branch: str, message: str) -> str:
+    """Commit `diff` on top of HEAD as new branch `branch`, without touching the checkout
+    (private index, `git apply --cached`). Returns the commit id."""
+    if _git(repo, "rev-parse", "--is-inside-work-tree") != "true":
+        raise UserError(f"{repo} is not a git work tree")
+    if (
+        subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"],
+            capture_output=True,
+        ).returncode
+        == 0
+    ):
+        raise UserError(f"branch {branch} already exists in {repo}")
+    base = _git(repo, "rev-parse", "HEAD")
+    with tempfile.TemporaryDirectory(prefix="infra-agent-apply-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        _git(repo, "read-tree", base, env=env)
+        _git(repo, "apply", "--cached", "--whitespace=nowarn", "-", env=env, stdin=diff)
+        tree = _git(repo, "write-tree", env=env)
+    commit = _git(repo, "commit-tree", tree, "-p", base, "-m", message)
+    _git(repo, "branch", branch, commit)
+    return commit
+
+
+def workspace_copy(task_root: Path, name: str, data_dir: Path | None = None) -> Path:
+    """A git repository holding the task's current workspace on branch `baseline` (created or
+    refreshed): approved diffs become branches here when no repository is given."""
+    source = task_root / "workspace"
+    repo = (data_dir or default_data_dir()) / "workspaces" / name
+    if not (repo / ".git").is_dir():
+        repo.mkdir(parents=True, exist_ok=True)
+        _git(repo, "init", "-q", "-b", "baseline")
+    for child in repo.iterdir():
+        if child.name != ".git":
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    shutil.copytree(
+        source, repo, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    _git(repo, "add", "-A")
+    if _git(repo, "status", "--porcelain"):
+        _git(repo, "commit", "-q", "-m", f"baseline workspace of task {name}")
+    return repo
+
+
+def merge_knobs(path: Path, knobs: dict[str, Any]) -> None:
+    """Merge `knobs` into the `[server_args]` table of the TOML argument file at `path`."""
+    args: dict[str, Any] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise UserError(f"argument file {path}: not readable TOML ({exc})") from exc
+        extra = set(data) - {"server_args"}
+        if extra:
+            raise UserError(
+                f"argument file {path}: only a [server_args] table is expected, found {sorted(extra)}"
+            )
+        args = dict(data.get("server_args", {}))
+    args.update(knobs)
+    lines = [
+        "# Server arguments written by infra-agent review (approved knob changes).",
+        "[server_args]",
+    ]
+    for key, value in sorted(args.items()):
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float):
+            text = repr(value)
+        elif isinstance(value, str):
+            text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        else:
+            raise UserError(f"knob {key}: value {value!r} cannot go in an argument file")
+        lines.append(f'"{key}" = {text}')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+
+
+def apply_approved(
+    store: RunStore,
+    proposal_id: str,
+    *,
+    reviewer: str,
+    repo: Path | None = None,
+    args_file: Path | None = None,
+    data_dir: Path | None = None,
+) -> ProposalRecord:
+    """Apply an approved proposal's patch (see module docstring) and mark it applied."""
+    proposal = get_proposal(store, proposal_id)
+    if proposal.status != ProposalStatus.APPROVED:
+        raise UserError(
+            f"proposal {proposal.id} is {proposal.status.value}; only approved proposals are applied"
+        )
+    patch: PatchRecord | None = store.get_patch(proposal.patch_id)
+    if patch is None or patch.id != proposal.patch_hash:
+        raise UserError(
+            f"patch {proposal.patch_hash[:12]} of {proposal.id} is missing from the run store"
+        )
+    if patch.kind == PatchKind.KNOBS:
+        target = (
+            args_file
+            or (data_dir or default_data_dir()) / "deployments" / proposal.task / "server_args.toml"
+        )
+        merge_knobs(target, patch.knobs)
+        where = f"argument file {target}"
+    else:
+        if repo is None:
+            task = resolve_task(proposal)
+            if task is None:
+                raise UserError(
+                    f"task '{proposal.task}' cannot be found; give a repository to apply {proposal.id} to"
+                )
+            repo = workspace_copy(task.root, task.name, data_dir)
+        branch = BRANCH_PREFIX + proposal.id
+        message = f"{proposal.rationale.splitlines()[0] if proposal.rationale else 'infra-agent change'}\n\nproposal {proposal.id}, patch {patch.id}, approved in review"
+        commit = commit_on_branch(repo, patch.diff, branch, message)
+        where = f"git branch {branch} ({commit[:12]}) in {repo}"
+    with store.transaction():
+        if not store.set_proposal_status(
+            proposal.id, ProposalStatus.APPROVED, ProposalStatus.APPLIED
+        ):
+            raise UserError(f"proposal {proposal.id} changed while it was being applied")
+        current = get_proposal(store, proposal.id)
+        current.applied_to = where
+        store.put_proposal(current)
+        store.add_decision(
+            DecisionRecord(
+                proposal_id=proposal.id,
+                reviewer=reviewer,
+                action=DecisionAction.APPLY,
+                patch_hash=proposal.patch_hash,
+                comment=where,
+            )
+        )
+    return get_proposal(store, proposal.id)
+
+
+def set_resumption(store: RunStore, proposal_id: str, text: str) -> None:
+    with store.transaction():
+        current = get_proposal(store, proposal_id)
+        current.resumption = text
+        store.put_proposal(current)
+
+
+def _load_resumer() -> Callable[[Path, str], None] | None:
+    try:
+        from infra_agent.agent.runner import resume_after_review  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return resume_after_review  # type: ignore[no-any-return]
+
+
+def run_is_waiting(store: RunStore, proposal: ProposalRecord) -> bool:
+    if proposal.run_id is None:
+        return False
+    run = store.get_run(proposal.run_id)
+    return run is not None and run.status == RunStatus.WAITING_REVIEW
+
+
+def resume_run(store: RunStore, store_path: Path, proposal_id: str) -> str:
+    """Resume the proposal's waiting run (blocking until the agent stops again); returns and
+    records what happened: 'resumed', 'pending: ...' or 'failed: ...'."""
+    proposal = get_proposal(store, proposal_id)
+    assert proposal.run_id is not None
+    resume = _load_resumer()
+    if resume is None:
+        text = "pending: the agent runner (infra_agent.agent.runner.resume_after_review) is not available"
+        set_resumption(store, proposal.id, text)
+        return text
+    set_resumption(store, proposal.id, "resuming")
+    try:
+        resume(store_path, proposal.run_id)
+    except Exception as exc:  # the agent's failure is reported on the proposal, not raised
+        text = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    else:
+        run = store.get_run(proposal.run_id)
+        text = f"resumed (run now {run.status.value})" if run is not None else "resumed"
+    set_resumption(store, proposal.id, text)
+    return text
+
+
+def after_decision(
+    store: RunStore,
+    store_path: Path,
+    proposal_id: str,
+    *,
+    reviewer: str,
+    repo: Path | None = None,
+    args_file: Path | None = None,
+    data_dir: Path | None = None,
+    run_async: Callable[[Callable[[], object]], None] | None = None,
+) -> ProposalRecord:
+    """After a decision: resume the waiting run (through `run_async` if given, e.g. a thread), or
+    apply an approved patch when no run waits for it. Returns the proposal as it is now."""
+    proposal = get_proposal(store, proposal_id)
+    if run_is_waiting(store, proposal):
+        if run_async is None:
+            resume_run(store, store_path, proposal.id)
+        else:
+            set_resumption(store, proposal.id, "queued")
+            run_async(lambda: resume_run(store, store_path, proposal.id))
+    elif proposal.status == ProposalStatus.APPROVED:
+        run = store.get_run(proposal.run_id) if proposal.run_id else None
+        if run is not None and run.status == RunStatus.RUNNING:
+            set_resumption(
+                store,
+                proposal.id,
+                "pending: the run is still running; it reads the decision itself",
+            )
+        else:
+            return apply_approved(
+                store,
+                proposal.id,
+                reviewer=reviewer,
+                repo=repo,
+                args_file=args_file,
+                data_dir=data_dir,
+            )
+    return get_proposal(store, proposal.id)

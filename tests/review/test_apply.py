@@ -1,0 +1,121 @@
+"""After a decision: patches land on a git branch or the argument file; waiting runs resume."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from infra_agent.errors import UserError
+from infra_agent.review.apply import after_decision, apply_approved
+from infra_agent.review.queue import decide, submit_proposal
+from infra_agent.store.records import DecisionAction, ProposalStatus, RunRecord, RunStatus
+
+
+def _approved(store, task, kit, patch=None, run_id=None):
+    patch = patch or kit.diff_patch()
+    proposal = submit_proposal(
+        store,
+        task=task,
+        patch=patch,
+        experiment=kit.experiment_for(task, patch),
+        rationale="Slice the queue",
+        run_id=run_id,
+    )
+    if proposal.status == ProposalStatus.PENDING:
+        proposal = decide(
+            store, proposal.id, reviewer="ana", action="approve", patch_hash=proposal.patch_hash
+        )
+    return proposal
+
+
+def test_diff_lands_on_branch_of_workspace_copy(store, task, kit, tmp_path) -> None:
+    proposal = _approved(store, task, kit)
+    done = apply_approved(store, proposal.id, reviewer="ana", data_dir=tmp_path / "data")
+    assert done.status == ProposalStatus.APPLIED
+    repo = tmp_path / "data" / "workspaces" / task.name
+    branch = f"infra-agent/{proposal.id}"
+    assert "return list(queue[:max_batch])" in kit.git(repo, "show", f"{branch}:scheduler.py")
+    # The copy's checkout stays the baseline.
+    assert "batch.append(request)" in (repo / "scheduler.py").read_text()
+    assert store.decisions(proposal.id)[-1].action == DecisionAction.APPLY
+    assert branch in done.applied_to
+
+
+def test_user_repo_checkout_is_untouched_and_branch_not_overwritten(
+    store, task, kit, tmp_path
+) -> None:
+    repo = tmp_path / "user-repo"
+    repo.mkdir()
+    kit.git(repo, "init", "-q", "-b", "main")
+    (repo / "scheduler.py").write_text((task.workspace / "scheduler.py").read_text())
+    kit.git(repo, "add", "-A")
+    kit.git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-q", "-m", "init")
+    proposal = _approved(store, task, kit)
+    apply_approved(store, proposal.id, reviewer="ana", repo=repo)
+    assert kit.git(repo, "status", "--porcelain") == ""
+    assert kit.git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    log = kit.git(repo, "log", "--format=%s", f"infra-agent/{proposal.id}")
+    assert log.splitlines()[0] == "Slice the queue"
+
+
+def test_patch_that_no_longer_applies_leaves_proposal_approved(store, task, kit, tmp_path) -> None:
+    repo = tmp_path / "r"
+    repo.mkdir()
+    kit.git(repo, "init", "-q")
+    (repo / "scheduler.py").write_text("different\n")
+    kit.git(repo, "add", "-A")
+    kit.git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-q", "-m", "init")
+    proposal = _approved(store, task, kit)
+    with pytest.raises(UserError, match="git apply"):
+        apply_approved(store, proposal.id, reviewer="ana", repo=repo)
+    assert store.get_proposal(proposal.id).status == ProposalStatus.APPROVED
+
+
+def test_knobs_merge_into_argument_file(store, task, kit, tmp_path) -> None:
+    args = tmp_path / "server_args.toml"
+    args.write_text('[server_args]\ndevice = "cpu"\nmax_batch = 4\n')
+    proposal = _approved(store, task, kit, patch=kit.knob_patch_record({"max_batch": 32}))
+    assert proposal.status == ProposalStatus.APPROVED  # auto-approved by the default policy
+    apply_approved(store, proposal.id, reviewer="policy", args_file=args)
+    assert tomllib.loads(args.read_text()) == {"server_args": {"device": "cpu", "max_batch": 32}}
+
+
+def test_waiting_run_without_runner_records_pending_resumption(
+    store, task, kit, tmp_path, monkeypatch
+) -> None:
+    import infra_agent.review.apply as apply_mod
+
+    monkeypatch.setattr(apply_mod, "_load_resumer", lambda: None)
+    run = RunRecord(
+        task=task.name, objective="latency", policy="scripted", status=RunStatus.WAITING_REVIEW
+    )
+    store.put_run(run)
+    proposal = _approved(store, task, kit, run_id=run.id)
+    after = after_decision(
+        store, tmp_path / "runs.db", proposal.id, reviewer="ana", data_dir=tmp_path / "d"
+    )
+    assert after.status == ProposalStatus.APPROVED  # the run, not the queue, carries it on
+    assert after.resumption.startswith("pending: the agent runner")
+
+
+def test_waiting_run_is_resumed_through_the_runner(store, task, kit, tmp_path, monkeypatch) -> None:
+    import infra_agent.review.apply as apply_mod
+
+    calls = []
+
+    def fake_resume(path, run_id):  # records the call; the real runner is tested by the agent
+        calls.append((path, run_id))
+        run = store.get_run(run_id)
+        run.status = RunStatus.FINISHED
+        store.put_run(run)
+
+    monkeypatch.setattr(apply_mod, "_load_resumer", lambda: fake_resume)
+    run = RunRecord(
+        task=task.name, objective="latency", policy="scripted", status=RunStatus.WAITING_REVIEW
+    )
+    store.put_run(run)
+    proposal = _approved(store, task, kit, run_id=run.id)
+    after = after_decision(store, tmp_path / "runs.db", proposal.id, reviewer="ana")
+    assert calls == [(tmp_path / "runs.db", run.id)]
+    assert after.resumption == "resumed (run now finished)"
