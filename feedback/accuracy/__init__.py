@@ -1,0 +1,52 @@
+"""Accuracy diff across execution paths: where two paths of the same computation part ways.
+
+Python API (stable):
+- `probe(name, tensor)` and `with capture(module=None) as tensors:` — record named
+  intermediates in execution order (probes.py); `save_dump(tensors, dir)`, `load_dump(dir)` for
+  tensors written by another process or rank.
+- `compare_paths(baseline, candidate, *, reference=None, stages=None, stage_inputs=None,
+  rtol=None, atol=None) -> AccuracyReport` — per-probe rel diff, max/mean abs diff with the
+  location of the max, SQNR, error against a float64 reference with attribution, the first
+  divergence with its worst positions, self-added vs inherited error; verdict
+  PASS | FAIL | PRECISION_FLOOR (report.py).
+- `tensor_diff(a, b) -> TensorDiff` — one chunked float64 pass over two tensors (metrics.py).
+- `error_sweep(run, sizes) -> SweepReport` — error at each problem size and its log-log slope
+  (sweep.py).
+Every record has `.render()`: a short text for a model, decisive numbers first.
+"""
+
+from infra_agent.feedback.accuracy.metrics import (
+    DEFAULT_TOLERANCES,
+    TensorDiff,
+    default_tolerance,
+    tensor_diff,
+    worst_positions,
+)
+from infra_agent.feedback.accuracy.probes import capture, load_dump, probe, save_dump
+from infra_agent.feedback.accuracy.report import (
+    AccuracyReport,
+    AccuracyVerdict,
+    ProbeResult,
+    compare_paths,
+)
+from infra_agent.feedback.accuracy.sweep import SweepPoint, SweepReport, error_sweep, loglog_slope
+
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "AccuracyReport",
+    "AccuracyVerdict",
+    "ProbeResult",
+    "SweepPoint",
+    "SweepReport",
+    "TensorDiff",
+    "capture",
+    "compare_paths",
+    "default_tolerance",
+    "error_sweep",
+    "load_dump",
+    "loglog_slope",
+    "probe",
+    "save_dump",
+    "tensor_diff",
+    "worst_positions",
+]
