@@ -1,0 +1,89 @@
+"""Harness for decode-split-norm: fresh queries and KV caches from seeds, float32 and float64
+references computed here, decode steps timed by the harness's clock."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+
+BENCH_SEED = 0x5EED_D1
+"""Seed of the KV cache used for timing (check() uses other seeds)."""
+
+
+def make_cache(params: dict[str, Any], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [batch, heads, seq_len, head_dim] float32 for `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (params["batch"], params["heads"], params["seq_len"], params["head_dim"])
+    return torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+
+
+def make_queries(params: dict[str, Any], seed: int) -> torch.Tensor:
+    """Queries [steps, batch, heads, head_dim] float32; scaled so softmax rows are peaked."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    shape = (params["steps"], params["batch"], params["heads"], params["head_dim"])
+    return 2.0 * torch.randn(shape, generator=gen)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Plain softmax attention per step in q's dtype: q [T, B, H, D], k/v [B, H, S, D]."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.einsum("tbhd,bhsd->tbhs", q, k.to(q.dtype)) * scale
+    return torch.einsum("tbhs,bhsd->tbhd", torch.softmax(scores, dim=-1), v.to(q.dtype))
+
+
+class TaskHarness(Harness):
+    def _knobs(self, arm: Arm) -> dict[str, Any]:
+        return {name: arm.knobs[name] for name in ("num_splits", "block_size", "threads")}
+
+    def _load(self, arm: Arm, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if seed != BENCH_SEED:
+            k, v = make_cache(self.params, seed)
+        else:  # the timing cache is generated once per harness
+            if "bench" not in self.__dict__:
+                self.__dict__["bench"] = make_cache(self.params, seed)
+            k, v = self.__dict__["bench"]
+        if arm.state.get("cache_seed") != seed:
+            arm.worker.call("decode_server:load_cache", k, v, timeout_s=60)
+            arm.state["cache_seed"] = seed
+        return k, v
+
+    def _compare(self, out: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> CheckResult:
+        tol = self.manifest.tolerance
+        atol, rtol = tol.atol or 1e-5, tol.rtol or 1e-4
+        if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != torch.float32:
+            got = getattr(out, "shape", type(out).__name__)
+            return CheckResult(passed=False, detail=f"expected float32 {tuple(q.shape)}, got {got}")
+        ref32 = reference(q, k, v)
+        ref64 = reference(q.double(), k, v)
+        abs_err = (out - ref32).abs()
+        rel_err = abs_err / ref32.abs().clamp_min(1e-12)
+        ok = bool(torch.all(abs_err <= atol + rtol * ref32.abs()).item())
+        return CheckResult(
+            passed=ok,
+            max_abs_err=float(abs_err.max()),
+            max_rel_err=float(rel_err.max()),
+            err_vs_f64=float((out.double() - ref64).abs().max()),
+            tolerance=f"atol={atol:g} rtol={rtol:g} (float32)",
+            detail=None if ok else f"max abs err {float(abs_err.max()):.3g} above tolerance",
+        )
+
+    def check(self, arm: Arm, seed: int) -> CheckResult:
+        k, v = self._load(arm, seed)
+        q = make_queries(self.params, seed)
+        out = arm.worker.call("decode_server:decode", q, timeout_s=60, **self._knobs(arm))
+        return self._compare(out, q, k, v)
+
+    def sample(self, arm: Arm, seed: int) -> dict[str, float]:
+        k, v = self._load(arm, BENCH_SEED)
+        q = make_queries(self.params, seed)
+        out, seconds = arm.worker.timed_call(
+            "decode_server:decode", q, timeout_s=60, **self._knobs(arm)
+        )
+        result = self._compare(out, q, k, v)
+        if not result.passed:
+            raise IncorrectOutput(f"timed decode output wrong: {result.detail}")
+        return {"step_time_ms": 1e3 * seconds / self.params["steps"]}
