@@ -1,4 +1,4 @@
-"""Shared fixtures: every test gets its own infra-agent home, so no test touches the user's store."""
+"""Shared fixtures: every test gets its own run store, so no test touches the user's."""
 
 from __future__ import annotations
 
