@@ -5,6 +5,8 @@
 setup:
 	bash .ci/setup-system.sh
 	bash .ci/setup-python.sh
+	# SGLang lives in its own cached virtual environment (about 11 GB, 4-5 minutes the first time).
+	.venv/bin/python -m infra_agent.serving.env --ensure
 
 optimize: setup
 	.venv/bin/infra-agent optimize --target throughput
