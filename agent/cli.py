@@ -1,17 +1,174 @@
-"""`infra-agent optimize`: the agent loop's command."""
+"""`infra-agent optimize`: run the agent loop on a task, live, and report what it proved."""
 
 from __future__ import annotations
 
-import typer
+import re
+import sys
+from pathlib import Path
+from typing import Any
 
-from infra_agent.errors import NotBuiltError
+import typer
+from infra_agent.errors import UserError
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_BUDGET_KEYS = {
+    "experiments": "experiments",
+    "exp": "experiments",
+    "wall": "wall_s",
+    "time": "wall_s",
+    "tokens": "tokens",
+    "cost": "cost_usd",
+    "turns": "turns",
+}
+
+
+def parse_budget(text: str | None) -> dict[str, Any]:
+    """'8' (experiments) or 'experiments=8,wall=30m,tokens=200k,turns=40,cost=2.5'."""
+    if not text:
+        return {}
+    if text.strip().isdigit():
+        return {"experiments": int(text)}
+    out: dict[str, Any] = {}
+    for part in text.split(","):
+        key, _, raw = part.partition("=")
+        key, raw = key.strip(), raw.strip().lower()
+        if key not in _BUDGET_KEYS or not raw:
+            raise UserError(
+                f"--budget: '{part}' is not NAME=VALUE with NAME one of experiments, wall, tokens, turns, cost"
+            )
+        field = _BUDGET_KEYS[key]
+        m = re.fullmatch(r"([0-9.]+)([smhk]?)", raw)
+        if m is None:
+            raise UserError(f"--budget: '{raw}' is not a number (e.g. 8, 30m, 200k)")
+        value = float(m.group(1))
+        if field == "wall_s":
+            value *= _UNITS.get(m.group(2) or "s", 1.0)
+        elif m.group(2) == "k":
+            value *= 1000
+        elif m.group(2):
+            raise UserError(f"--budget: unit '{m.group(2)}' does not apply to {key}")
+        out[field] = int(value) if field in ("experiments", "tokens", "turns") else value
+    return out
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--param: '{item}' is not NAME=VALUE")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def optimize(
-        target: str = typer.Option("throughput", "--target", help="throughput | latency | accuracy"),
+        task: str = typer.Option(
+            None, "--task", help="Task name or folder (default: settings tasks.default)."
+        ),
+        target: str = typer.Option(
+            None,
+            "--target",
+            help="throughput | latency | accuracy (default: the task's objective).",
+        ),
+        policy: str = typer.Option(
+            "auto", "--policy", help="auto | llm | search | scripted (test equipment)."
+        ),
+        budget: str = typer.Option(
+            None,
+            "--budget",
+            help="Experiments ('8') or 'experiments=8,wall=30m,tokens=200k,turns=40,cost=2'.",
+        ),
+        sandbox: str = typer.Option(
+            None, "--sandbox", help="local | docker (default: settings sandbox.backend)."
+        ),
+        resume: str = typer.Option(
+            None, "--resume", help="Continue run RUN_ID from its last checkpoint."
+        ),
+        script: Path = typer.Option(
+            None, "--script", help="Replies to replay with --policy scripted."
+        ),
+        strategy: str = typer.Option(
+            "coordinate", "--search-strategy", help="coordinate | random (search policy)."
+        ),
+        batch: int = typer.Option(1, "--batch", help="Configurations per search step."),
+        param: list[str] = typer.Option(
+            [], "--param", help="Task scale parameter NAME=VALUE (repeatable)."
+        ),
+        seed: int = typer.Option(0, "--seed", help="Seed for experiments and the search."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Optimize a task: measure, propose patches, verify each by experiment, queue for review."""
-        raise NotBuiltError("infra-agent optimize (the agent loop, issue 7)")
+        from infra_agent.agent.configuration import RunConfig, resolve_policy
+        from infra_agent.agent.runner import find_run_task, resume_run, start_run
+        from infra_agent.agent.state import Budget
+        from infra_agent.agent.view import LiveView, render_outcome
+        from infra_agent.context import current
+        from infra_agent.output import emit, err_console
+
+        settings = current().settings()
+        run_id: list[str] = []
+        if resume:
+            if task or script or budget:
+                raise UserError(
+                    "--resume continues a run with its own task, policy and budget; drop the other options"
+                )
+            title, run_budget = f"resuming {resume}", Budget()
+            run_id.append(resume)
+        else:
+            if policy not in ("auto", "llm", "search", "scripted"):
+                raise UserError(f"--policy: '{policy}' is not one of auto, llm, search, scripted")
+            if strategy not in ("coordinate", "random"):
+                raise UserError(f"--search-strategy: '{strategy}' is not coordinate or random")
+            chosen, reason = resolve_policy(policy, settings.llm, script)  # type: ignore[arg-type]
+            the_task = find_run_task(RunConfig(task=task or settings.tasks.default))
+            objective = target or the_task.manifest.objective
+            if objective not in the_task.manifest.objectives:
+                raise UserError(
+                    f"--target {objective}: task {the_task.name} optimizes {', '.join(the_task.manifest.objectives)}"
+                )
+            run_budget = Budget(**parse_budget(budget))
+            config = RunConfig(
+                task=task or settings.tasks.default,
+                task_root=str(the_task.root),
+                objective=objective,
+                policy=chosen,  # type: ignore[arg-type]
+                policy_reason=reason,
+                budget=run_budget,
+                sandbox=sandbox or settings.sandbox.backend,
+                params=parse_params(param),
+                script=str(script.resolve()) if script else None,
+                search_strategy=strategy,  # type: ignore[arg-type]
+                search_batch=batch,
+                seed=seed,
+            )
+            err_console.print(reason)
+            title = f"optimize {the_task.name} ({objective}) with the {chosen} policy"
+        view = LiveView(err_console, title, run_budget)
+        try:
+            with view:
+                if resume:
+                    outcome = resume_run(resume, settings, on_state=view.state, on_event=view.event)
+                else:
+                    outcome = start_run(
+                        config,
+                        settings,
+                        on_run=lambda run: (run_id.append(run.id), view.event(f"run {run.id}")),
+                        on_state=view.state,
+                        on_event=view.event,
+                    )
+        except KeyboardInterrupt:
+            rid = run_id[-1] if run_id else "RUN_ID"
+            err_console.print(
+                f"interrupted; resume with: infra-agent --db {settings.store.path()} optimize --resume {rid}"
+            )
+            sys.exit(130)
+        emit(outcome, lambda console: render_outcome(outcome, console), as_json=as_json)
+        if outcome.status == "failed":
+            raise typer.Exit(1)

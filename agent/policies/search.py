@@ -1,0 +1,191 @@
+"""The `search` policy: no model; tunes the task's knobs with experiments and verdicts.
+
+Strategy `coordinate` (the default) is a greedy coordinate search that needs no state of its own,
+so a resumed run picks up exactly where it was: the incumbent is the best `IMPROVED` configuration
+measured so far (the task's defaults until there is one); the candidates are its neighbours, one
+knob changed at a time, with values from the skeletons' knob advice first and then a small grid
+over the knob's domain; the next `batch` unmeasured neighbours are proposed and verified. It stops
+when every neighbour of the incumbent has been measured. Strategy `random` samples whole
+configurations from the same value lists (the benchmark's control).
+
+Each turn is written as the tool calls a model would make (`propose_knobs`, then
+`run_experiment`), so the run log reads like any other run and the same graph executes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any, Literal
+
+from infra_agent.agent.policies.base import ModelTurn
+from infra_agent.agent.state import AgentState, Message
+from infra_agent.errors import UserError
+from infra_agent.store.records import ToolCall
+from infra_agent.tasks.manifest import Knob, TaskManifest
+
+
+def _has_gpu() -> bool:
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/dri/renderD128")
+
+
+def _grid(knob: Knob) -> list[Any]:
+    """A few values across the knob's domain (default excluded by the caller)."""
+    if knob.type == "bool":
+        return [True, False]
+    if knob.choices is not None:
+        return list(knob.choices)
+    default = float(knob.default)
+    lo, hi = knob.min, knob.max
+    if (
+        knob.log
+        or (lo is not None and hi is not None and lo > 0 and hi / lo >= 16)
+        or lo is None
+        or hi is None
+    ):
+        raw = [default * f for f in (0.25, 0.5, 2.0, 4.0)] if default else [1.0, 2.0, 4.0]
+    else:
+        raw = [lo + (hi - lo) * f for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    out = []
+    for value in raw:
+        if lo is not None:
+            value = max(value, lo)
+        if hi is not None:
+            value = min(value, hi)
+        out.append(int(round(value)) if knob.type == "int" else value)
+    return out
+
+
+def candidate_values(manifest: TaskManifest, advice: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Knob name -> values worth trying (advice first, then the grid), knobs with advice first.
+    Values outside a knob's domain and knobs that need a GPU on a machine without one are left out."""
+    gpu = _has_gpu()
+    space: dict[str, list[Any]] = {}
+    names = [n for n in advice if n in manifest.knobs] + [
+        n for n in manifest.knobs if n not in advice
+    ]
+    for name in names:
+        knob = manifest.knobs[name]
+        if knob.needs_gpu and not gpu:
+            continue
+        values: list[Any] = []
+        for value in [*advice.get(name, []), *_grid(knob)]:
+            try:
+                value = knob.validate_value(name, value)
+            except UserError:
+                continue
+            if value not in values:
+                values.append(value)
+        if values:
+            space[name] = values
+    return space
+
+
+def canonical(knobs: dict[str, Any], manifest: TaskManifest) -> dict[str, Any]:
+    """Only the knobs that differ from the task's defaults, sorted (one patch per configuration)."""
+    return {k: v for k, v in sorted(knobs.items()) if manifest.knobs[k].default != v}
+
+
+class SearchPolicy:
+    """Knob search without a model (see the module docstring)."""
+
+    name = "search"
+    model: str | None = None
+
+    def __init__(
+        self,
+        manifest: TaskManifest,
+        advice: dict[str, list[Any]] | None = None,
+        *,
+        strategy: Literal["coordinate", "random"] = "coordinate",
+        batch: int = 1,
+        seed: int = 0,
+    ) -> None:
+        self.manifest = manifest
+        self.space = candidate_values(manifest, advice or {})
+        self.strategy = strategy
+        self.batch = max(1, batch)
+        self.seed = seed
+
+    def _defaults(self) -> dict[str, Any]:
+        return {n: k.default for n, k in self.manifest.knobs.items()}
+
+    def incumbent(self, state: AgentState) -> tuple[dict[str, Any], float]:
+        """The best IMPROVED configuration so far and its speedup (defaults and 1.0 if none)."""
+        best, speedup = self._defaults(), 1.0
+        for e in state.experiments:
+            if e.verdict == "IMPROVED" and e.speedup is not None and e.speedup > speedup:
+                best, speedup = {**self._defaults(), **e.knobs}, e.speedup
+        return best, speedup
+
+    def _measured(self, state: AgentState) -> set[str]:
+        return {json.dumps(e.knobs, sort_keys=True, default=str) for e in state.experiments}
+
+    def next_configs(self, state: AgentState) -> list[dict[str, Any]]:
+        """The next configurations to verify (empty: nothing left to try)."""
+        measured = self._measured(state)
+        out: list[dict[str, Any]] = []
+
+        def add(config: dict[str, Any]) -> None:
+            key = canonical(config, self.manifest)
+            text = json.dumps(key, sort_keys=True, default=str)
+            if key and text not in measured and key not in out:
+                out.append(key)
+
+        if self.strategy == "random":
+            rng = random.Random(self.seed + len(state.experiments))
+            for _ in range(200):
+                if len(out) >= self.batch:
+                    break
+                add(
+                    {
+                        n: rng.choice([self.manifest.knobs[n].default, *vs])
+                        for n, vs in self.space.items()
+                    }
+                )
+            return out
+        incumbent, _ = self.incumbent(state)
+        for name, values in self.space.items():
+            for value in values:
+                if value != incumbent[name] and len(out) < self.batch:
+                    add({**incumbent, name: value})
+        return out
+
+    def next_turn(self, state: AgentState, tools: list[dict[str, Any]]) -> ModelTurn:
+        configs = self.next_configs(state)
+        incumbent, speedup = self.incumbent(state)
+        best = canonical(incumbent, self.manifest) or "task defaults"
+        if not configs:
+            summary = f"{self.strategy} search done: every candidate measured; best {best} ({speedup:.3f}x)"
+            call = ToolCall(
+                id=f"search_{len(state.messages)}_finish",
+                name="finish",
+                arguments=json.dumps({"summary": summary}),
+            )
+            return ModelTurn(message=Message(role="assistant", content=summary, tool_calls=[call]))
+        from infra_agent.tasks.patch import knob_patch
+
+        calls: list[ToolCall] = []
+        for i, knobs in enumerate(configs):
+            rationale = f"{self.strategy} search from incumbent {best} ({speedup:.3f}x)"
+            patch = knob_patch(knobs, author="search", rationale=rationale)
+            base = f"search_{len(state.messages)}_{i}"
+            calls.append(
+                ToolCall(
+                    id=f"{base}_p",
+                    name="propose_knobs",
+                    arguments=json.dumps({"knobs": knobs, "rationale": rationale}, default=str),
+                )
+            )
+            calls.append(
+                ToolCall(
+                    id=f"{base}_x",
+                    name="run_experiment",
+                    arguments=json.dumps({"patch_id": patch.hash}),
+                )
+            )
+        text = f"{self.strategy} search: incumbent {best} ({speedup:.3f}x); trying " + "; ".join(
+            json.dumps(c, default=str) for c in configs
+        )
+        return ModelTurn(message=Message(role="assistant", content=text, tool_calls=calls))

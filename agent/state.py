@@ -1,0 +1,147 @@
+"""The agent's state: what the graph checkpoints after every step.
+
+Everything a resumed run needs is here or in the run store; nothing lives only in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from infra_agent.store.records import ToolCall
+from pydantic import BaseModel, Field
+
+
+class Message(BaseModel):
+    """One chat message of the agent's conversation (OpenAI chat format, typed)."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    reasoning_content: str | None = None
+    """The model's reasoning (GLM's `reasoning_content`); logged, never sent back."""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls
+            ]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+            out["name"] = self.name
+        return out
+
+
+class ExperimentOutcome(BaseModel):
+    """A finished experiment, as the policies and the live view see it."""
+
+    experiment_id: str
+    patch_id: str
+    patch_summary: str
+    """The knob assignment or the files a diff touches, in a few words."""
+    knobs: dict[str, Any] = Field(default_factory=dict)
+    """The patch's knob assignment (empty for a diff)."""
+    verdict: str
+    flags: list[str] = Field(default_factory=list)
+    speedup: float | None = None
+    """Oriented so > 1 is better; None when no performance stage ran."""
+    ci_low: float | None = None
+    ci_high: float | None = None
+    duration_s: float = 0.0
+    reused: bool = False
+    """True when the same patch had already been measured in this run and was not re-run."""
+
+
+class Budget(BaseModel):
+    """Limits of one run; the run stops (and submits what it proved) at the first one reached."""
+
+    experiments: int = 8
+    """Experiments (verifications of a patch against baseline)."""
+    wall_s: float = 3600.0
+    """Wall time spent in the graph, seconds (summed over resumes)."""
+    tokens: int = 200_000
+    """Prompt + completion tokens of the model."""
+    cost_usd: float = 5.0
+    """Model cost in USD (from the profile's prices)."""
+    turns: int = 40
+    """Model turns (replies)."""
+
+
+class Usage(BaseModel):
+    """What the run has spent so far."""
+
+    experiments: int = 0
+    wall_s: float = 0.0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    turns: int = 0
+
+    def exhausted(self, budget: Budget) -> str | None:
+        """The first limit reached, in words, or None."""
+        if self.experiments >= budget.experiments:
+            return f"experiment budget used ({self.experiments}/{budget.experiments})"
+        if self.wall_s >= budget.wall_s:
+            return f"wall-time budget used ({self.wall_s:.0f}/{budget.wall_s:.0f} s)"
+        if self.tokens >= budget.tokens:
+            return f"token budget used ({self.tokens}/{budget.tokens})"
+        if budget.cost_usd and self.cost_usd >= budget.cost_usd:
+            return f"cost budget used (${self.cost_usd:.2f}/${budget.cost_usd:.2f})"
+        if self.turns >= budget.turns:
+            return f"turn budget used ({self.turns}/{budget.turns})"
+        return None
+
+    def left(self, budget: Budget) -> str:
+        return (
+            f"{budget.experiments - self.experiments} experiments, "
+            f"{max(0.0, budget.wall_s - self.wall_s):.0f} s, {budget.tokens - self.tokens} tokens, "
+            f"{budget.turns - self.turns} turns left"
+        )
+
+
+Phase = Literal[
+    "baseline", "propose", "tools", "experiment", "reflect", "submit", "review", "apply", "done"
+]
+
+
+@dataclass
+class AgentState:
+    """The graph's state, checkpointed after every node (thread id = run id)."""
+
+    run_id: str = ""
+    """The run's id in the run store; also the checkpoint thread id."""
+    phase: Phase = "baseline"
+    """The node that ran last (for the live view and `runs show`)."""
+    messages: list[Message] = field(default_factory=list)
+    """The conversation with the model (system prompt, task, replies, tool results)."""
+    pending: list[ToolCall] = field(default_factory=list)
+    """Tool calls of the last reply not yet answered, in order."""
+    patches: list[str] = field(default_factory=list)
+    """Ids of the patches proposed in this run."""
+    experiments: list[ExperimentOutcome] = field(default_factory=list)
+    """Finished experiments, in order."""
+    usage: Usage = field(default_factory=Usage)
+    """Budget spent so far."""
+    invalid_replies: int = 0
+    """Consecutive model replies that were not a valid tool call (reset by a valid one)."""
+    model_failures: int = 0
+    """Consecutive model requests that failed after retries (transport, rate limit, timeout)."""
+    stop_reason: str | None = None
+    """Why the search stopped (budget, the model called finish, no more candidates)."""
+    finish_summary: str = ""
+    """The policy's own summary when it called finish."""
+    proposals: list[str] = field(default_factory=list)
+    """Ids of the proposals this run sent to the review queue."""
+    review: dict[str, str] = field(default_factory=dict)
+    """Proposal id -> status after review (approved, rejected, changes_requested, ...)."""
+    revisions: int = 0
+    """How many times a reviewer sent the run back with requested changes."""
+    applied: dict[str, str] = field(default_factory=dict)
+    """Proposal id -> where its patch was applied."""

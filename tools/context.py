@@ -1,0 +1,48 @@
+"""What a tool call can reach: the run's task, its store, and where its sandboxes run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infra_agent.store import RunStore
+    from infra_agent.tasks.manifest import Task
+    from infra_agent.tasks.patch import Patch
+
+
+@dataclass
+class ToolContext:
+    """Everything the tools of one run share. Built by the runner; never serialized."""
+
+    task: Task
+    store: RunStore
+    run_id: str
+    sandbox: str = "local"
+    """Sandbox backend for instruments and experiments ('local' or 'docker')."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Task scale parameter overrides for this run."""
+    author: str = "agent"
+    """Provenance written on patches the model proposes (the policy or model name)."""
+    known_patches: list[str] = field(default_factory=list)
+    """Ids of the patches proposed so far in this run (kept in the graph state)."""
+
+    def patch(self, patch_id: str) -> Patch:
+        """A patch proposed earlier in this run (kept in the store, so it survives a resume)."""
+        from infra_agent.errors import UserError
+        from infra_agent.tasks.patch import Patch
+
+        record = self.store.get_patch(patch_id)
+        if record is None:
+            known = ", ".join(self.known_patches) or "none yet"
+            raise UserError(
+                f"no patch with id '{patch_id}' (patch ids in this run: {known}); "
+                "create one with propose_patch or propose_knobs first"
+            )
+        return Patch(
+            kind=record.kind.value,
+            diff=record.diff,
+            knobs=record.knobs,
+            author=record.author,
+            rationale=record.rationale,
+        )

@@ -1,0 +1,139 @@
+"""Describe the task, and turn the model's diffs and knob assignments into checked patches.
+
+A proposed patch is applied to a scratch copy of the workspace at once, so a diff that does not
+apply, touches a file the task does not allow, or sets an unknown knob is refused here with the
+reason, before an experiment is spent on it. Accepted patches go to the run store by content hash.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from infra_agent.tools.base import ToolResult, tool
+from infra_agent.tools.context import ToolContext
+from pydantic import BaseModel, Field
+
+
+def describe_knobs(ctx: ToolContext) -> list[str]:
+    lines = []
+    for name, knob in ctx.task.manifest.knobs.items():
+        domain = (
+            f"one of {knob.choices}"
+            if knob.choices is not None
+            else f"{knob.type} in [{knob.min}, {knob.max}]"
+            if knob.min is not None or knob.max is not None
+            else knob.type
+        )
+        gpu = " (needs GPU)" if knob.needs_gpu else ""
+        lines.append(f"- {name}: {domain}, default {knob.default!r}{gpu}. {knob.help}".rstrip())
+    return lines
+
+
+class DescribeTask(BaseModel):
+    pass
+
+
+@tool(
+    "describe_task", "The task: story, objective, metric, editable files and knobs.", DescribeTask
+)
+def describe_task(p: DescribeTask, ctx: ToolContext) -> ToolResult:
+    m = ctx.task.manifest
+    direction = "higher is better" if m.metric.higher_is_better else "lower is better"
+    lines = [
+        f"task {m.name} ({m.kind}): {m.title}".rstrip(": "),
+        f"objective: {m.objective}; metric {m.metric.name} [{m.metric.unit}], {direction}",
+        f"story: {m.story.strip()}",
+        f"editable files (globs in workspace/): {', '.join(m.editable) or 'none'}",
+    ]
+    if m.knobs:
+        lines.append("knobs:")
+        lines.extend(describe_knobs(ctx))
+    if m.plausible_speedup:
+        lines.append(f"speedups above {m.plausible_speedup}x are flagged suspicious")
+    return ToolResult(content="\n".join(lines))
+
+
+def _check_and_store(patch: Any, ctx: ToolContext) -> ToolResult:
+    from infra_agent.tasks.patch import effective_knobs, preview_apply
+
+    shutil.rmtree(preview_apply(patch, ctx.task), ignore_errors=True)  # raises with the reason
+    knobs = effective_knobs(patch, ctx.task.manifest)
+    ctx.store.put_patch(patch.to_record())
+    if patch.hash not in ctx.known_patches:
+        ctx.known_patches.append(patch.hash)
+    changed = ", ".join(patch.files) if patch.files else "no files"
+    knob_text = ", ".join(f"{k}={v!r}" for k, v in sorted(knobs.items())) or "task defaults"
+    return ToolResult(
+        content=(
+            f"patch_id: {patch.hash}\napplies cleanly; changes {changed}; effective knobs: "
+            f"{knob_text}\nnext: run_experiment(patch_id) to verify it against baseline"
+        ),
+        data={"patch_id": patch.hash, "files": list(patch.files), "knobs": knobs},
+    )
+
+
+class ProposePatch(BaseModel):
+    diff: str = Field(
+        description="A unified diff against the workspace (paths like a/kernel.py b/kernel.py)."
+    )
+    rationale: str = Field(description="The hypothesis: why this should improve the metric.")
+
+
+@tool(
+    "propose_patch",
+    "Check a unified diff against the workspace and register it; returns its patch_id.",
+    ProposePatch,
+)
+def propose_patch(p: ProposePatch, ctx: ToolContext) -> ToolResult:
+    from infra_agent.tasks.patch import parse_diff
+
+    return _check_and_store(parse_diff(p.diff, author=ctx.author, rationale=p.rationale), ctx)
+
+
+class ProposeKnobs(BaseModel):
+    knobs: dict[str, Any] = Field(
+        description='Knob name -> value, e.g. {"chunked_prefill_size": 512} (see describe_task).'
+    )
+    rationale: str = Field(description="The hypothesis: why these values should help.")
+
+
+@tool(
+    "propose_knobs",
+    "Check a knob assignment against the task's knob space and register it; returns its patch_id.",
+    ProposeKnobs,
+)
+def propose_knobs(p: ProposeKnobs, ctx: ToolContext) -> ToolResult:
+    from infra_agent.tasks.patch import knob_patch
+
+    return _check_and_store(knob_patch(p.knobs, author=ctx.author, rationale=p.rationale), ctx)
+
+
+class RunExperiment(BaseModel):
+    patch_id: str = Field(description="A patch_id returned by propose_patch or propose_knobs.")
+
+
+@tool(
+    "run_experiment",
+    "Verify a patch against baseline: correctness, then interleaved timing with a 95% CI, then "
+    "health. Returns the verdict (IMPROVED / NO_CHANGE / REGRESSED / INCORRECT / FAILED / "
+    "REJECTED) and the numbers. Costs one experiment from the budget.",
+    RunExperiment,
+    deferred=True,
+)
+def run_experiment(p: RunExperiment, ctx: ToolContext) -> ToolResult:  # pragma: no cover
+    raise AssertionError("run_experiment is executed by the graph's experiment node")
+
+
+class Finish(BaseModel):
+    summary: str = Field(description="What you found and which patch_id is best, in a few lines.")
+
+
+@tool(
+    "finish",
+    "Stop optimizing. The best IMPROVED patch goes to the review queue.",
+    Finish,
+    deferred=True,
+)
+def finish(p: Finish, ctx: ToolContext) -> ToolResult:  # pragma: no cover
+    raise AssertionError("finish is handled by the graph")
