@@ -1,0 +1,116 @@
+"""Harness for batch-invariant-moe: the same requests run alone and inside larger batches; the
+metric is how far a request's output moves with the batch it shares (float64 reference here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+
+FLOAT32_FLOOR = 1e-6
+"""Batch gaps below this (relative to the output's scale) count as this value: float32 noise."""
+SANITY_REL_ERR = 3e-2
+"""Outputs further than this from float64 (relative to scale) are wrong, not imprecise."""
+WEIGHT_SEED = 0x0E
+"""Seed of the layer's weights (inputs use the per-check/per-sample seeds)."""
+
+
+def make_weights(params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Router [d, E], expert input [E, d, h] and output [E, h, d] weights, float32."""
+    gen = torch.Generator().manual_seed(WEIGHT_SEED)
+    d, h, e = params["d_model"], params["hidden"], params["experts"]
+    router = torch.randn(d, e, generator=gen) * d**-0.5
+    w_in = torch.randn(e, d, h, generator=gen) * d**-0.5
+    w_out = torch.randn(e, h, d, generator=gen) * h**-0.5
+    return router, w_in, w_out
+
+
+def make_requests(params: dict[str, Any], seed: int) -> torch.Tensor:
+    """One token per request: [max batch size, d_model] float32."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(max(params["batch_sizes"]), params["d_model"], generator=gen)
+
+
+def float64_moe(x: torch.Tensor, weights: tuple[torch.Tensor, ...], top_k: int) -> torch.Tensor:
+    """The layer in float64, token by token (no batching at all)."""
+    router, w_in, w_out = (w.double() for w in weights)
+    x = x.double()
+    top_vals, top_idx = torch.topk(x @ router, top_k, dim=-1)
+    gates = torch.softmax(top_vals, dim=-1)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for s in range(top_k):
+            e = int(top_idx[t, s])
+            out[t] += gates[t, s] * (F.gelu(x[t] @ w_in[e]) @ w_out[e])
+    return out
+
+
+class TaskHarness(Harness):
+    def prepare(self, arm: Arm) -> None:
+        self.weights = make_weights(self.params)
+        arm.worker.call("moe_server:load_weights", *self.weights, self.params["top_k"], timeout_s=60)
+
+    def batches(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each probe request alone, then the first B requests for every batch size B > 1."""
+        alone = [x[i : i + 1] for i in range(self.params["probes"])]
+        return alone + [x[:b] for b in self.params["batch_sizes"] if b > 1]
+
+    def _run(self, arm: Arm, seed: int, timed: bool) -> tuple[dict[int, float], float, float]:
+        """(gap by batch size, error of the largest batch vs float64, seconds)."""
+        x = make_requests(self.params, seed)
+        batches = self.batches(x)
+        call = arm.worker.timed_call if timed else arm.worker.call
+        result = call("moe_server:forward_batches", batches, timeout_s=60)
+        outs, seconds = result if timed else (result, 0.0)
+        if not isinstance(outs, list) or len(outs) != len(batches):
+            raise IncorrectOutput(f"expected {len(batches)} outputs, got {type(outs).__name__}")
+        for b, y in zip(batches, outs):
+            if not isinstance(y, torch.Tensor) or y.shape != b.shape or y.dtype != torch.float32:
+                raise IncorrectOutput(f"expected float32 {tuple(b.shape)}, got {getattr(y, 'shape', y)!r}")
+        probes = self.params["probes"]
+        alone = torch.cat(outs[:probes])
+        scale = float(alone.abs().max().clamp_min(1e-30))
+        gaps = {1: 0.0}
+        for b, y in zip([b for b in self.params["batch_sizes"] if b > 1], outs[probes:]):
+            gaps[b] = float((y[:probes] - alone).abs().max()) / scale
+        ref = float64_moe(x, self.weights, self.params["top_k"])
+        err = float((outs[-1].double() - ref).abs().max() / ref.abs().max())
+        return gaps, err, seconds
+
+    def check(self, arm: Arm, seed: int) -> CheckResult:
+        try:
+            gaps, err, _ = self._run(arm, seed, timed=False)
+        except IncorrectOutput as exc:
+            return CheckResult(passed=False, detail=str(exc))
+        ok = err <= SANITY_REL_ERR
+        shown = ", ".join(f"B={b}: {g:.3g}" for b, g in gaps.items())
+        return CheckResult(
+            passed=ok,
+            max_rel_err=err,
+            err_vs_f64=err,
+            tolerance=f"relative error vs float64 <= {SANITY_REL_ERR:g} (sanity bound)",
+            detail=f"batch gap vs batch size 1: {shown}" if ok else f"wrong output, err {err:.3g}",
+        )
+
+    def sample(self, arm: Arm, seed: int) -> dict[str, float]:
+        gaps, err, seconds = self._run(arm, seed, timed=True)
+        if err > SANITY_REL_ERR:
+            raise IncorrectOutput(f"relative error {err:.3g} vs float64 is not an output")
+        return {
+            "batch_gap": max(max(gaps.values()), FLOAT32_FLOOR),
+            "time_ms": 1e3 * seconds,
+            "err_vs_f64": err,
+        }
+
+    def stage_paths(self, arm: Arm, seed: int) -> dict[str, Any]:
+        """Every stage for the probe requests run alone and inside the largest batch (diagnose)."""
+        x = make_requests(self.params, seed)
+        probes = self.params["probes"]
+        alone = [arm.worker.call("moe_server:forward_stages", x[i : i + 1]) for i in range(probes)]
+        batched = arm.worker.call("moe_server:forward_stages", x)
+        solo = {name: torch.cat([a[name] for a in alone]) for name in alone[0]}
+        together = {name: t[:probes] for name, t in batched.items()}
+        return {"alone": solo, "batched": together, "batch_size": x.shape[0]}
