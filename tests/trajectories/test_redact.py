@@ -1,0 +1,84 @@
+"""Secret redaction: known env values, provider key shapes, headers; no damage to ordinary text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra_agent.trajectories.redact import REDACTED, Redactor, redact_text, secret_env_values
+
+
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        ("Authorization: Bearer abcdefghijklmnop123", "abcdefghijklmnop123"),
+        ("curl -H 'authorization: Basic dXNlcjpwYXNzd29yZA=='", "dXNlcjpwYXNzd29yZA=="),
+        ("key sk-proj-4f9Qm2LxZr7TbN1vW8yKc3Hd here", "sk-proj-4f9Qm2LxZr7TbN1vW8yKc3Hd"),
+        ("ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8", "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"),
+        ("HF hf_QwErTyUiOpAsDfGhJkLzXcVbNm12345678.", "hf_QwErTyUiOpAsDfGhJkLzXcVbNm12345678"),
+        ("aws AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE"),
+        (
+            "zai 0123456789abcdef0123456789abcdef.AbCdEfGhIjKlMnOp",
+            "0123456789abcdef0123456789abcdef.AbCdEfGhIjKlMnOp",
+        ),
+        ("postgres://admin:s3cr3tpass@db:5432/x", "s3cr3tpass"),
+        ('{"api_key": "my-api-key-value-1"}', "my-api-key-value-1"),
+        ("OPENAI_API_KEY=abc.def-ghi-jkl", "abc.def-ghi-jkl"),
+        ("password = 'p4ssw0rd!x'", "p4ssw0rd!x"),
+        ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "MIIEow"),
+    ],
+)
+def test_shapes_are_redacted(text: str, secret: str) -> None:
+    out = Redactor().text(text)
+    assert secret not in out
+    assert REDACTED in out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "max_tokens: 4096",
+        "the token embeddings are cached per layer",
+        "tokenizer: meta-llama/Llama-3.1-8B",
+        "speedup 1.62x (95% CI 1.55-1.70), key-value cache hit 90%",
+        "patch sha " + "a" * 64,
+        '{"prompt_tokens": 900, "num_tokens": "123456"}',
+    ],
+)
+def test_ordinary_text_is_left_alone(text: str) -> None:
+    assert Redactor().text(text) == text
+
+
+def test_env_values_by_name_pattern_including_json_escaped_form() -> None:
+    env = {"MY_SERVICE_TOKEN": 'v4lue"with\\quote', "PATH": "/usr/bin:/bin", "SHORT_KEY": "abc"}
+    values = secret_env_values(["*TOKEN*", "*KEY*"], env)
+    assert values == ['v4lue"with\\quote']  # PATH does not match; 3 characters are too short
+    redactor = Redactor(values)
+    assert redactor.text('x v4lue"with\\quote y') == f"x {REDACTED} y"
+    as_json = json.dumps({"note": 'v4lue"with\\quote'})
+    assert "v4lue" not in redactor.text(as_json)
+    assert json.loads(redactor.text(as_json)) == {"note": REDACTED}  # still valid JSON
+
+
+def test_tree_redacts_values_of_secret_named_keys_and_nested_strings() -> None:
+    tree = {
+        "db_password": "hunter2hunter2",
+        "max_tokens": 4096,
+        "args": ["Bearer abcdefghijklmn"],
+        "n": 1.5,
+    }
+    out = Redactor().tree(tree)
+    assert out == {
+        "db_password": REDACTED,
+        "max_tokens": 4096,
+        "args": [f"Bearer {REDACTED}"],
+        "n": 1.5,
+    }
+
+
+def test_redact_text_uses_the_current_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACME_SECRET", "plain-value-0001")
+    assert redact_text("got plain-value-0001 back") == f"got {REDACTED} back"
+    monkeypatch.setenv("ACME_SECRET", "plain-value-0002")  # a changed value is picked up
+    assert redact_text("got plain-value-0002 back") == f"got {REDACTED} back"

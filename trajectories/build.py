@@ -1,0 +1,383 @@
+"""Build the canonical `Trajectory` of one run from the run store.
+
+`load_run` reads everything a run touched (steps, experiments, patches, proposals, decisions);
+`build_trajectory` turns it into a plain tree, redacts every string in it, and validates the
+tree as a `Trajectory` — the schema check every export goes through.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra_agent import __version__
+from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
+from infra_agent.store.base import RunStore
+from infra_agent.store.records import (
+    DecisionAction,
+    DecisionRecord,
+    ExperimentRecord,
+    PatchRecord,
+    ProposalRecord,
+    RunRecord,
+    StepRecord,
+)
+from infra_agent.trajectories.atif import AGENT_NAME, Trajectory
+from infra_agent.trajectories.environment import ENVIRONMENT_KEY, recorded_environment
+from infra_agent.trajectories.redact import Redactor
+from infra_agent.trajectories.rewards import (
+    RewardWeights,
+    candidate_components,
+    proposal_reward,
+    review_score,
+    trajectory_reward,
+)
+
+_SOURCE = {"system": "system", "user": "user", "harness": "user", "assistant": "agent"}
+
+
+@dataclass
+class RunBundle:
+    """Everything the store holds about one run."""
+
+    run: RunRecord
+    steps: list[StepRecord]
+    experiments: list[ExperimentRecord]
+    proposals: list[ProposalRecord]
+    decisions: dict[str, list[DecisionRecord]] = field(default_factory=dict)
+    """Proposal id -> its decisions, oldest first."""
+    patches: dict[str, PatchRecord] = field(default_factory=dict)
+
+    @property
+    def reviewed(self) -> bool:
+        """A person (not the auto-approve policy) decided on one of the run's proposals."""
+        return any(
+            d.action is not DecisionAction.AUTO_APPROVE
+            for ds in self.decisions.values()
+            for d in ds
+        )
+
+
+def load_run(store: RunStore, run: RunRecord) -> RunBundle:
+    """Read one run's records. Experiments named by its proposals are included even when they
+    were recorded without the run id."""
+    experiments = store.experiments(run.id)
+    proposals = store.proposals(run_id=run.id)
+    known = {e.id for e in experiments}
+    for proposal in proposals:
+        for exp_id in proposal.experiment_ids:
+            if exp_id not in known:
+                exp = store.get_experiment(exp_id)
+                if exp is not None:
+                    experiments.append(exp)
+                    known.add(exp_id)
+    patches: dict[str, PatchRecord] = {}
+    for patch_id in [e.patch_id for e in experiments] + [p.patch_id for p in proposals]:
+        if patch_id not in patches:
+            patch = store.get_patch(patch_id)
+            if patch is not None:
+                patches[patch_id] = patch
+    return RunBundle(
+        run=run,
+        steps=store.steps(run.id),
+        experiments=experiments,
+        proposals=proposals,
+        decisions={p.id: store.decisions(p.id) for p in proposals},
+        patches=patches,
+    )
+
+
+def build_trajectory(
+    bundle: RunBundle, *, redactor: Redactor, weights: RewardWeights | None = None
+) -> Trajectory:
+    """The run as a validated, redacted `Trajectory`. Raises pydantic.ValidationError if the store
+    holds something the schema cannot represent."""
+    weights = weights or RewardWeights()
+    run = bundle.run
+    steps = _steps(bundle.steps, run.model)
+    experiments = {e.id: e for e in bundle.experiments}
+    results = [e.result for e in bundle.experiments]
+
+    proposals = []
+    review_scores = []
+    for p in bundle.proposals:
+        decisions = bundle.decisions.get(p.id, [])
+        backing = [experiments[i].result for i in p.experiment_ids if i in experiments]
+        reward = proposal_reward(backing[-1] if backing else None, p, decisions, weights)
+        review_scores.append(review_score(p, decisions))
+        proposals.append(_proposal(p, decisions, reward.model_dump(mode="json")))
+    reward = trajectory_reward(results, review_scores, weights)
+
+    env = recorded_environment(run.config)
+    config = {k: v for k, v in run.config.items() if k != ENVIRONMENT_KEY}
+    isolation = sorted(
+        {
+            i
+            for e in bundle.experiments
+            if e.result.evidence.sandbox
+            for i in e.result.evidence.sandbox.isolation
+        }
+    )
+    n_calls = sum(len(s.tool_calls) for s in bundle.steps)
+    tree: dict[str, Any] = {
+        "session_id": run.id,
+        "agent": {
+            "name": AGENT_NAME,
+            "version": env.packages.get("infra-agent") or str(run.config.get("agent_version", __version__)),
+            "model_name": run.model,
+            "extra": {"policy": run.policy},
+        },
+        "steps": steps,
+        "notes": run.summary or None,
+        "final_metrics": {
+            **_token_totals(bundle.steps),
+            "total_steps": len(steps),
+            "extra": {
+                "reward": reward.total,
+                **_best(bundle.experiments),
+                "verdict_counts": {v.value: sum(r.verdict is v for r in results) for v in Verdict},
+                "suspicious": sum(Flag.SUSPICIOUS in r.flags for r in results),
+                "reviewed": bundle.reviewed,
+                "store_messages": len(bundle.steps),
+                "tool_calls": n_calls,
+            },
+        },
+        "extra": {
+            "task": {
+                "id": run.task,
+                "objective": run.objective,
+                "prompt": next((s.content for s in bundle.steps if s.role == "user"), ""),
+                "target_fingerprints": sorted({e.target_fingerprint for e in bundle.experiments if e.target_fingerprint}),
+                "environment": env.model_dump(mode="json"),
+                "sandboxes": sorted({e.sandbox for e in bundle.experiments}),
+                "isolation": isolation,
+                "seeds": _seeds(run.config),
+            },
+            "run": {
+                "status": run.status.value,
+                "policy": run.policy,
+                "summary": run.summary,
+                "created_at": run.created_at.isoformat(),
+                "updated_at": run.updated_at.isoformat(),
+                "config_json": json.dumps(config, sort_keys=True, default=str),
+            },
+            "patches": _patches(bundle),
+            "proposals": proposals,
+            "reward": reward.model_dump(mode="json"),
+        },
+    }  # fmt: skip
+    return Trajectory.model_validate(redactor.tree(tree))
+
+
+def _steps(records: list[StepRecord], model: str | None) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    owner: dict[str, dict[str, Any]] = {}  # tool_call_id -> the agent step that made the call
+    last_agent: dict[str, Any] | None = None
+    for rec in records:
+        if rec.role == "tool":
+            step = owner.get(rec.tool_call_id or "") or last_agent
+            if step is None:  # a tool result with no call before it: keep it, on its own
+                step = _new_step(steps, rec, source="system", message="")
+            step.setdefault("observation", {"results": []})["results"].append(
+                {"source_call_id": rec.tool_call_id, "content": rec.content}
+            )
+            step["extra"]["seqs"].append(rec.seq)
+            step["extra"]["tool_names"].append(rec.name or "")
+            if rec.error:
+                step["extra"]["tool_errors"].append(
+                    {"source_call_id": rec.tool_call_id, "error": rec.error}
+                )
+            continue
+        step = _new_step(steps, rec, source=_SOURCE[rec.role], message=rec.content)
+        if rec.error:
+            step["extra"]["error"] = rec.error
+        if rec.role != "assistant":
+            continue
+        last_agent = step
+        step["model_name"] = model
+        step["reasoning_content"] = rec.reasoning_content
+        if rec.tool_calls:
+            step["tool_calls"] = []
+            for call in rec.tool_calls:
+                args = _parse_object(call.arguments)
+                if args is None:
+                    step["extra"]["invalid_tool_arguments"].append(
+                        {"tool_call_id": call.id, "raw": call.arguments}
+                    )
+                step["tool_calls"].append(
+                    {"tool_call_id": call.id, "function_name": call.name, "arguments": args or {}}
+                )
+                owner[call.id] = step
+        metrics = _metrics(rec)
+        if metrics is not None:
+            step["metrics"] = metrics
+    return steps
+
+
+def _new_step(
+    steps: list[dict[str, Any]], rec: StepRecord, *, source: str, message: str
+) -> dict[str, Any]:
+    step: dict[str, Any] = {
+        "step_id": len(steps) + 1,
+        "timestamp": rec.created_at.isoformat(),
+        "source": source,
+        "message": message,
+        "extra": {"role": rec.role, "seqs": [rec.seq], "tool_errors": [], "invalid_tool_arguments": [], "tool_names": []},
+    }  # fmt: skip
+    steps.append(step)
+    return step
+
+
+def _parse_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _metrics(rec: StepRecord) -> dict[str, Any] | None:
+    if (
+        rec.prompt_tokens is None
+        and rec.completion_tokens is None
+        and rec.cost_usd is None
+        and not rec.logprobs
+    ):
+        return None
+    metrics: dict[str, Any] = {
+        "prompt_tokens": rec.prompt_tokens,
+        "completion_tokens": rec.completion_tokens,
+        "cost_usd": rec.cost_usd,
+        "extra": {},
+    }
+    entries = rec.logprobs or []
+    if entries and all(isinstance(e.get("logprob"), int | float) for e in entries):
+        metrics["logprobs"] = [float(e["logprob"]) for e in entries]
+        ids = [e.get("token_id", e.get("id")) for e in entries]
+        if all(isinstance(i, int) for i in ids):
+            metrics["completion_token_ids"] = ids
+        if all(isinstance(e.get("token"), str) for e in entries):
+            metrics["extra"]["tokens"] = [e["token"] for e in entries]
+    return metrics
+
+
+def _token_totals(records: list[StepRecord]) -> dict[str, Any]:
+    def total(values: list[Any]) -> Any:
+        present = [v for v in values if v is not None]
+        return sum(present) if present else None
+
+    return {
+        "total_prompt_tokens": total([s.prompt_tokens for s in records]),
+        "total_completion_tokens": total([s.completion_tokens for s in records]),
+        "total_cost_usd": total([s.cost_usd for s in records]),
+    }
+
+
+def _seeds(config: dict[str, Any]) -> list[int]:
+    seeds = config.get("seeds", [])
+    seeds = list(seeds) if isinstance(seeds, list | tuple) else []
+    if isinstance(config.get("seed"), int):
+        seeds.insert(0, config["seed"])
+    return [s for s in seeds if isinstance(s, int) and not isinstance(s, bool)]
+
+
+def _best(experiments: list[ExperimentRecord]) -> dict[str, Any]:
+    """The best proven candidate (IMPROVED, not suspicious) and the run's accuracy outcome."""
+    candidates = [
+        e
+        for e in experiments
+        if e.result.verdict is Verdict.IMPROVED and Flag.SUSPICIOUS not in e.result.flags
+    ]
+
+    def key(e: ExperimentRecord) -> tuple[float, float]:
+        perf = e.result.evidence.performance
+        return (candidate_components(e.result).proven_improvement, perf.speedup if perf else 0.0)
+
+    best = max(candidates, key=key, default=None)
+    perf = best.result.evidence.performance if best else None
+    pool = [best.result] if best else [e.result for e in experiments]
+    return {
+        "best_speedup": perf.speedup if perf else None,
+        "best_speedup_ci_low": perf.ci_low if perf else None,
+        "best_speedup_ci_high": perf.ci_high if perf else None,
+        "best_patch_id": best.patch_id if best else None,
+        "accuracy_outcome": _accuracy(pool),
+    }
+
+
+def _accuracy(results: list[ExperimentResult]) -> str:
+    scores = [candidate_components(r).correctness for r in results]
+    if any(s < 0 for s in scores):
+        return "failed"
+    return "passed" if any(s > 0 for s in scores) else "not_measured"
+
+
+def _patches(bundle: RunBundle) -> list[dict[str, Any]]:
+    order: list[str] = []
+    for patch_id in [e.patch_id for e in bundle.experiments] + [
+        p.patch_id for p in bundle.proposals
+    ]:
+        if patch_id not in order:
+            order.append(patch_id)
+    out = []
+    for patch_id in order:
+        patch = bundle.patches.get(patch_id)
+        out.append(
+            {
+                "patch_id": patch_id,
+                "kind": patch.kind.value if patch else None,
+                "author": patch.author if patch else "",
+                "rationale": patch.rationale if patch else "",
+                "files": list(patch.files) if patch else [],
+                "diff": patch.diff if patch else "",
+                "knobs_json": json.dumps(patch.knobs if patch else {}, sort_keys=True, default=str),
+                "experiments": [
+                    _experiment(e) for e in bundle.experiments if e.patch_id == patch_id
+                ],
+            }
+        )
+    return out
+
+
+def _experiment(e: ExperimentRecord) -> dict[str, Any]:
+    return {
+        "experiment_id": e.id,
+        "verdict": e.result.verdict.value,
+        "flags": [f.value for f in e.result.flags],
+        "reasons": list(e.result.reasons),
+        "sandbox": e.sandbox,
+        "started_at": e.started_at.isoformat(),
+        "duration_s": e.duration_s,
+        "target_fingerprint": e.target_fingerprint,
+        "evidence": e.result.evidence.model_dump(mode="json"),
+        "reward_components": candidate_components(e.result).model_dump(mode="json"),
+    }
+
+
+def _proposal(
+    p: ProposalRecord, decisions: list[DecisionRecord], reward: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "proposal_id": p.id,
+        "patch_id": p.patch_id,
+        "patch_hash": p.patch_hash,
+        "status": p.status.value,
+        "risk": p.risk.value,
+        "risk_reasons": list(p.risk_reasons),
+        "expected_gain": p.expected_gain,
+        "rationale": p.rationale,
+        "experiment_ids": list(p.experiment_ids),
+        "decisions": [
+            {
+                "decision_id": d.id,
+                "reviewer": d.reviewer,
+                "action": d.action.value,
+                "patch_hash": d.patch_hash,
+                "comment": d.comment,
+                "created_at": d.created_at.isoformat(),
+            }
+            for d in decisions
+        ],
+        "reward": reward,
+    }
