@@ -1,0 +1,19 @@
+"""MoE token dispatch over the intra-node path, in miniature.
+
+The intra-node all-to-all is native code that waits for the peer GPUs' barrier; here it is
+libc's `usleep` standing in for that wait, called through ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+# The intra-node path's native library (libc stands in for the communication library).
+_intranode = ctypes.PyDLL(ctypes.util.find_library("c"))
+_intranode.usleep.argtypes = [ctypes.c_uint]
+
+
+def intranode_dispatch(wait_us: int) -> None:
+    """Send this step's tokens to their experts on the other GPUs of the node and wait for them."""
+    _intranode.usleep(wait_us)
