@@ -100,6 +100,10 @@ def bubblewrap(
             tree.mounted.append(Path(path))
         elif os.path.isdir(path):
             tree.mount("--ro-bind", Path(path))
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--perms", "1777", "--size", str(spec.file_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    # /tmp before the binds: a read-only path or the workspace may live under it
+    tree.created.add(Path("/tmp"))  # a tmpfs: folders inside it can still be made
     for path in ETC_FILES:
         if os.path.exists(path):
             tree.mount("--ro-bind", Path(path))
@@ -107,9 +111,6 @@ def bubblewrap(
     for path in visible:
         if os.path.exists(path):
             tree.mount("--ro-bind", Path(path))
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    args += ["--perms", "1777", "--size", str(spec.file_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
-    tree.created.add(Path("/tmp"))  # a tmpfs: folders inside it can still be made
     if spec.gpus is not None:
         gpu_nodes = [*GPU_DEVICES, *(f"/dev/nvidia{i}" for i in spec.gpus)]
         for node in gpu_nodes:
@@ -117,13 +118,13 @@ def bubblewrap(
         c.in_force.append(f"gpu:devices={','.join(map(str, spec.gpus))}")
     tree.mount("--bind", workspace)
     shadowed = 0
-    for path in hidden:
-        if not _under_any(path, [Path(p) for p in ROOT_DIRS] + visible):
+    for secret in hidden:
+        if not _under_any(secret, [Path(root) for root in ROOT_DIRS] + visible):
             continue  # never bound, so already invisible
-        if path.is_dir():
-            args += ["--tmpfs", str(path)]
-        elif path.exists():
-            args += ["--ro-bind", "/dev/null", str(path)]
+        if secret.is_dir():
+            args += ["--tmpfs", str(secret)]
+        elif secret.exists():
+            args += ["--ro-bind", "/dev/null", str(secret)]
         shadowed += 1
     args += ["--remount-ro", "/", "--chdir", str(cwd)]
     c.in_force += ["fs:readonly-root", "tmp:private", f"hidden:{len(hidden)} paths"]

@@ -75,11 +75,13 @@ class LocalSandbox(Sandbox):
         self._check_open()
         n = next(self._counter)
         out_path, err_path, count_path = (self._copy.state / f"{n}.{s}" for s in "oec")
-        counting = self._mode != "none"  # the shell's count is only meaningful in a pid namespace
+        # the shell's count is only meaningful in a pid namespace
+        counting = self._mode != "none" and os.path.exists("/bin/bash")
         started = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err, open(count_path, "wb") as c:
             script = _COUNTING_SHELL.format(fd=c.fileno())
-            wrapped = ["/bin/sh", "-c", script, "sh", *argv] if counting else argv
+            # bash, not sh: the fd number may have two digits, which dash cannot redirect
+            wrapped = ["/bin/bash", "-c", script, "bash", *argv] if counting else argv
             proc = self._start(
                 wrapped,
                 n,

@@ -28,7 +28,11 @@ _launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-launch
 
 def launch(argv: list[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
     """`subprocess.Popen(argv, **popen_kwargs)` from the launcher thread."""
-    return _launcher.submit(subprocess.Popen, argv, **popen_kwargs).result()
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, **popen_kwargs)
+
+    return _launcher.submit(start).result()
 
 
 def marked_pids(variable: str, value: str) -> list[int]:
