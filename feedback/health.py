@@ -97,7 +97,9 @@ class HealthReport(BaseModel):
         return out
 
     def render(self) -> str:
-        head = f"health: {self.unhealthy}/{self.outputs} unhealthy ({self.unhealthy_per_10k:.0f}/10k)"
+        head = (
+            f"health: {self.unhealthy}/{self.outputs} unhealthy ({self.unhealthy_per_10k:.0f}/10k)"
+        )
         rules = ", ".join(f"{r} {n}" for r, n in self.per_rule.items() if n)
         return head + (f"; {rules}" if rules else "") + "".join(f"\n  {e}" for e in self.examples)
 
@@ -110,7 +112,11 @@ def bad_characters(text: str, alphabet: str | None = None) -> int:
         if ch in "\n\t\r":
             continue
         cat = unicodedata.category(ch)
-        if ch == "\ufffd" or cat in ("Cc", "Co", "Cn", "Cs") or (allowed is not None and ch not in allowed):
+        if (
+            ch == "\ufffd"
+            or cat in ("Cc", "Co", "Cn", "Cs")
+            or (allowed is not None and ch not in allowed)
+        ):
             bad += 1
     return bad
 
@@ -148,13 +154,22 @@ def spec_stats(meta: Mapping[str, Any] | None) -> tuple[float | None, float | No
         accepted, drafted = meta.get("spec_accept_token_num"), meta.get("spec_draft_token_num")
         if accepted is not None and drafted:
             rate = float(accepted) / float(drafted)
-    return (float(length) if length is not None else None, float(rate) if rate is not None else None)
+    return (
+        float(length) if length is not None else None,
+        float(rate) if rate is not None else None,
+    )
 
 
-def _spec_issues(meta: Mapping[str, Any] | None, generated: int, rules: HealthRules) -> list[HealthIssue]:
+def _spec_issues(
+    meta: Mapping[str, Any] | None, generated: int, rules: HealthRules
+) -> list[HealthIssue]:
     length, rate = spec_stats(meta)
     issues = []
-    if length is not None and generated > rules.spec_min_tokens and length < rules.min_spec_accept_length:
+    if (
+        length is not None
+        and generated > rules.spec_min_tokens
+        and length < rules.min_spec_accept_length
+    ):
         issues.append(
             HealthIssue(
                 rule="spec_low_accept_length",
@@ -163,7 +178,10 @@ def _spec_issues(meta: Mapping[str, Any] | None, generated: int, rules: HealthRu
         )
     if rate is not None and rate > rules.max_spec_accept_rate:
         issues.append(
-            HealthIssue(rule="spec_high_accept_rate", detail=f"spec accept rate {rate:.3f} > {rules.max_spec_accept_rate}")
+            HealthIssue(
+                rule="spec_high_accept_rate",
+                detail=f"spec accept rate {rate:.3f} > {rules.max_spec_accept_rate}",
+            )
         )
     return issues
 
@@ -186,9 +204,14 @@ def check_output(
         unit = "tokens" if token_ids is not None else "characters"
         period, span, start = loop
         issues.append(
-            HealthIssue(rule="repetition_loop", detail=f"a {period}-{unit[:-1]} block repeats over {span} {unit} from {start}")
+            HealthIssue(
+                rule="repetition_loop",
+                detail=f"a {period}-{unit[:-1]} block repeats over {span} {unit} from {start}",
+            )
         )
-    generated = len(token_ids) if token_ids is not None else int((meta or {}).get("completion_tokens", 0))
+    generated = (
+        len(token_ids) if token_ids is not None else int((meta or {}).get("completion_tokens", 0))
+    )
     issues += _spec_issues(meta, generated, rules)
     return OutputHealth(healthy=not issues, issues=issues)
 
@@ -217,16 +240,31 @@ class StreamGuard:
         issues = _spec_issues(meta, generated, self.rules)
         if not issues:
             # Only the recent tail can hold a new loop; scanning it keeps feeding O(window).
-            window = 4 * max(self.rules.min_loop_span, self.rules.max_period * self.rules.min_loop_repeats)
+            window = 4 * max(
+                self.rules.min_loop_span, self.rules.max_period * self.rules.min_loop_repeats
+            )
             seq: Sequence[Any] = self.token_ids[-window:] if self.token_ids else self.text[-window:]
             loop = find_loop(seq, self.rules)
             if loop is not None:
-                issues = [HealthIssue(rule="repetition_loop", detail=f"a {loop[0]}-long block repeats over {loop[1]}")]
+                issues = [
+                    HealthIssue(
+                        rule="repetition_loop",
+                        detail=f"a {loop[0]}-long block repeats over {loop[1]}",
+                    )
+                ]
         if not issues:
             tail = self.text[-512:]
             bad = bad_characters(tail, self.rules.alphabet)
-            if bad >= self.rules.min_bad_chars and bad / max(len(tail), 1) >= self.rules.max_bad_char_ratio:
-                issues = [HealthIssue(rule="garbled_text", detail=f"{bad}/{len(tail)} bad characters in the last chunk")]
+            if (
+                bad >= self.rules.min_bad_chars
+                and bad / max(len(tail), 1) >= self.rules.max_bad_char_ratio
+            ):
+                issues = [
+                    HealthIssue(
+                        rule="garbled_text",
+                        detail=f"{bad}/{len(tail)} bad characters in the last chunk",
+                    )
+                ]
         self.tripped = issues[0] if issues else None
         return self.tripped
 
@@ -236,7 +274,7 @@ def score_outputs(
     rules: HealthRules | None = None,
 ) -> HealthReport:
     """Score a run's outputs, each (text, token_ids or None, meta or None)."""
-    per_rule = dict.fromkeys(RULES, 0)
+    per_rule: dict[str, int] = dict.fromkeys(RULES, 0)
     total = unhealthy = 0
     examples: list[str] = []
     for text, ids, meta in outputs:
@@ -247,7 +285,9 @@ def score_outputs(
             for issue in result.issues:
                 per_rule[issue.rule] += 1
             if len(examples) < 3:
-                examples.append(f"{result.issues[0].rule}: {result.issues[0].detail}: {text[:60]!r}")
+                examples.append(
+                    f"{result.issues[0].rule}: {result.issues[0].detail}: {text[:60]!r}"
+                )
     return HealthReport(outputs=total, unhealthy=unhealthy, per_rule=per_rule, examples=examples)
 
 

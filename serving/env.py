@@ -67,7 +67,18 @@ def ensure_sglang_env(version: str = SGLANG_VERSION, *, quiet: bool = False) -> 
     say(f"creating SGLang {version} environment in {env} (first use: several minutes, ~11 GB)")
     _run([sys.executable, "-m", "venv", str(env)], quiet)
     say(f"pip install sglang=={version}")
-    _run([str(env_python(env)), "-m", "pip", "install", "--progress-bar", "off", f"sglang=={version}"], quiet)
+    _run(
+        [
+            str(env_python(env)),
+            "-m",
+            "pip",
+            "install",
+            "--progress-bar",
+            "off",
+            f"sglang=={version}",
+        ],
+        quiet,
+    )
     (env / COMPLETE_MARKER).write_text(version + "\n")
     say(f"SGLang environment ready: {env}")
     return env

@@ -50,7 +50,9 @@ def corpus(seed: int = 0, lines: int = 4000) -> list[str]:
     out = []
     for _ in range(lines):
         n = rng.randint(4, 16)
-        parts = [rng.choice(_WORDS) if rng.random() < 0.8 else rng.choice(_SYMBOLS) for _ in range(n)]
+        parts = [
+            rng.choice(_WORDS) if rng.random() < 0.8 else rng.choice(_SYMBOLS) for _ in range(n)
+        ]
         if rng.random() < 0.3:
             parts.append(str(rng.randint(0, 999)))
         out.append(" ".join(parts))
@@ -132,7 +134,11 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     blobs = []
     for name, arr in tensors.items():
         data = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         offset += len(data)
         blobs.append(data)
     raw = json.dumps(header, separators=(",", ":")).encode()

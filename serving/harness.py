@@ -1,0 +1,230 @@
+"""The harness of serving tasks: one SGLang server per arm, measured by a workload.
+
+A serving task's `harness.py` subclasses `ServingHarness` and names its deployment spec:
+
+    class TaskHarness(ServingHarness):
+        deployment_path = Path(__file__).parent / "deployment.toml"
+
+prepare(arm): refuses unknown or GPU-only knobs, builds the arm's SGLang overlay from its
+    workspace copy (source patches), starts the server with the arm's knobs as server arguments,
+    and warms it up. A server that fails to start raises `ServerFailed` (FAILED, with log tail).
+check(arm, seed): the accuracy gate: greedy answers with top-k log-probs against the baseline
+    server's answers to the same prompts (the baseline is compared with a second baseline run,
+    which measures the server's own nondeterminism).
+sample(arm, seed): one workload run -> {output_throughput (tok/s), ttft/tpot percentiles (ms),
+    goodput, ...}; every request must return exactly its max_new_tokens (no truncation games).
+health(arm, seed): the output health guard over a longer-output workload plus every output the
+    arm produced while sampled; health_problems names each rule the candidate trips more often.
+
+The server runs as a process on this machine (it needs loopback to be reached); the arm's
+sandbox provides its patched workspace copy. Params (task.toml [params]): num_prompts,
+input_len, output_len, max_concurrency (0: all at once), request_rate (0: all at once), api,
+health_prompts, health_output_len, gate_prompts, gate_output_len, temperature.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+from infra_agent.feedback.health import HealthReport, compare_health, score_outputs
+from infra_agent.serving import knobs as knob_catalogue
+from infra_agent.serving.accuracy import Answer, GateConfig, answer, compare_answers, gate_prompts
+from infra_agent.serving.datasets import random_sessions
+from infra_agent.serving.deployment import DeploymentSpec, load_deployment
+from infra_agent.serving.metrics import summarize
+from infra_agent.serving.overlay import build_overlay
+from infra_agent.serving.server import Server, has_gpu
+from infra_agent.serving.tiny_model import VOCAB_SIZE
+from infra_agent.serving.workload import LoadSpec, RequestRecord, run_workload
+from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+from infra_agent.tasks.manifest import TaskManifest
+
+DEFAULT_PARAMS: dict[str, Any] = {
+    "num_prompts": 128,
+    "input_len": 64,
+    "output_len": 32,
+    "max_concurrency": 0,
+    "request_rate": 0.0,
+    "api": "generate",
+    "temperature": 1.0,
+    "health_prompts": 32,
+    "health_output_len": 160,
+    "gate_prompts": 8,
+    "gate_output_len": 24,
+    "vocab_size": VOCAB_SIZE,
+}
+
+
+class ServingHarness(Harness):
+    deployment_path: ClassVar[Path]
+    """The task's deployment.toml (set by the subclass)."""
+
+    def __init__(self, manifest: TaskManifest, params: dict[str, Any]) -> None:
+        super().__init__(manifest, {**DEFAULT_PARAMS, **params})
+        self.deployment: DeploymentSpec = load_deployment(self.deployment_path)
+        self.arms: dict[str, Arm] = {}
+        self.references: dict[int, list[Answer]] = {}
+        self.gate = GateConfig(
+            prompts=int(self.params["gate_prompts"]), output_len=int(self.params["gate_output_len"])
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def server_args(self, arm: Arm) -> dict[str, Any]:
+        """The arm's knobs as server arguments, refused before any start if unknown or GPU-only."""
+        knobs = dict(arm.knobs)
+        knob_catalogue.check_device(
+            knobs, self.manifest.knobs, gpu=has_gpu() or self.deployment.needs_gpu
+        )
+        knob_catalogue.check_flags(knobs, self.deployment.sglang_version)
+        return knobs
+
+    def overlay_files(self, workspace: Path) -> list[str]:
+        """SGLang modules present in the workspace (declared in the deployment or found there)."""
+        if self.deployment.overlay_files:
+            return list(self.deployment.overlay_files)
+        return (
+            sorted(str(p.relative_to(workspace)) for p in (workspace / "sglang").rglob("*.py"))
+            if (workspace / "sglang").is_dir()
+            else []
+        )
+
+    def prepare(self, arm: Arm) -> None:
+        args = self.server_args(arm)
+        workdir = Path(tempfile.mkdtemp(prefix=f"infra-agent-serve-{arm.name}-"))
+        arm.state["workdir"] = workdir
+        workspace = arm.sandbox.root
+        overlay = build_overlay(
+            workspace,
+            self.overlay_files(workspace),
+            workdir / "overlay",
+            self.deployment.sglang_version,
+        )
+        if overlay is not None and arm.name == "baseline":
+            raise IncorrectOutput(
+                "baseline workspace SGLang modules differ from the installed SGLang (version mismatch)"
+            )
+        arm.state["overlay"] = overlay
+        arm.state["server"] = Server.start(
+            self.deployment, workdir, knobs=args, overlay=overlay, model_cache=workdir / "models"
+        )
+        arm.state["outputs"] = []
+        self.arms[arm.name] = arm
+        # Warm-up: first requests pay for lazy initialisation.
+        run_workload(
+            self.server(arm).url,
+            random_sessions(8, 16, 8, vocab_size=self.vocab, seed=1),
+            self.load(seed=1),
+        )
+
+    def finish(self, arm: Arm) -> None:
+        server = arm.state.pop("server", None)
+        if server is not None:
+            server.stop()
+        workdir = arm.state.pop("workdir", None)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def server(self, arm: Arm) -> Server:
+        server: Server | None = arm.state.get("server")
+        if server is None:
+            raise RuntimeError(f"{arm.name}: no server (prepare was not run)")
+        if not server.alive():
+            from infra_agent.serving.server import ServerFailed
+
+            raise ServerFailed(
+                f"{arm.name}: the server died", kind="crash", log_tail=server.log_tail()
+            )
+        return server
+
+    @property
+    def vocab(self) -> int:
+        return int(self.params["vocab_size"])
+
+    def load(self, seed: int) -> LoadSpec:
+        conc = int(self.params["max_concurrency"])
+        rate = float(self.params["request_rate"])
+        return LoadSpec(
+            api=self.params["api"],
+            max_concurrency=conc or None,
+            request_rate=rate if rate > 0 else math.inf,
+            temperature=float(self.params["temperature"]),
+            seed=seed % (2**31),
+        )
+
+    # -- the four questions ------------------------------------------------------------------
+
+    def check(self, arm: Arm, seed: int) -> CheckResult:
+        prompts = gate_prompts(self.gate, vocab_size=self.vocab, seed=seed)
+        mine = answer(self.server(arm).url, prompts, self.gate)
+        if seed not in self.references:
+            self.references[seed] = answer(
+                self.server(self.arms["baseline"]).url, prompts, self.gate
+            )
+        result = compare_answers(self.references[seed], mine, self.gate)
+        return CheckResult(
+            passed=result.passed,
+            max_abs_err=result.max_tv,
+            tolerance=f"top-{self.gate.top_k} TV <= {self.gate.max_tv}, token flips only at margins <= {self.gate.max_flip_margin} nats",
+            detail=result.render() if not result.passed else None,
+        )
+
+    def sample(self, arm: Arm, seed: int) -> dict[str, float]:
+        p = self.params
+        sessions = random_sessions(
+            int(p["num_prompts"]),
+            int(p["input_len"]),
+            int(p["output_len"]),
+            vocab_size=self.vocab,
+            seed=seed,
+        )
+        result = run_workload(self.server(arm).url, sessions, self.load(seed))
+        _verify(result.records, [t.output_len for s in sessions for t in s.turns])
+        arm.state["outputs"].extend(result.records)
+        return summarize(result).sample()
+
+    def health(self, arm: Arm, seed: int) -> dict[str, float | int | str | bool]:
+        p = self.params
+        sessions = random_sessions(
+            int(p["health_prompts"]),
+            int(p["input_len"]),
+            int(p["health_output_len"]),
+            vocab_size=self.vocab,
+            range_ratio=0.0,
+            seed=seed,
+        )
+        result = run_workload(self.server(arm).url, sessions, self.load(seed))
+        records: list[RequestRecord] = list(arm.state.get("outputs", [])) + result.records
+        report = self.score(records)
+        arm.state["health_report"] = report
+        return report.as_health()
+
+    @staticmethod
+    def score(records: list[RequestRecord]) -> HealthReport:
+        return score_outputs((r.text, r.output_ids, r.meta) for r in records if r.success)
+
+    def health_problems(
+        self,
+        baseline: dict[str, float | int | str | bool],
+        candidate: dict[str, float | int | str | bool],
+    ) -> list[str]:
+        return compare_health(baseline, candidate)
+
+
+def _verify(records: list[RequestRecord], wanted: list[int]) -> None:
+    """Every request succeeded and returned exactly the tokens it asked for."""
+    failed = [r for r in records if not r.success]
+    if failed:
+        raise IncorrectOutput(
+            f"{len(failed)}/{len(records)} requests failed; first: {failed[0].error}"
+        )
+    by_order = sorted(records, key=lambda r: (r.session, r.turn))
+    for r, n in zip(by_order, wanted, strict=False):
+        if r.output_tokens != n:
+            raise IncorrectOutput(
+                f"request {r.session} returned {r.output_tokens} tokens, asked for {n}"
+            )

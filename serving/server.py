@@ -1,0 +1,307 @@
+"""A running SGLang server: start on a free port, wait for readiness, capture logs, stop cleanly.
+
+    with Server.start(spec, workdir, knobs={...}) as server:   # raises ServerFailed with log tail
+        server.url  # http://127.0.0.1:PORT
+
+The server runs in its own process session; `stop()` sends SIGTERM to the whole group, waits
+`stop_timeout_s`, then SIGKILLs the group and any descendant that left it, and waits until none
+is alive. A broken flag, a crash during start or a server that is not ready in time raises
+`ServerFailed` (a `CandidateFailure`, so the experiment engine records FAILED) with the log tail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from infra_agent.errors import UserError
+from infra_agent.serving.deployment import ArgValue, DeploymentSpec, args_to_argv
+from infra_agent.serving.env import ensure_sglang_env, env_python
+from infra_agent.serving.tiny_model import write_tiny_model
+from infra_agent.tasks.harness import CandidateFailure
+
+SHIM_DIR = Path(__file__).parent / "kernel_shim"
+"""Holds the `sgl_kernel` CPU compatibility module (first on PYTHONPATH when no GPU is present)."""
+PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
+"""Host variables a server inherits; everything else (API keys, tokens) is left behind."""
+
+
+class ServerFailed(CandidateFailure):
+    """The server did not start, crashed, or never became ready."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def has_gpu() -> bool:
+    """True when an NVIDIA device node is present (the CPU shim is used only without one)."""
+    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
+
+
+def model_path(spec: DeploymentSpec, cache: Path) -> str:
+    """The model argument: the generated tiny model's folder, or the spec's model as given."""
+    if spec.model == "tiny":
+        return str(
+            write_tiny_model(cache / f"tiny-llama-seed{spec.model_seed}", seed=spec.model_seed)
+        )
+    return spec.model
+
+
+def launch_command(
+    spec: DeploymentSpec,
+    *,
+    port: int,
+    knobs: dict[str, ArgValue] | None = None,
+    model_cache: Path,
+    overlay: Path | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) that start this deployment's server on 127.0.0.1:port."""
+    if spec.launch == "docker":
+        raise UserError("deployment launch = 'docker' is not built yet; use 'venv' or 'command'")
+    if spec.launch == "venv":
+        prefix = [
+            str(env_python(ensure_sglang_env(spec.sglang_version))),
+            "-m",
+            "sglang.launch_server",
+        ]
+    elif spec.command:
+        prefix = list(spec.command)
+    else:
+        raise UserError("deployment launch = 'command' needs a non-empty 'command'")
+    args: dict[str, ArgValue] = {"model-path": model_path(spec, model_cache)}
+    args.update(spec.server_args)
+    args.update(knobs or {})
+    args.update({"host": "127.0.0.1", "port": port})
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    path = []
+    if overlay is not None:
+        path.append(str(overlay))
+    if not spec.needs_gpu and not has_gpu():
+        env["SGLANG_USE_CPU_ENGINE"] = "1"  # without it, --device cpu takes the GPU code path
+        path.append(str(SHIM_DIR))
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    env.update(spec.env)
+    return prefix + args_to_argv(args), env
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendants of `pid` (from /proc)."""
+    tree = _children_map()
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Server:
+    """One server process group. Use `Server.start(...)`; always `stop()` (or use `with`)."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        port: int,
+        workdir: Path,
+        spec: DeploymentSpec,
+    ) -> None:
+        self.argv = argv
+        self.env = env
+        self.port = port
+        self.spec = spec
+        self.workdir = workdir
+        self.log_path = workdir / f"server-{port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_s: float | None = None
+        """Seconds from process start to the first 200 from the health path."""
+        self._known: set[int] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(
+        cls,
+        spec: DeploymentSpec,
+        workdir: Path,
+        *,
+        knobs: dict[str, ArgValue] | None = None,
+        overlay: Path | None = None,
+        model_cache: Path | None = None,
+    ) -> Server:
+        """Start and wait for readiness; on any failure the server is stopped and ServerFailed raised."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        argv, env = launch_command(
+            spec,
+            port=port,
+            knobs=knobs,
+            model_cache=model_cache or workdir / "models",
+            overlay=overlay,
+        )
+        server = cls(argv, env, port=port, workdir=workdir, spec=spec)
+        server._spawn()
+        try:
+            server.wait_ready(spec.ready_timeout_s)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def _spawn(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout_s) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Poll the health path until 200; return seconds waited. ServerFailed on exit/timeout."""
+        assert self.proc is not None
+        start = time.monotonic()
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerFailed(
+                    f"server exited with status {code} before it was ready",
+                    kind="crash",
+                    log_tail=self.log_tail(),
+                )
+            self._known |= descendants(self.proc.pid)
+            try:
+                status, _ = self.get(self.spec.health_path, timeout_s=2.0)
+            except (OSError, urllib.error.URLError):
+                status = 0
+            if status == 200:
+                self.ready_s = time.monotonic() - start
+                return self.ready_s
+            if time.monotonic() - start > timeout_s:
+                raise ServerFailed(
+                    f"server not ready after {timeout_s:.0f} s",
+                    kind="timeout",
+                    log_tail=self.log_tail(),
+                )
+            time.sleep(0.5)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> int:
+        """Stop the server and every process it started. Returns how many needed SIGKILL."""
+        if self.proc is None:
+            return 0
+        pid = self.proc.pid
+        group = set(self._known) | descendants(pid) | {pid}
+        self._signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.spec.stop_timeout_s
+        while time.monotonic() < deadline:
+            self.proc.poll()
+            group |= descendants(pid)
+            if not any(_alive(p) for p in group):
+                break
+            time.sleep(0.2)
+        stubborn = [p for p in group | descendants(pid) if _alive(p)]
+        self._signal_group(pid, signal.SIGKILL)
+        for p in stubborn:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            print(f"warning: server pid {pid} did not exit after SIGKILL", file=sys.stderr)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in stubborn) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.proc = None
+        return len(stubborn)
+
+    @staticmethod
+    def _signal_group(pid: int, sig: int) -> None:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def info(self) -> dict[str, Any]:
+        """What the server says about itself (GET /get_server_info), {} if it cannot say."""
+        import json
+
+        try:
+            status, body = self.get("/get_server_info")
+            return json.loads(body) if status == 200 else {}
+        except (OSError, ValueError):
+            return {}

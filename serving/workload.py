@@ -1,0 +1,240 @@
+"""The load generator: an async client for SGLang's native `/generate` and OpenAI `/v1/completions`.
+
+    result = run_workload(url, sessions, LoadSpec(api="generate", request_rate=8.0, seed=1))
+    result.records[0].ttft_s, result.records[0].itl_s, result.records[0].meta
+
+Sessions start as a Poisson process at `request_rate` (inf: all at once), capped by
+`max_concurrency` requests in flight, until `duration_s` (then in-flight requests finish). Turns
+of a session are sent in order, each prompt extending the last prompt and output (prefix-cache
+reuse). Every request is streamed and timed with this process's clock: TTFT, inter-token
+latencies, total latency, output tokens, the server's per-request meta (including
+`spec_accept_length` when speculative decoding is on). With `guard=True` the online health guard
+watches each stream and aborts a request whose output trips it (the rule is recorded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from typing import Any, Literal
+
+import httpx
+from infra_agent.feedback.health import StreamGuard
+from infra_agent.serving.datasets import Session, Turn
+from pydantic import BaseModel, Field
+
+
+class LoadSpec(BaseModel):
+    api: Literal["generate", "completions"] = "generate"
+    request_rate: float = math.inf
+    """Session arrivals per second (Poisson); inf sends all sessions at once."""
+    max_concurrency: int | None = None
+    """Most requests in flight at once (None: unlimited)."""
+    duration_s: float | None = None
+    """Stop starting sessions after this many seconds (None: run all sessions)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    ignore_eos: bool = True
+    """Generate exactly max_new_tokens (throughput runs must not depend on when EOS is drawn)."""
+    seed: int = 0
+    """Seeds arrivals and per-request sampling seeds."""
+    timeout_s: float = 300.0
+    """Per-request limit, seconds."""
+    guard: bool = False
+    """Abort a stream when the online health guard trips."""
+    model: str = "default"
+    """Model name sent to the OpenAI API."""
+
+
+class RequestRecord(BaseModel):
+    """One request as the client saw it (times in seconds, this process's monotonic clock)."""
+
+    session: int
+    turn: int
+    success: bool
+    prompt_tokens: int
+    output_tokens: int = 0
+    start_s: float = 0.0
+    """Send time relative to the start of the run."""
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    itl_s: list[float] = Field(default_factory=list)
+    """Gaps between successive chunks that carried new tokens."""
+    text: str = ""
+    output_ids: list[int] | None = None
+    error: str = ""
+    meta: dict[str, Any] = Field(default_factory=dict)
+    """The server's meta_info (native API) or usage (OpenAI API)."""
+    aborted_rule: str | None = None
+    """Health rule that aborted the stream (guard=True)."""
+
+
+class WorkloadResult(BaseModel):
+    records: list[RequestRecord]
+    duration_s: float
+    """From the first request sent to the last response finished."""
+    load: LoadSpec
+
+
+def _payload(
+    load: LoadSpec, prompt_ids: list[int], text: str | None, output_len: int, seed: int
+) -> dict[str, Any]:
+    if load.api == "generate":
+        sampling = {
+            "max_new_tokens": output_len,
+            "temperature": load.temperature,
+            "top_p": load.top_p,
+            "ignore_eos": load.ignore_eos,
+            "sampling_seed": seed,
+        }
+        body: dict[str, Any] = {"sampling_params": sampling, "stream": True}
+        body["text" if text is not None else "input_ids"] = text if text is not None else prompt_ids
+        return body
+    return {
+        "model": load.model,
+        "prompt": text if text is not None else prompt_ids,
+        "max_tokens": output_len,
+        "temperature": load.temperature,
+        "top_p": load.top_p,
+        "ignore_eos": load.ignore_eos,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def _send(
+    client: httpx.AsyncClient,
+    url: str,
+    load: LoadSpec,
+    record: RequestRecord,
+    body: dict[str, Any],
+    t0: float,
+) -> None:
+    path = "/generate" if load.api == "generate" else "/v1/completions"
+    guard = StreamGuard() if load.guard else None
+    sent = time.monotonic()
+    record.start_s = sent - t0
+    last = sent
+    tokens = 0
+    try:
+        async with client.stream("POST", url + path, json=body, timeout=load.timeout_s) as resp:
+            if resp.status_code != 200:
+                record.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    record.error = str(chunk["error"])[:300]
+                    return
+                now = time.monotonic()
+                new_tokens, delta = _absorb(load, record, chunk)
+                if new_tokens > 0:
+                    if tokens == 0:
+                        record.ttft_s = now - sent
+                    else:
+                        record.itl_s.append(now - last)
+                    tokens += new_tokens
+                    last = now
+                if guard is not None:
+                    issue = guard.feed(delta, [], record.meta)
+                    if issue is not None:
+                        record.aborted_rule = issue.rule
+                        break
+        record.output_tokens = max(tokens, int(record.meta.get("completion_tokens", 0)))
+        record.success = not record.error and record.aborted_rule is None
+    except (httpx.HTTPError, json.JSONDecodeError, OSError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        record.latency_s = time.monotonic() - sent
+
+
+def _absorb(load: LoadSpec, record: RequestRecord, chunk: dict[str, Any]) -> tuple[int, str]:
+    """Fold one stream chunk into the record; return (new tokens, new text)."""
+    if load.api == "generate":
+        meta = chunk.get("meta_info") or {}
+        before = int(record.meta.get("completion_tokens", 0))
+        record.meta = meta
+        text = chunk.get("text", "")
+        # SGLang streams the cumulative text by default, increments with incremental streaming.
+        delta = text[len(record.text) :] if text.startswith(record.text) else text
+        record.text = text if text.startswith(record.text) else record.text + text
+        ids = chunk.get("output_ids")
+        if isinstance(ids, list):
+            if (
+                record.output_ids is None
+                or len(ids) >= len(record.output_ids)
+                and ids[: len(record.output_ids)] == record.output_ids
+            ):
+                record.output_ids = ids
+            else:
+                record.output_ids += ids
+        return int(meta.get("completion_tokens", before)) - before, delta
+    if chunk.get("usage"):
+        record.meta = dict(chunk["usage"])
+    choices = chunk.get("choices") or []
+    delta = choices[0].get("text", "") if choices else ""
+    record.text += delta
+    return (1 if delta else 0), delta
+
+
+async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadResult:
+    rng = random.Random(load.seed)
+    limit = asyncio.Semaphore(load.max_concurrency or 1_000_000)
+    records: list[RequestRecord] = []
+    limits = httpx.Limits(
+        max_connections=load.max_concurrency or 1000, max_keepalive_connections=64
+    )
+    async with httpx.AsyncClient(limits=limits, timeout=load.timeout_s) as client:
+        t0 = time.monotonic()
+
+        async def session(index: int, s: Session) -> None:
+            history: list[int] = []
+            for turn_no, turn in enumerate(s.turns):
+                if turn.delay_s:
+                    await asyncio.sleep(turn.delay_s)
+                prompt = history + turn.new_ids if turn.text is None else []
+                record = RequestRecord(
+                    session=index, turn=turn_no, success=False, prompt_tokens=len(prompt)
+                )
+                records.append(record)
+                body = _payload(
+                    load,
+                    prompt,
+                    turn.text,
+                    turn.output_len,
+                    seed=load.seed * 100003 + index * 101 + turn_no,
+                )
+                async with limit:
+                    await _send(client, url, load, record, body, t0)
+                if not record.success:
+                    return
+                history = prompt + (record.output_ids or [])
+                record.prompt_tokens = int(record.meta.get("prompt_tokens", record.prompt_tokens))
+
+        tasks = []
+        for index, s in enumerate(sessions):
+            if load.duration_s is not None and time.monotonic() - t0 > load.duration_s:
+                break
+            tasks.append(asyncio.create_task(session(index, s)))
+            if math.isfinite(load.request_rate):
+                await asyncio.sleep(rng.expovariate(load.request_rate))
+        await asyncio.gather(*tasks)
+        duration = time.monotonic() - t0
+    return WorkloadResult(records=records, duration_s=duration, load=load)
+
+
+def run_workload(url: str, sessions: list[Session], load: LoadSpec | None = None) -> WorkloadResult:
+    """Drive `sessions` against the server at `url` and return every request's record."""
+    return asyncio.run(_run(url, sessions, load or LoadSpec()))
+
+
+__all__ = ["LoadSpec", "RequestRecord", "WorkloadResult", "run_workload", "Turn", "Session"]

@@ -1,0 +1,118 @@
+"""Server lifecycle on a stand-in server process (fast): readiness, log tail, and that stopping
+leaves no process behind, including children and a server that ignores SIGTERM. The real SGLang
+server is exercised in test_sglang_server.py."""
+
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from infra_agent.errors import UserError
+from infra_agent.serving.deployment import DeploymentSpec, args_to_argv, load_deployment
+from infra_agent.serving.server import Server, ServerFailed, _alive, descendants
+
+FAKE_SERVER = textwrap.dedent(
+    """
+    import http.server, os, signal, subprocess, sys, time
+    args = sys.argv[1:]
+    port = int(args[args.index("--port") + 1])
+    mode = os.environ.get("FAKE_MODE", "ok")
+    if mode == "broken":
+        print("error: unrecognized arguments: --no-such-flag", flush=True)
+        sys.exit(2)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(f"child {child.pid}", flush=True)
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode == "never":
+        time.sleep(600)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+        def log_message(self, *a):
+            pass
+    time.sleep(0.5)
+    print("ready", flush=True)
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+def spec(tmp_path: Path, mode: str, **kw: object) -> DeploymentSpec:
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    return DeploymentSpec(
+        model="/nonexistent-model",
+        launch="command",
+        command=[sys.executable, str(script)],
+        gpus=1,  # no CPU shim / CPU engine settings for the stand-in
+        env={"FAKE_MODE": mode},
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def child_pid(server: Server) -> int:
+    for line in server.log_tail().splitlines():
+        if line.startswith("child "):
+            return int(line.split()[1])
+    raise AssertionError("no child pid in the log")
+
+
+def test_start_ready_stop_leaves_nothing(tmp_path: Path) -> None:
+    server = Server.start(spec(tmp_path, "ok"), tmp_path)
+    pid = server.proc.pid  # type: ignore[union-attr]
+    child = child_pid(server)
+    assert server.get("/health")[0] == 200
+    assert server.ready_s is not None and child in descendants(pid)
+    assert server.stop() == 0  # SIGTERM was enough
+    assert not _alive(pid) and not _alive(child)
+
+
+def test_sigterm_ignored_escalates_to_sigkill(tmp_path: Path) -> None:
+    s = spec(tmp_path, "stubborn", stop_timeout_s=1.0)
+    with Server.start(s, tmp_path) as server:
+        child = child_pid(server)
+        pid = server.proc.pid  # type: ignore[union-attr]
+    assert not _alive(pid) and not _alive(child)
+
+
+def test_broken_flag_fails_with_log_tail(tmp_path: Path) -> None:
+    with pytest.raises(ServerFailed) as err:
+        Server.start(spec(tmp_path, "broken"), tmp_path)
+    assert "exited with status 2" in str(err.value)
+    assert "unrecognized arguments" in err.value.log_tail
+
+
+def test_never_ready_times_out_and_is_stopped(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(ServerFailed) as err:
+        Server.start(spec(tmp_path, "never", ready_timeout_s=2.0), tmp_path)
+    assert err.value.kind == "timeout" and "not ready after 2 s" in str(err.value)
+    child = int(err.value.log_tail.split()[1])
+    assert not _alive(child)
+    assert time.monotonic() - started < 60
+
+
+def test_server_env_leaves_secrets_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    with Server.start(spec(tmp_path, "ok"), tmp_path) as server:
+        environ = Path(f"/proc/{server.proc.pid}/environ").read_bytes()  # type: ignore[union-attr]
+    assert b"sk-secret" not in environ and b"HF_HUB_OFFLINE=1" in environ
+    assert os.environ["OPENAI_API_KEY"] == "sk-secret"
+
+
+def test_args_to_argv_and_spec_errors(tmp_path: Path) -> None:
+    argv = args_to_argv({"chunked-prefill-size": 64, "disable_radix_cache": True, "x": False})
+    assert argv == ["--chunked-prefill-size", "64", "--disable-radix-cache"]
+    bad = tmp_path / "d.toml"
+    bad.write_text("[deployment]\ngpus = 'two'\n")
+    with pytest.raises(UserError, match="deployment.gpus"):
+        load_deployment(bad)
+    bad.write_text("[deployment]\nlaunch = 'command'\n")
+    from infra_agent.serving.server import launch_command
+
+    with pytest.raises(UserError, match="needs a non-empty 'command'"):
+        launch_command(load_deployment(bad), port=1, model_cache=tmp_path)

@@ -1,0 +1,145 @@
+"""Fast tests of the serving pieces that need no server: datasets, metrics, accuracy gate
+comparison, knob checks, the tiny model files."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from infra_agent.errors import UserError
+from infra_agent.serving.accuracy import Answer, GateConfig, compare_answers, tv_distance
+from infra_agent.serving.datasets import (
+    coding_agent_sessions,
+    random_sessions,
+    replay_sessions,
+)
+from infra_agent.serving.knobs import CATALOGUE, check_device, check_flags, task_knobs
+from infra_agent.serving.metrics import SLO, summarize
+from infra_agent.serving.tiny_model import VOCAB_SIZE, train_tokenizer, write_tiny_model
+from infra_agent.serving.workload import LoadSpec, RequestRecord, WorkloadResult
+from infra_agent.tasks.registry import find_task
+
+
+def test_random_sessions_are_seeded_and_in_range() -> None:
+    a = random_sessions(20, 64, 32, vocab_size=100, seed=1)
+    assert a == random_sessions(20, 64, 32, vocab_size=100, seed=1)
+    assert a != random_sessions(20, 64, 32, vocab_size=100, seed=2)
+    for s in a:
+        (turn,) = s.turns
+        assert 32 <= len(turn.new_ids) <= 64 and 16 <= turn.output_len <= 32
+        assert all(3 <= i < 100 for i in turn.new_ids)
+
+
+def test_coding_agent_sessions_share_a_prefix() -> None:
+    sessions = coding_agent_sessions(
+        4, vocab_size=500, shared_prefix_len=100, context_len=20, turns=3
+    )
+    firsts = [s.turns[0].new_ids for s in sessions]
+    assert all(f[:100] == firsts[0][:100] for f in firsts)
+    assert firsts[0][100:120] != firsts[1][100:120]
+    assert all(len(s.turns) == 3 for s in sessions)
+
+
+def test_replay_log(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    rows = [
+        {"session": "a", "input_ids": [5, 6], "output_len": 4},
+        {"session": "b", "text": "hi", "output_len": 2},
+        {"session": "a", "input_ids": [7], "output_len": 3, "delay_s": 0.1},
+    ]
+    log.write_text("\n".join(json.dumps(r) for r in rows))
+    sessions = replay_sessions(log)
+    assert [len(s.turns) for s in sessions] == [2, 1]
+    assert sessions[0].turns[1].delay_s == 0.1 and sessions[1].turns[0].text == "hi"
+    log.write_text('{"input_ids": [1]}\n')
+    with pytest.raises(UserError, match="log.jsonl:1"):
+        replay_sessions(log)
+
+
+def record(ttft: float, latency: float, tokens: int, ok: bool = True) -> RequestRecord:
+    return RequestRecord(
+        session=0, turn=0, success=ok, prompt_tokens=10, output_tokens=tokens, ttft_s=ttft,
+        latency_s=latency, itl_s=[(latency - ttft) / max(tokens - 1, 1)] * (tokens - 1),
+    )  # fmt: skip
+
+
+def test_metrics_throughput_percentiles_goodput() -> None:
+    records = [
+        record(0.1, 1.1, 11),
+        record(0.2, 2.2, 11),
+        record(3.0, 4.0, 11),
+        record(0, 0, 0, ok=False),
+    ]
+    m = summarize(
+        WorkloadResult(records=records, duration_s=2.0, load=LoadSpec()),
+        SLO(ttft_ms=1000, tpot_ms=150),
+    )
+    assert m.output_throughput == pytest.approx(33 / 2.0)
+    assert m.total_throughput == pytest.approx((33 + 30) / 2.0)
+    assert m.completed == 3 and m.failed == 1
+    # Request 2 breaks the TPOT SLO (200 ms/token), request 3 the TTFT SLO.
+    assert m.goodput == pytest.approx(1 / 2.0)
+    assert m.ttft_ms["p50"] == pytest.approx(200.0)
+    assert m.sample()["output_throughput"] == m.output_throughput
+    assert "output tok/s" in m.render()
+
+
+def lp(*probs: float) -> dict[int, float]:
+    return {i: math.log(p) for i, p in enumerate(probs)}
+
+
+def test_accuracy_gate_allows_near_tie_flips_only() -> None:
+    cfg = GateConfig()
+    same = Answer(ids=[0, 1], top=[lp(0.6, 0.4), lp(0.3, 0.7)])
+    assert compare_answers([same], [same], cfg).passed
+    # A flip at a near tie with almost the same distribution passes.
+    base = Answer(ids=[0, 5], top=[lp(0.501, 0.499), lp(0.9, 0.1)])
+    tie = Answer(ids=[1, 5], top=[lp(0.499, 0.501), lp(0.9, 0.1)])
+    result = compare_answers([base], [tie], cfg)
+    assert result.passed and result.identical == 0 and result.positions == 1
+    # A flip against a clear margin fails even when the TV distance is small enough.
+    clear = Answer(ids=[0], top=[lp(0.52, 0.48)])
+    flipped = Answer(ids=[1], top=[lp(0.52, 0.48)])
+    assert not compare_answers([clear], [flipped], cfg).passed
+    # Different distributions fail.
+    other = Answer(ids=[0, 1], top=[lp(0.9, 0.1), lp(0.3, 0.7)])
+    bad = compare_answers([same], [other], cfg)
+    assert not bad.passed and "TV" in bad.detail
+    assert tv_distance(lp(0.5, 0.5), {2: 0.0}) == pytest.approx(1.0)
+
+
+def test_knob_checks() -> None:
+    check_flags({"chunked-prefill-size": 64}, flags={"chunked-prefill-size", "port"})
+    with pytest.raises(UserError, match="--no-such-knob"):
+        check_flags({"no-such-knob": 1}, flags={"chunked-prefill-size"})
+    check_device({"attention-backend": "flashinfer"}, CATALOGUE, gpu=False)  # default: fine
+    with pytest.raises(UserError, match="enable-hierarchical-cache needs a GPU"):
+        check_device({"enable-hierarchical-cache": True}, CATALOGUE, gpu=False)
+    check_device({"enable-hierarchical-cache": True}, CATALOGUE, gpu=True)
+    assert (
+        task_knobs(["max-running-requests"], max_running_requests=8)["max-running-requests"].default
+        == 8
+    )
+
+
+def test_bundled_task_knobs_come_from_the_catalogue() -> None:
+    task = find_task("sglang-cpu-tiny")
+    assert task.manifest.kind == "serving"
+    for name, knob in task.manifest.knobs.items():
+        ref = CATALOGUE[name]
+        assert (knob.type, knob.choices, knob.min, knob.max, knob.needs_gpu) == (
+            ref.type, ref.choices, ref.min, ref.max, ref.needs_gpu,
+        )  # fmt: skip
+
+
+def test_tiny_model_files(tmp_path: Path) -> None:
+    folder = write_tiny_model(tmp_path / "m", seed=0)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["vocab_size"] == VOCAB_SIZE
+    raw = (folder / "model.safetensors").read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    assert header["lm_head.weight"]["shape"] == [VOCAB_SIZE, config["hidden_size"]]
+    tok = train_tokenizer(0)
+    text = tok.decode(list(range(3, VOCAB_SIZE)))
+    assert text.isascii()  # random tokens decode to clean text
+    assert write_tiny_model(tmp_path / "m", seed=0) == folder  # idempotent
