@@ -123,7 +123,10 @@ class ExperimentResult(BaseModel):
 
     def render(self) -> str:
         """A short rendering for a model or a person: the decisive numbers first."""
-        lines = [f"{self.verdict.value}" + (f" [{', '.join(f.value for f in self.flags)}]" if self.flags else "")]
+        lines = [
+            f"{self.verdict.value}"
+            + (f" [{', '.join(f.value for f in self.flags)}]" if self.flags else "")
+        ]
         perf = self.evidence.performance
         if perf is not None:
             lines.append(

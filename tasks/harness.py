@@ -50,6 +50,12 @@ class Worker(Protocol):
         at run time (extra threads or child processes left behind)."""
         ...
 
+    def put(self, name: str, value: Any, *, timeout_s: float | None = None) -> None:
+        """Store `value` in the worker under `name`; pass `experiments.worker.ref(name)` as an
+        argument to use it (the same object every call, refilled in place when shape and dtype
+        match, so identity-keyed caches go stale and inputs are not re-sent while timing)."""
+        ...
+
     def timed_call(
         self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
     ) -> tuple[Any, float]:
@@ -99,6 +105,10 @@ class CheckResult:
 
 class Harness(abc.ABC):
     """Base class for task harnesses. Subclass it in a task's harness.py."""
+
+    warmup_seeds: list[int] = [1, 2]
+    """Seeds for warm-up inputs in `prepare()`. The engine replaces them with fresh random seeds
+    before `prepare()`; seeds given to check/sample/health are never among them."""
 
     def __init__(self, manifest: TaskManifest, params: dict[str, Any]) -> None:
         self.manifest = manifest

@@ -1,0 +1,193 @@
+"""The performance stage: interleaved samples of both arms, adaptive stopping, and the decision.
+
+Samples come in rounds of four in ABBA / BAAB order on two fresh seeds, so each arm runs each
+input once and slow drift of the machine hits both arms alike. Pairs (same seed) feed a paired
+bootstrap of the ratio of medians (`feedback.bench.compare_samples`). Sampling stops once the 95%
+interval of the speedup is narrower than `target_ci_width` (relative) with at least `min_samples`
+per arm, or at `max_samples`, or when `measure_budget_s` is spent.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from infra_agent.experiments.arms import SeedSource
+from infra_agent.experiments.verdict import Flag, PerformanceEvidence, Verdict
+from infra_agent.feedback.bench import Comparison, compare_samples
+from infra_agent.tasks.harness import Arm, Harness
+from infra_agent.tasks.manifest import TaskManifest
+
+
+class ArmError(Exception):
+    """A failure raised while running one arm (wraps the harness's exception)."""
+
+    def __init__(self, arm: str, error: BaseException) -> None:
+        super().__init__(f"{arm}: {error}")
+        self.arm = arm
+        self.error = error
+
+
+class ExperimentTimeout(Exception):
+    """The whole experiment ran past `budget.experiment_timeout_s`."""
+
+
+@dataclass
+class Measurement:
+    comparison: Comparison
+    baseline: dict[str, list[float]] = field(default_factory=dict)
+    """Metric name -> samples, in measurement order."""
+    candidate: dict[str, list[float]] = field(default_factory=dict)
+    rounds: int = 0
+
+
+def _take(harness: Harness, arm: Arm, seed: int, metric: str) -> dict[str, float]:
+    try:
+        sample = harness.sample(arm, seed)
+    except Exception as exc:
+        raise ArmError(arm.name, exc) from exc
+    value = sample.get(metric)
+    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ArmError(arm.name, ValueError(f"harness sample has no positive '{metric}': {sample}"))
+    return {k: float(v) for k, v in sample.items()}
+
+
+def measure(
+    harness: Harness,
+    baseline: Arm,
+    candidate: Arm,
+    manifest: TaskManifest,
+    seeds: SeedSource,
+    *,
+    deadline: float,
+    bootstrap_seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> Measurement:
+    """Sample both arms until the interval is tight enough or a budget runs out."""
+    budget, metric = manifest.budget, manifest.metric.name
+    base: dict[str, list[float]] = {}
+    cand: dict[str, list[float]] = {}
+    started = time.monotonic()
+    rounds = 0
+    while True:
+        s1, s2 = seeds.fresh(), seeds.fresh()
+        order = [(baseline, s1), (candidate, s1), (candidate, s2), (baseline, s2)]
+        if rounds % 2:
+            order = [(candidate, s1), (baseline, s1), (baseline, s2), (candidate, s2)]
+        for arm, seed in order:
+            if time.monotonic() > deadline:
+                raise ExperimentTimeout()
+            target = base if arm is baseline else cand
+            for key, value in _take(harness, arm, seed, metric).items():
+                target.setdefault(key, []).append(value)
+        rounds += 1
+        n = min(len(base[metric]), len(cand[metric]))
+        if n < max(budget.min_samples, 2):
+            continue
+        comparison = compare_samples(
+            base[metric][:n],
+            cand[metric][:n],
+            higher_is_better=manifest.metric.higher_is_better,
+            paired=True,
+            seed=bootstrap_seed,
+            equivalence=manifest.min_effect,
+        )
+        width = (comparison.ci_high - comparison.ci_low) / comparison.speedup
+        spent = time.monotonic() - started
+        if progress is not None:
+            progress(
+                f"performance: n={n}/arm, speedup {comparison.speedup:.3f}x, CI width {width:.1%}"
+            )
+        if (
+            width < budget.target_ci_width
+            or n >= budget.max_samples
+            or spent > budget.measure_budget_s
+        ):
+            return Measurement(comparison, base, cand, rounds)
+
+
+def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
+    c, metric = m.comparison, manifest.metric
+    return PerformanceEvidence(
+        metric=metric.name,
+        unit=metric.unit,
+        higher_is_better=metric.higher_is_better,
+        baseline_median=c.baseline_median,
+        candidate_median=c.candidate_median,
+        speedup=c.speedup,
+        ci_low=c.ci_low,
+        ci_high=c.ci_high,
+        n_samples=min(c.n_baseline, c.n_candidate),
+        baseline_samples=m.baseline[metric.name],
+        candidate_samples=m.candidate[metric.name],
+        noise=c.noise,
+        method=f"interleaved ABBA rounds on fresh seeds ({m.rounds} rounds); {c.method}",
+    )
+
+
+def decide(
+    m: Measurement, manifest: TaskManifest
+) -> tuple[Verdict, list[str], list[Flag], dict[str, float]]:
+    """Verdict, reasons, flags and secondary metrics (medians) from a measurement.
+
+    IMPROVED only if the interval excludes 1.0 and the speedup exceeds 1 + min_effect;
+    REGRESSED symmetrically; NO_CHANGE otherwise. Any broken constraint is a REGRESSED."""
+    c, metric = m.comparison, manifest.metric
+    sp, lo, hi, effect = c.speedup, c.ci_low, c.ci_high, manifest.min_effect
+    numbers = (
+        f"speedup {sp:.3f}x (95% CI {lo:.3f}-{hi:.3f}, n={min(c.n_baseline, c.n_candidate)}/arm); "
+        f"{metric.name} median {c.baseline_median:.4g} -> {c.candidate_median:.4g} {metric.unit}"
+    )
+    if lo > 1.0 and sp > 1.0 + effect:
+        verdict, reasons = Verdict.IMPROVED, [f"faster with confidence: {numbers}"]
+    elif hi < 1.0 and sp < 1.0 / (1.0 + effect):
+        verdict, reasons = Verdict.REGRESSED, [f"slower with confidence: {numbers}"]
+    elif lo <= 1.0 <= hi:
+        verdict, reasons = (
+            Verdict.NO_CHANGE,
+            [f"within noise, the interval includes 1.0: {numbers}"],
+        )
+    else:
+        verdict = Verdict.NO_CHANGE
+        reasons = [f"effect below the task's minimum of {effect:.0%}: {numbers}"]
+    flags: list[Flag] = []
+    if {"high_iqr", "drift"} & set(c.noise):
+        flags.append(Flag.NOISY)
+        reasons.append("measurement was noisy: " + "; ".join(c.noise_detail))
+    if manifest.plausible_speedup is not None and sp > manifest.plausible_speedup:
+        flags.append(Flag.SUSPICIOUS)
+        reasons.append(
+            f"speedup {sp:.2f}x is above the task's plausibility bound "
+            f"{manifest.plausible_speedup:g}x: needs a human look"
+        )
+    medians: dict[str, float] = {}
+    for name in sorted(set(m.baseline) & set(m.candidate)):
+        if name == metric.name:
+            continue
+        medians[f"baseline_{name}"] = _median(m.baseline[name])
+        medians[f"candidate_{name}"] = _median(m.candidate[name])
+    for constraint in manifest.constraints:
+        b, k = m.baseline.get(constraint.metric), m.candidate.get(constraint.metric)
+        if not b or not k:
+            verdict = Verdict.FAILED
+            reasons.append(
+                f"constraint metric '{constraint.metric}' was not measured by the harness"
+            )
+            continue
+        bm, km = _median(b), _median(k)
+        ratio = bm / km if constraint.higher_is_better else km / bm
+        if ratio > constraint.max_ratio:
+            verdict = Verdict.REGRESSED if verdict != Verdict.FAILED else verdict
+            reasons.append(
+                f"constraint broken: {constraint.metric} median {bm:.4g} -> {km:.4g} "
+                f"(ratio {ratio:.3f} > allowed {constraint.max_ratio:g})"
+            )
+    return verdict, reasons, flags, medians
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

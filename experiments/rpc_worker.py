@@ -1,0 +1,184 @@
+"""RPC worker: runs candidate code inside a sandbox. Standalone (stdlib; torch only if the
+candidate's code imports it): copied into the sandbox and started there, it never imports
+infra_agent, and refuses to let the candidate import it or the harness.
+
+Protocol (over the process's original stdin/stdout, which the candidate cannot print into):
+each frame is an 8-byte big-endian length and a payload.
+- Requests (harness -> worker, trusted direction): pickled dicts
+  {"op": "call"|"put"|"ping"|"exit", "nonce": int, "target": "module:function",
+   "args": [...], "kwargs": {...}, "name": str, "value": ...}.
+  Arguments may contain {"__arena__": name}: a value stored earlier with "put".
+- Responses (worker -> harness, untrusted): a JSON header and raw tensor buffers (see
+  `_encode`) of {"nonce": int, "ok": bool, "value": ..., "kind": str, "error": str,
+  "threads": int, "children": int}. Values may be None, bool, int, float, str, lists, tuples,
+  dicts with string keys, and torch tensors (dense, any device, sent as bytes). The harness
+  decodes them with json and torch.frombuffer: nothing is unpickled, so candidate-controlled
+  bytes cannot run code in the harness (and it is faster than torch.save / torch.load).
+"""
+
+import importlib
+import json
+import os
+import pickle
+import struct
+import sys
+import traceback
+
+HEADER = struct.Struct(">Q")
+BLOCKED = ("infra_agent", "harness")
+
+
+class _Blocker:
+    """Meta-path finder that refuses the package and the harness."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is not available to candidate code")
+        return None
+
+
+def _hide_package():
+    sys.meta_path[:] = [
+        f for f in sys.meta_path if "editable" not in type(f).__module__ + repr(f).lower()
+    ]
+    sys.meta_path.insert(0, _Blocker())
+    for name in list(sys.modules):
+        if name.split(".")[0] in BLOCKED:
+            del sys.modules[name]
+
+
+def _read_exact(stream, n):
+    chunks = []
+    while n:
+        chunk = stream.read(n)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _self_report():
+    """Threads of this process and live child processes (a secondary signal: the harness also
+    inspects /proc from outside when it can see the worker)."""
+    threads = children = 0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    threads = int(line.split()[1])
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                children += len(f.read().split())
+    except OSError:
+        pass
+    return threads, children
+
+
+def _plain(value, buffers, depth=0):
+    """JSON-able structure; tensors become {"__tensor__": index, dtype, shape} + a raw buffer."""
+    if depth > 64:
+        raise ValueError("result nests too deeply")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, list):
+        return [_plain(v, buffers, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        return {"__tuple__": [_plain(v, buffers, depth + 1) for v in value]}
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError("dict keys must be strings")
+        return {"__dict__": {k: _plain(v, buffers, depth + 1) for k, v in value.items()}}
+    torch = sys.modules.get("torch")
+    if torch is not None and type(value) is torch.Tensor:
+        t = value.detach().to("cpu").contiguous()
+        buffers.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        return {"__tensor__": len(buffers) - 1, "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape)}  # fmt: skip
+    raise TypeError(f"cannot return a {type(value).__name__}")
+
+
+def _encode(message):
+    """b"R" + 8-byte header length + JSON header + 8-byte length and bytes of each buffer."""
+    buffers = []
+    header = json.dumps({"message": _plain(message, buffers)}).encode()
+    parts = [b"R", HEADER.pack(len(header)), header]
+    for buf in buffers:
+        parts += [HEADER.pack(len(buf)), buf]
+    return b"".join(parts)
+
+
+def _resolve(value, arena):
+    if isinstance(value, dict) and set(value) == {"__arena__"}:
+        return arena[value["__arena__"]]
+    return value
+
+
+def _handle(request, arena):
+    op = request["op"]
+    if op == "ping":
+        for name in request.get("preload", []):
+            importlib.import_module(name)  # e.g. torch, before any candidate code runs
+        return {"value": "pong"}
+    if op == "put":
+        old = arena.get(request["name"])
+        value = request["value"]
+        copy_ = getattr(old, "copy_", None)
+        same = getattr(old, "shape", None) == getattr(value, "shape", 0) and getattr(
+            old, "dtype", None
+        ) == getattr(value, "dtype", 0)
+        if copy_ is not None and same:
+            copy_(value)  # same object, new content: caches keyed on identity go stale
+        else:
+            arena[request["name"]] = value
+        return {"value": None}
+    if op == "call":
+        module_name, _, func_name = request["target"].partition(":")
+        func = getattr(importlib.import_module(module_name), func_name)
+        args = [_resolve(a, arena) for a in request.get("args", [])]
+        kwargs = {k: _resolve(v, arena) for k, v in request.get("kwargs", {}).items()}
+        return {"value": func(*args, **kwargs)}
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main():
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
+    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(2, 1)  # the candidate's prints go to stderr, never into the protocol
+    sys.stdout = sys.stderr
+    sys.path.insert(0, os.getcwd())
+    _hide_package()
+    arena = {}
+    while True:
+        header = _read_exact(proto_in, HEADER.size)
+        if header is None:
+            return
+        request = pickle.loads(_read_exact(proto_in, HEADER.unpack(header)[0]))
+        if request["op"] == "exit":
+            return
+        try:
+            response = {"ok": True, **_handle(request, arena)}
+        except MemoryError:
+            response = {"ok": False, "kind": "memory", "error": "MemoryError"}
+        except BaseException as exc:  # noqa: BLE001 - report every failure of candidate code
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            response = {"ok": False, "kind": "crash", "error": f"{type(exc).__name__}: {exc}"}
+            response["traceback"] = text[-4000:]
+        response["nonce"] = request["nonce"]
+        response["threads"], response["children"] = _self_report()
+        try:
+            payload = _encode(response)
+        except MemoryError:
+            payload = _encode({"ok": False, "kind": "memory", "error": "MemoryError",
+                               "nonce": request["nonce"]})  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a result that cannot be sent safely
+            payload = _encode({"ok": False, "kind": "protocol", "nonce": request["nonce"],
+                               "error": f"result cannot be returned: {type(exc).__name__}: {exc}"})  # fmt: skip
+        proto_out.write(HEADER.pack(len(payload)) + payload)
+        proto_out.flush()
+
+
+if __name__ == "__main__":
+    main()

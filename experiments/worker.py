@@ -1,0 +1,250 @@
+"""The harness side of the RPC worker: `RpcWorker` implements `tasks.harness.Worker`.
+
+It copies `rpc_worker.py` into a sandbox, starts it there, sends pickled requests and decodes the
+(untrusted) responses from JSON and raw tensor bytes, never with pickle. Every call
+has a deadline; past it the sandboxed process tree is killed (CandidateFailure kind='timeout').
+After each call the worker is inspected from outside through /proc: more threads than after
+warm-up, or child processes still alive, is a CandidateFailure of kind 'violation'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import queue
+import secrets
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from infra_agent.experiments.procwatch import ProcessWatch
+from infra_agent.sandboxes.base import Sandbox, SandboxProcess
+from infra_agent.tasks.harness import CandidateFailure
+
+WORKER_SOURCE = Path(__file__).with_name("rpc_worker.py")
+WORKER_FILE = "_infra_rpc_worker.py"
+"""Name of the worker script inside the sandbox workspace copy (not editable by patches)."""
+HEADER_BYTES = 8
+MAX_RESPONSE_BYTES = 1 << 30
+STARTUP_TIMEOUT_S = 120.0
+
+
+def ref(name: str) -> dict[str, str]:
+    """An argument that refers to a value stored in the worker with `put` (same object on
+    every call, so inputs need not be re-sent; the harness refills it with fresh content)."""
+    return {"__arena__": name}
+
+
+def _load_response(payload: bytes) -> dict[str, Any]:
+    """Decode a response (JSON header + raw tensor bytes). Never unpickles: a malicious
+    candidate controls these bytes."""
+    view = memoryview(payload)
+    if view[:1] != b"R":
+        raise ValueError("unknown response format")
+    size = int.from_bytes(view[1:9], "big")
+    header = json.loads(bytes(view[9 : 9 + size]))
+    pos = 9 + size
+    buffers: list[memoryview] = []
+    while pos < len(view):
+        n = int.from_bytes(view[pos : pos + 8], "big")
+        buffers.append(view[pos + 8 : pos + 8 + n])
+        pos += 8 + n
+    message = _restore(header["message"], buffers)
+    if not isinstance(message, dict):
+        raise ValueError("response is not a message")
+    return message
+
+
+def _restore(value: Any, buffers: list[memoryview]) -> Any:
+    if isinstance(value, list):
+        return [_restore(v, buffers) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__tuple__" in value:
+        return tuple(_restore(v, buffers) for v in value["__tuple__"])
+    if "__dict__" in value:
+        return {str(k): _restore(v, buffers) for k, v in value["__dict__"].items()}
+    if "__tensor__" in value:
+        import torch
+
+        dtype = getattr(torch, str(value["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown tensor dtype {value['dtype']!r}")
+        shape = [int(d) for d in value["shape"]]
+        raw = buffers[int(value["__tensor__"])]
+        if len(raw) == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
+    raise ValueError("malformed value in response")
+
+
+class RpcWorker:
+    """One worker process in one sandbox. Not thread-safe; one call at a time."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        *,
+        python: str | None = None,
+        call_timeout_s: float = 60.0,
+        preload: list[str] | None = None,
+    ) -> None:
+        """Start the worker; `preload` names modules imported before any candidate code runs
+        (e.g. torch, so its import time is not charged to the first call)."""
+        self.sandbox = sandbox
+        self.call_timeout_s = call_timeout_s
+        sandbox.write_file(WORKER_FILE, WORKER_SOURCE.read_bytes())
+        python = python or getattr(sandbox, "python", None) or sys.executable
+        self.process: SandboxProcess = sandbox.spawn([python, "-B", WORKER_FILE])
+        self._frames: queue.Queue[bytes | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read_loop, daemon=True)
+        self._reader.start()
+        self.dead: str | None = None
+        self.watch = ProcessWatch(self.process.pid, WORKER_FILE)
+        pong = self._request({"op": "ping", "preload": preload or []}, timeout_s=STARTUP_TIMEOUT_S)
+        self.watch.started()
+        self._last_threads = int(pong.get("threads", 0) or 0)
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        stream: Any = self.process.stdout
+        try:
+            while True:
+                header = _read_exact(stream, HEADER_BYTES)
+                if header is None:
+                    break
+                size = int.from_bytes(header, "big")
+                if size > MAX_RESPONSE_BYTES:
+                    break
+                body = _read_exact(stream, size)
+                if body is None:
+                    break
+                self._frames.put(body)
+        except (OSError, ValueError):
+            pass
+        self._frames.put(None)
+
+    def log_tail(self, lines: int = 30) -> str:
+        path = self.process.stderr_path
+        if path is None or not Path(path).is_file():
+            return ""
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+
+    def _fail(self, message: str, kind: str) -> CandidateFailure:
+        self.dead = message
+        try:
+            self.sandbox.kill(self.process)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        return CandidateFailure(message, kind=kind, log_tail=self.log_tail())
+
+    def _request(self, request: dict[str, Any], *, timeout_s: float | None) -> dict[str, Any]:
+        if self.dead is not None:
+            raise CandidateFailure(f"worker is not running ({self.dead})", kind="crash")
+        nonce = secrets.randbits(62)
+        data = pickle.dumps({**request, "nonce": nonce}, protocol=pickle.HIGHEST_PROTOCOL)
+        stdin: Any = self.process.stdin
+        try:
+            stdin.write(len(data).to_bytes(HEADER_BYTES, "big") + data)
+            stdin.flush()
+        except (OSError, ValueError) as exc:
+            raise self._fail(f"worker exited (cannot send: {exc})", "crash") from exc
+        limit = timeout_s if timeout_s is not None else self.call_timeout_s
+        try:
+            payload = self._frames.get(timeout=limit)
+        except queue.Empty:
+            raise self._fail(f"call did not return within {limit:g} s", "timeout") from None
+        if payload is None:
+            code = _returncode(self.process)
+            kind = "memory" if code in (-9, 137) and "MemoryError" in self.log_tail() else "crash"
+            raise self._fail(f"worker died (exit status {code})", kind)
+        try:
+            response = _load_response(payload)
+        except CandidateFailure as exc:
+            raise self._fail(str(exc), "protocol") from exc
+        except Exception as exc:  # noqa: BLE001 - refused by the safe loader
+            raise self._fail(
+                f"worker sent a response the safe loader refused: {exc}", "protocol"
+            ) from exc
+        if response.get("nonce") != nonce:
+            raise self._fail("worker answered out of turn (forged or stale response)", "protocol")
+        if not response.get("ok"):
+            kind = str(response.get("kind", "crash"))
+            message = str(response.get("error", "candidate failed"))
+            tail = str(response.get("traceback", ""))[-2000:] or self.log_tail()
+            if kind == "memory":
+                raise self._fail(f"candidate ran out of memory ({message})", "memory")
+            raise CandidateFailure(f"candidate raised {message}", kind=kind, log_tail=tail)
+        return response
+
+    # -- Worker protocol -----------------------------------------------------------------------
+
+    def put(self, name: str, value: Any, *, timeout_s: float | None = None) -> None:
+        """Store `value` in the worker under `name` (refill in place if shape and dtype match)."""
+        self._request({"op": "put", "name": name, "value": value}, timeout_s=timeout_s)
+
+    def call(self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        return self.timed_call(target, *args, timeout_s=timeout_s, **kwargs)[0]
+
+    def timed_call(
+        self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> tuple[Any, float]:
+        request = {"op": "call", "target": target, "args": list(args), "kwargs": kwargs}
+        start = time.perf_counter_ns()
+        response = self._request(request, timeout_s=timeout_s)
+        elapsed_s = (time.perf_counter_ns() - start) / 1e9
+        self._last_threads = int(response.get("threads", 0) or 0)
+        self.check_leftovers()
+        return response.get("value"), elapsed_s
+
+    # -- run-time rules ---------------------------------------------------------------------
+
+    def mark_warm(self) -> None:
+        """Record the worker's threads and processes after warm-up: the allowed level."""
+        self.watch.mark_warm(reported_threads=self._last_threads)
+
+    def check_leftovers(self) -> None:
+        problem = self.watch.problem(reported_threads=self._last_threads)
+        if problem is not None:
+            raise self._fail(problem, "violation")
+
+    def close(self) -> None:
+        if self.dead is None:
+            try:
+                stdin: Any = self.process.stdin
+                data = pickle.dumps({"op": "exit", "nonce": 0})
+                stdin.write(len(data).to_bytes(HEADER_BYTES, "big") + data)
+                stdin.flush()
+            except (OSError, ValueError):
+                pass
+        self.dead = self.dead or "closed"
+        try:
+            self.sandbox.kill(self.process)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+def _read_exact(stream: Any, n: int) -> bytes | None:
+    chunks = []
+    while n:
+        chunk = stream.read(n) if hasattr(stream, "read") else os.read(stream, n)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _returncode(process: SandboxProcess) -> int | None:
+    handle = process.handle
+    wait = getattr(handle, "wait", None)
+    if wait is None:
+        return None
+    try:
+        return int(wait(timeout=2))
+    except Exception:  # noqa: BLE001 - unknown handle type or still running
+        return None
