@@ -1,4 +1,4 @@
-"""A realistic run store for the export tests, built with the store API in a real SQLite file.
+"""A realistic run store for the export tests (imported by conftest.py and the tests), built with the store API in a real SQLite file.
 
 Run A (llm policy) has a system prompt, a user task, an agent turn with reasoning and a tool
 call, a tool call whose arguments are not valid JSON (with the harness's error reply), a turn
@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-
-import pytest
 
 from infra_agent.experiments.verdict import (
     CorrectnessEvidence,
@@ -255,14 +253,3 @@ def build_store(db: Path) -> Fixture:
         db=db, run_a=a, run_b=b, run_c=run_c.id, a_messages=11, a_tool_calls=4,
         a_verdicts=[Verdict.IMPROVED, Verdict.REJECTED, Verdict.INCORRECT, Verdict.IMPROVED],
     )  # fmt: skip
-
-
-@pytest.fixture
-def planted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The secret env var is set while the store is written and exported."""
-    monkeypatch.setenv(SECRET_ENV, ENV_SECRET)
-
-
-@pytest.fixture
-def fx(tmp_path: Path, planted: None) -> Fixture:
-    return build_store(tmp_path / "runs.db")

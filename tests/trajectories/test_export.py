@@ -1,0 +1,258 @@
+"""`infra-agent export`: every format written, validated, redacted, round-tripped; filters; atomicity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from trajectory_store import BAD_ARGS, SECRETS, Fixture
+from typer.testing import CliRunner
+
+from infra_agent.cli import app
+from infra_agent.errors import UserError
+from infra_agent.store import open_store
+from infra_agent.trajectories import export as export_module
+from infra_agent.trajectories.atif import Trajectory
+from infra_agent.trajectories.export import ExportFilter, export_dataset
+from infra_agent.trajectories.formats import (
+    ExportFormat,
+    RlRow,
+    SftRow,
+    trajectory_from_parquet_row,
+)
+from infra_agent.trajectories.redact import Redactor
+
+FORMATS = [(fmt, parquet) for fmt in ExportFormat for parquet in (False, True)]
+
+
+def read_rows(path: Path, fmt: ExportFormat, parquet: bool) -> list[dict[str, Any]]:
+    """Rows as JSONL would hold them (Parquet JSON-text columns decoded)."""
+    if not parquet:
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    rows = pq.read_table(path).to_pylist()
+    if fmt is ExportFormat.ATIF:
+        return [trajectory_from_parquet_row(r).model_dump(mode="json") for r in rows]
+    for r in rows:
+        r["tools"] = json.loads(r.pop("tools_json"))
+    return rows
+
+
+def check_round_trip(
+    fx: Fixture, fmt: ExportFormat, rows: list[dict[str, Any]], reference: Trajectory
+) -> None:
+    """Step count, tool calls, verdicts and rewards of run A survive the format."""
+    verdicts = [v.value for v in fx.a_verdicts]
+    if fmt is ExportFormat.ATIF:
+        t = Trajectory.model_validate(next(r for r in rows if r["session_id"] == fx.run_a))
+        assert t == reference
+        return
+    model = SftRow if fmt is ExportFormat.OPENAI_SFT else RlRow
+    parsed = [model.model_validate(r) for r in rows]
+    if isinstance(parsed[0], SftRow):
+        row = next(r for r in parsed if isinstance(r, SftRow) and r.metadata.session_id == fx.run_a)
+        messages = row.messages
+        assert (
+            row.metadata.verdicts == verdicts
+            and row.metadata.reward == reference.extra.reward.total
+        )
+    else:
+        rl = next(r for r in parsed if isinstance(r, RlRow) and r.session_id == fx.run_a)
+        messages = rl.prompt + rl.completion
+        assert [m.role for m in rl.prompt] == ["system", "user"] and rl.completion[
+            0
+        ].role == "assistant"
+        assert rl.verdicts == verdicts
+        assert rl.reward == reference.extra.reward.total
+        assert rl.reward_components == reference.extra.reward.components
+        assert rl.metrics.best_speedup == 1.62 and rl.metrics.n_messages == fx.a_messages
+        assert sorted(p.reward for p in rl.proposals) == sorted(
+            p.reward.total for p in reference.extra.proposals
+        )
+    assert len(messages) == fx.a_messages
+    calls = [c for m in messages for c in (m.tool_calls or [])]
+    assert [c.id for c in calls] == ["call_1", "call_2", "call_3", "call_4"]
+    assert json.loads(calls[0].function.arguments) == {"target": "decode", "seconds": 5}
+    assert calls[1].function.arguments == BAD_ARGS  # the model's invalid text, verbatim
+    assert json.loads(calls[3].function.arguments)["db_password"] == "[REDACTED]"
+    tool_ids = [m.tool_call_id for m in messages if m.role == "tool"]
+    assert tool_ids == ["call_1", "call_2", "call_3", "call_4"]
+
+
+def _reference(fx: Fixture) -> Trajectory:
+    from infra_agent.trajectories.build import build_trajectory, load_run
+
+    store = open_store(fx.db, readonly=True)
+    run = store.get_run(fx.run_a)
+    assert run is not None
+    return build_trajectory(load_run(store, run), redactor=Redactor.from_environment())
+
+
+@pytest.mark.parametrize(
+    "fmt, parquet", FORMATS, ids=[f"{f.value}-{'parquet' if p else 'jsonl'}" for f, p in FORMATS]
+)
+def test_each_format_round_trips_and_leaks_no_secret(fx: Fixture, tmp_path: Path, fmt: ExportFormat, parquet: bool) -> None:  # fmt: skip
+    out = tmp_path / "out" / f"data.{'parquet' if parquet else 'jsonl'}"
+    summary = export_dataset(open_store(fx.db, readonly=True), fmt, out, parquet=parquet)
+    expected_rows = 3 if fmt is ExportFormat.ATIF else 2  # run C has no conversation
+    assert summary.rows == expected_rows and out.is_file()
+    rows = read_rows(out, fmt, parquet)
+    assert len(rows) == expected_rows
+    check_round_trip(fx, fmt, rows, _reference(fx))
+    # No secret in the file's bytes, nor in its decoded values (Parquet pages are compressed).
+    data = out.read_bytes()
+    decoded = json.dumps(rows, ensure_ascii=False).encode()
+    for secret in SECRETS:
+        assert secret.encode() not in data and secret.encode() not in decoded, secret
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary file left
+
+
+def test_output_is_deterministic(fx: Fixture, tmp_path: Path) -> None:
+    store = open_store(fx.db, readonly=True)
+    for fmt, parquet in FORMATS:
+        a, b = tmp_path / f"{fmt.value}-{parquet}-a", tmp_path / f"{fmt.value}-{parquet}-b"
+        export_dataset(store, fmt, a, parquet=parquet)
+        export_dataset(store, fmt, b, parquet=parquet)
+        assert a.read_bytes() == b.read_bytes(), (fmt, parquet)
+    sessions = [
+        json.loads(line)["session_id"]
+        for line in (tmp_path / "atif-False-a").read_text().splitlines()
+    ]
+    assert sessions == [fx.run_a, fx.run_b, fx.run_c]  # creation order
+
+
+def _export_cli(fx: Fixture, out: Path, *args: str) -> Any:
+    return CliRunner().invoke(
+        app, ["--db", str(fx.db), "export", "--out", str(out), *args, "--json"]
+    )
+
+
+def _sessions(out: Path) -> list[str]:
+    return [json.loads(line)["session_id"] for line in out.read_text().splitlines()]
+
+
+def test_cli_filters(fx: Fixture, tmp_path: Path) -> None:
+    out = tmp_path / "x.jsonl"
+    cases: list[tuple[list[str], list[str]]] = [
+        (["--task", "sglang-cpu-tiny"], [fx.run_b]),
+        (["--since", "2026-11-21"], [fx.run_b, fx.run_c]),
+        (["--until", "2026-11-21"], [fx.run_a, fx.run_b]),  # a bare date includes that whole day
+        (["--verdict", "rejected"], [fx.run_a]),
+        (["--verdict", "FAILED", "--verdict", "NO_CHANGE"], [fx.run_b, fx.run_c]),
+        (["--reviewed-only"], [fx.run_a]),
+        (["--min-reward", "-0.05"], [fx.run_b]),  # C: one FAILED costs 0.1
+        (["--run", fx.run_c], [fx.run_c]),
+    ]
+    for args, expected in cases:
+        result = _export_cli(fx, out, "--format", "atif", *args)
+        assert result.exit_code == 0, (args, result.output, result.exception)
+        assert _sessions(out) == expected, args
+        summary = json.loads(result.stdout)
+        assert summary["rows"] == len(expected) and summary["runs_in_store"] == 3
+
+
+def test_cli_weights_change_rewards_and_min_reward(fx: Fixture, tmp_path: Path) -> None:
+    out = tmp_path / "rl.jsonl"
+    assert _export_cli(fx, out, "--format", "rl").exit_code == 0
+    default = {r["session_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    result = _export_cli(
+        fx, out, "--format", "rl", "--weight", "rule_violation=0", "--weight", "suspicious=0"
+    )
+    assert result.exit_code == 0
+    light = {r["session_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    a_default, a_light = default[fx.run_a], light[fx.run_a]
+    assert a_light["reward_components"] == a_default["reward_components"]
+    assert a_light["reward"] == pytest.approx(a_default["reward"] + 3.0)
+    assert a_light["reward_weights"]["rule_violation"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--format", "csv"], "--format 'csv'"),
+        (["--format", "rl", "--verdict", "GREAT"], "--verdict 'GREAT'"),
+        (["--format", "rl", "--since", "yesterday"], "--since 'yesterday'"),
+        (["--format", "rl", "--weight", "speed=2"], "reward weight 'speed=2'"),
+        (["--format", "rl", "--task", "no-such-task"], "nothing to export: 0 of 3 runs"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_writes_nothing(fx: Fixture, tmp_path: Path, args: list[str], message: str) -> None:  # fmt: skip
+    out = tmp_path / "exports" / "never.jsonl"
+    result = _export_cli(fx, out, *args)
+    assert isinstance(result.exception, UserError) and message in str(result.exception)
+    assert "\n" not in str(result.exception)
+    assert not out.parent.exists()
+
+
+def test_missing_store_is_a_user_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["--db", str(tmp_path / "none.db"), "export", "-f", "atif", "-o", str(tmp_path / "x")]
+    )
+    assert isinstance(result.exception, UserError) and "no run store" in str(result.exception)
+    assert not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.parametrize("parquet", [False, True])
+@pytest.mark.parametrize("error", [RuntimeError("disk full"), KeyboardInterrupt()])
+def test_failure_midway_leaves_previous_output_and_no_temp_file(
+    fx: Fixture,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parquet: bool,
+    error: BaseException,
+) -> None:
+    (tmp_path / "exports").mkdir()
+    out = tmp_path / "exports" / "data"
+    out.write_text("previous export\n")
+    real_rows = export_module._rows
+    calls = {"n": 0}
+
+    def failing_rows(*args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first batch was already written to the temporary file
+            raise error
+        return real_rows(*args)
+
+    monkeypatch.setattr(export_module, "_rows", failing_rows)
+    with pytest.raises(type(error)):
+        export_dataset(
+            open_store(fx.db, readonly=True), ExportFormat.RL, out, parquet=parquet, batch_rows=1
+        )
+    assert calls["n"] == 2
+    assert out.read_text() == "previous export\n"
+    assert [p.name for p in out.parent.iterdir()] == ["data"]
+
+
+def test_invalid_row_is_refused_before_writing(
+    fx: Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = export_module.sft_row
+
+    def robot_row(t: Trajectory) -> dict[str, Any]:
+        row = real(t)
+        row["messages"][0]["role"] = "robot"
+        return row
+
+    monkeypatch.setattr(export_module, "sft_row", robot_row)
+    out = tmp_path / "exports" / "sft.jsonl"
+    with pytest.raises(ValueError, match="role"):
+        export_dataset(open_store(fx.db, readonly=True), ExportFormat.OPENAI_SFT, out)
+    assert list(out.parent.iterdir()) == []
+
+
+def test_out_is_a_directory(fx: Fixture, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="is a directory"):
+        export_dataset(open_store(fx.db, readonly=True), ExportFormat.ATIF, tmp_path)
+
+
+def test_filter_object_api(fx: Fixture, tmp_path: Path) -> None:
+    out = tmp_path / "a.jsonl"
+    flt = ExportFilter(tasks=["decode-split-norm"], reviewed_only=True)
+    summary = export_dataset(
+        open_store(fx.db, readonly=True), ExportFormat.OPENAI_SFT, out, flt=flt
+    )
+    assert summary.rows == 1 and summary.runs_matched == 1
+    assert summary.verdict_counts.REJECTED == 1
+    assert "1 rows of openai-sft (jsonl)" in summary.render()
