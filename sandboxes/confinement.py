@@ -5,13 +5,14 @@ needs (/usr, /lib*, a few /etc files, the interpreter prefix and the virtual env
 caller's read-only paths), the workspace copy read-write at its host path, a private /tmp, its
 own /proc and /dev, no network (unless asked), and its own pid namespace: when the command's
 init ends, the kernel kills everything left in it. Running as root, the command then drops to
-an unprivileged uid with `setpriv`, so RLIMIT_NPROC is enforced and root-owned files stay
+an unprivileged uid of its own with `setpriv`, so RLIMIT_NPROC is enforced and root-owned files stay
 read-only. Each step records the isolation it gives in `Confinement.in_force`.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -19,8 +20,18 @@ from pathlib import Path
 
 from infra_agent.sandboxes.base import SandboxSpec
 
-SANDBOX_UID = 65534
-"""uid/gid sandboxed commands run as when the host process is root ('nobody')."""
+UID_RANGE = (200_000, 300_000)
+"""Sandboxed commands run as a uid of their own from this range when the host process is root:
+RLIMIT_NPROC counts per uid machine-wide, so a shared uid ('nobody') would make concurrent
+sandboxes share one process budget, and could signal each other's processes."""
+
+
+def allocate_uid() -> int | None:
+    """A fresh unprivileged uid (= gid) for one sandbox, or None when not root (run as self)."""
+    if os.geteuid() != 0:
+        return None
+    return UID_RANGE[0] + secrets.randbelow(UID_RANGE[1] - UID_RANGE[0])
+
 
 ETC_FILES = (
     "/etc/ld.so.cache",
@@ -61,17 +72,19 @@ class Confinement:
     in_force: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     pid_namespace: bool = False
+    run_uid: int = field(default_factory=os.geteuid)
+    """The uid the command really runs as."""
 
 
-def drop_privileges() -> list[str]:
-    """argv prefix dropping root to SANDBOX_UID with no capabilities (nothing when not root)."""
-    if os.geteuid() != 0:
+def drop_privileges(uid: int | None) -> list[str]:
+    """argv prefix dropping root to `uid` with no capabilities (nothing when `uid` is None)."""
+    if uid is None:
         return []
     setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
     return [
         setpriv,
-        f"--reuid={SANDBOX_UID}",
-        f"--regid={SANDBOX_UID}",
+        f"--reuid={uid}",
+        f"--regid={uid}",
         "--clear-groups",
         "--inh-caps=-all",
         "--bounding-set=-all",
@@ -81,7 +94,13 @@ def drop_privileges() -> list[str]:
 
 
 def bubblewrap(
-    spec: SandboxSpec, *, workspace: Path, cwd: Path, hidden: list[Path], bwrap: str
+    spec: SandboxSpec,
+    *,
+    workspace: Path,
+    cwd: Path,
+    hidden: list[Path],
+    bwrap: str,
+    uid: int | None,
 ) -> Confinement:
     """bubblewrap confinement for a command running in `cwd` (host path inside `workspace`)."""
     args = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
@@ -130,13 +149,15 @@ def bubblewrap(
     c.in_force += ["fs:readonly-root", "tmp:private", f"hidden:{len(hidden)} paths"]
     if shadowed:
         c.in_force.append(f"hidden:{shadowed} shadowed by tmpfs")
-    privileges = drop_privileges()
-    c.in_force.append(f"user:{SANDBOX_UID}" if privileges else f"user:{os.geteuid()}")
-    c.prefix = [*args, "--", *privileges]
+    c.run_uid = uid if uid is not None else os.geteuid()
+    c.in_force.append(f"user:{c.run_uid}")
+    c.prefix = [*args, "--", *drop_privileges(uid)]
     return c
 
 
-def unshare(spec: SandboxSpec, *, hidden: list[Path], unshare_bin: str) -> Confinement:
+def unshare(
+    spec: SandboxSpec, *, hidden: list[Path], unshare_bin: str, uid: int | None
+) -> Confinement:
     """Fallback when bubblewrap is missing (needs root): namespaces, no filesystem view."""
     args = [unshare_bin, "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts"]
     c = Confinement(prefix=[], pid_namespace=True)
@@ -149,9 +170,13 @@ def unshare(spec: SandboxSpec, *, hidden: list[Path], unshare_bin: str) -> Confi
     c.missing += ["fs:readonly-root (no bubblewrap)", "tmp:private (no bubblewrap)"]
     if hidden:
         c.missing.append(f"hidden:{len(hidden)} paths outside the workspace (no bubblewrap)")
-    privileges = drop_privileges()
-    c.in_force.append(f"user:{SANDBOX_UID}" if privileges else f"user:{os.geteuid()}")
-    c.prefix = [*args, "--", *privileges]
+    if uid is not None and not _others_can_run(Path(os.path.realpath(sys.executable))):
+        # Without bubblewrap's fresh root, an unprivileged uid could not even start Python.
+        c.missing.append("user:unprivileged (the interpreter lies in a folder only root may enter)")
+        uid = None
+    c.run_uid = uid if uid is not None else os.geteuid()
+    c.in_force.append(f"user:{c.run_uid}")
+    c.prefix = [*args, "--", *drop_privileges(uid)]
     return c
 
 
@@ -184,6 +209,14 @@ class _Tree:
             self.created.add(parent)
         self.args += [how, str(path), str(path)]
         self.mounted.append(path)
+
+
+def _others_can_run(executable: Path) -> bool:
+    """True if a uid that is neither owner nor group may traverse to and run `executable`."""
+    for folder in executable.parents:
+        if not os.stat(folder).st_mode & 0o001:
+            return False
+    return bool(os.stat(executable).st_mode & 0o001)
 
 
 def _under_any(path: Path, roots: list[Path]) -> bool:

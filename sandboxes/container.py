@@ -23,6 +23,7 @@ import struct
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,6 @@ from infra_agent.sandboxes.docker_engine import LABEL, default_image
 from infra_agent.sandboxes.environment import scrubbed_environment
 from infra_agent.sandboxes.local import MAX_OUTPUT_BYTES, _signed
 from infra_agent.sandboxes.workspace import PrivateCopy
-
-USER = f"{confinement.SANDBOX_UID}:{confinement.SANDBOX_UID}"
 
 
 def engine_problem(image: str | None = None) -> str | None:
@@ -69,7 +68,9 @@ class DockerSandbox(Sandbox):
         self._closed = False
         self._container: Any = None
         self._client = docker.from_env(timeout=60)
-        self._copy = PrivateCopy(workspace.resolve(), owner_uid=confinement.SANDBOX_UID)
+        self.uid = confinement.allocate_uid() or os.geteuid()
+        self.user = f"{self.uid}:{self.uid}"
+        self._copy = PrivateCopy(workspace.resolve(), owner_uid=self.uid)
         cleanup.register(self)
         try:
             self._hidden = self._hide(spec.hidden_paths)
@@ -91,7 +92,7 @@ class DockerSandbox(Sandbox):
             "tmp:private",
             "caps:none",
             "no-new-privileges",
-            f"user:{confinement.SANDBOX_UID}",
+            f"user:{self.uid}",
             f"cgroup:memory={s.memory_mb}MiB",
             f"cgroup:pids={s.max_processes}",
             f"rlimit:cpu={s.cpu_time_s}s",
@@ -114,15 +115,24 @@ class DockerSandbox(Sandbox):
         exec_id, sock = self._start_exec(argv, marker, cwd, stdin=stdin is not None)
         started = time.monotonic()
         out, err = bytearray(), bytearray()
+        strays: list[int] = []
+
+        def reap_strays_once_exited() -> None:
+            # Processes the command left behind keep the output stream open; once the command
+            # itself has exited, count and kill them so the stream ends.
+            if not strays and not self._client.api.exec_inspect(exec_id)["Running"]:
+                strays.append(processes.kill_marked(processes.PROCESS_VAR, marker))
+
         timed_out = False
         try:
             if stdin is not None:
                 _send_all(sock, stdin, deadline=started + timeout_s)
                 sock.shutdown(socket.SHUT_WR)
-            timed_out = not _drain(sock, out, err, deadline=started + timeout_s)
+            deadline = started + timeout_s
+            timed_out = not _drain(sock, out, err, deadline=deadline, idle=reap_strays_once_exited)
         finally:
             sock.close()
-            strays = processes.kill_marked(processes.PROCESS_VAR, marker)
+            leftover = processes.kill_marked(processes.PROCESS_VAR, marker)
         duration = time.monotonic() - started
         info = self._client.api.exec_inspect(exec_id)
         code = info.get("ExitCode")
@@ -134,7 +144,7 @@ class DockerSandbox(Sandbox):
             duration_s=duration,
             timed_out=timed_out,
             killed_reason="timeout" if timed_out else self._killed_reason(returncode),
-            stray_processes=0 if timed_out else strays,
+            stray_processes=0 if timed_out else sum(strays) + leftover,
         )
 
     def spawn(self, argv: list[str], *, cwd: str = ".") -> SandboxProcess:
@@ -237,7 +247,7 @@ class DockerSandbox(Sandbox):
             read_only=True,
             tmpfs=tmpfs,
             volumes=volumes,
-            user=USER,
+            user=self.user,
             working_dir=str(self.root),
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
@@ -285,7 +295,7 @@ class DockerSandbox(Sandbox):
         api = self._client.api
         exec_id = api.exec_create(
             self._container.id, argv, stdin=stdin, stdout=True, stderr=True,
-            environment=self._environment(marker), workdir=workdir, user=USER,
+            environment=self._environment(marker), workdir=workdir, user=self.user,
         )["Id"]  # fmt: skip
         raw = api.exec_start(exec_id, socket=True)
         sock: socket.socket = getattr(raw, "_sock", raw)
@@ -330,16 +340,25 @@ def _send_all(sock: socket.socket, data: bytes, *, deadline: float) -> None:
         view = view[sock.send(view[:65536]) :]
 
 
-def _drain(sock: socket.socket, out: bytearray, err: bytearray, *, deadline: float) -> bool:
-    """Read docker's multiplexed stream (8-byte headers) until EOF. False on deadline."""
+def _drain(
+    sock: socket.socket,
+    out: bytearray,
+    err: bytearray,
+    *,
+    deadline: float,
+    idle: Callable[[], None],
+) -> bool:
+    """Read docker's multiplexed stream (8-byte headers) until EOF; `idle()` runs whenever
+    nothing arrived for 0.2 s. False on deadline."""
     buf = bytearray()
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        readable, _, _ = select.select([sock], [], [], remaining)
+        readable, _, _ = select.select([sock], [], [], min(remaining, 0.2))
         if not readable:
-            return False
+            idle()
+            continue
         chunk = sock.recv(65536)
         if not chunk:
             return True

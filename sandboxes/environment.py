@@ -66,6 +66,8 @@ def scrubbed_environment(
     env["PATH"] = f"{python_bin}:{SAFE_PATH}" if python_bin else SAFE_PATH
     env["HOME"] = home
     env["TMPDIR"] = tmpdir
+    # the sandbox uid has no passwd entry; getpass.getuser() (torch's caches) reads these first
+    env["USER"] = env["LOGNAME"] = "sandbox"
     env.setdefault("LANG", "C.UTF-8")
     env.update(extra or {})
     return env

@@ -43,8 +43,8 @@ class LocalSandbox(Sandbox):
         self._spawned: list[SandboxProcess] = []
         self._markers: dict[int, str] = {}
         self._closed = False
-        owner = confinement.SANDBOX_UID if os.geteuid() == 0 else None
-        self._copy = PrivateCopy(workspace.resolve(), owner_uid=owner)
+        self.uid = confinement.allocate_uid()
+        self._copy = PrivateCopy(workspace.resolve(), owner_uid=self.uid)
         cleanup.register(self)
         try:
             self._hidden = self._hide(spec.hidden_paths)
@@ -61,8 +61,7 @@ class LocalSandbox(Sandbox):
 
     def isolation(self) -> tuple[list[str], list[str]]:
         probe = self._confinement(self.root)
-        uid = confinement.SANDBOX_UID if os.geteuid() == 0 and probe.prefix else os.geteuid()
-        rl_force, rl_missing = limits.describe(self.spec, uid=uid)
+        rl_force, rl_missing = limits.describe(self.spec, uid=probe.run_uid)
         in_force = [*probe.in_force, *rl_force, "env:scrubbed", "pgroup:own-session"]
         missing = [*probe.missing, *rl_missing]
         if self._hidden_in_workspace:
@@ -184,10 +183,14 @@ class LocalSandbox(Sandbox):
                 cwd=cwd,
                 hidden=self._hidden,
                 bwrap=confinement.bwrap_binary() or "bwrap",
+                uid=self.uid,
             )
         if self._mode == "unshare":
             return confinement.unshare(
-                self.spec, hidden=self._hidden, unshare_bin=confinement.unshare_binary() or ""
+                self.spec,
+                hidden=self._hidden,
+                unshare_bin=confinement.unshare_binary() or "",
+                uid=self.uid,
             )
         return confinement.unconfined(self.spec, hidden=self._hidden)
 

@@ -82,3 +82,21 @@ def kill_marked(variable: str, value: str, *, rounds: int = 20) -> int:
                 pass
         time.sleep(0.02)
     return len(killed)
+
+
+def pids_with_cmdline(token: str) -> list[int]:
+    """Live (non-zombie) host processes whose command line contains `token` (for checks that
+    nothing a sandbox started survived, e.g. a sleeper with a unique duration)."""
+    needle = token.encode()
+    found = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if needle in cmdline and not _is_zombie(entry):
+            found.append(int(entry.name))
+    return found
