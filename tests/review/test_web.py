@@ -1,0 +1,531 @@
+"""The review web UI end to end: `infra-agent review serve` in a subprocess, driven by headless
+Chromium (Debian's, through Playwright) and by plain HTTP for the refusal cases."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from infra_agent.review.queue import review_outcome, submit_proposal
+from infra_agent.store import open_store
+from infra_agent.store.records import (
+    ExperimentRecord,
+    ProposalStatus,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    ToolCall,
+)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "review"
+TOKEN = "test-token-0123456789"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="needs Debian's chromium (.ci/setup-system.sh)"
+    ),
+]
+
+
+@dataclass
+class AgentRun:
+    """A real agent run (scripted policy, real experiment) that stops at the review interrupt."""
+
+    thread: threading.Thread
+    outcome: list[Any]
+    """[RunOutcome] once start_run returned, or [exception]."""
+
+
+@dataclass
+class Served:
+    base: str
+    store_path: Path
+    home: Path
+    ids: dict[str, str]
+    task_root: Path
+    stale_task_root: Path
+    agent: AgentRun
+
+
+def _start_agent_run(root: Path) -> AgentRun:
+    """`optimize` on the bundled example-matmul task with a scripted model that proposes the
+    matmul fix, verifies it and finishes: the run submits its proposal and waits for review."""
+    from infra_agent.agent.configuration import RunConfig
+    from infra_agent.agent.runner import start_run
+    from infra_agent.config import load_settings
+    from infra_agent.tasks.registry import find_task
+
+    diff = find_task("example-matmul").reference_patch.read_text()  # type: ignore[union-attr]
+    script = [
+        {"content": "The projection builds an m x k x n temporary; a BLAS product should be far faster.",
+         "tool_calls": [{"name": "propose_patch", "arguments": {"diff": diff, "rationale": "Use x @ w instead of broadcast-and-sum."}}]},
+        {"content": "Verify it against baseline.", "tool_calls": [{"name": "run_experiment", "arguments": {"patch_id": "{{last_patch_id}}"}}]},
+        {"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": "x @ w replaces the broadcast-and-sum."}}]},
+    ]  # fmt: skip
+    (root / "script.json").write_text(json.dumps(script))
+    settings = load_settings(overrides={"store.db": str(root / "runs.db")}, cwd=root)
+    config = RunConfig(
+        task="example-matmul",
+        objective="latency",
+        policy="scripted",
+        script=str(root / "script.json"),
+    )
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(start_run(config, settings))
+        except BaseException as exc:  # reported by the test that needs it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="agent-run", daemon=True)
+    thread.start()
+    return AgentRun(thread=thread, outcome=outcome)
+
+
+def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]:
+    store = open_store(root / "runs.db")
+    task = kit.make_task(root / "toy-sched")
+    ids: dict[str, str] = {}
+
+    run = RunRecord(
+        task=task.name,
+        objective="latency",
+        policy="scripted",
+        model="scripted-llm",
+        status=RunStatus.FINISHED,
+    )
+    store.put_run(run)
+    store.add_step(
+        StepRecord(
+            run_id=run.id,
+            role="user",
+            content="Make next_batch faster without changing its output.",
+        )
+    )
+    store.add_step(
+        StepRecord(
+            run_id=run.id, role="assistant", content="The loop appends one request at a time; slicing should be faster.",
+            tool_calls=[ToolCall(id="c1", name="run_experiment", arguments='{"patch": "scheduler.diff"}')],
+        )
+    )  # fmt: skip
+    store.add_step(
+        StepRecord(
+            run_id=run.id,
+            role="tool",
+            name="run_experiment",
+            tool_call_id="c1",
+            content="IMPROVED 1.3x",
+        )
+    )
+
+    def propose(
+        key: str,
+        diff: str,
+        *,
+        run_id: str | None,
+        speedup: float,
+        extra: dict[str, object] | None = None,
+        on=task,
+    ) -> None:
+        patch = kit.diff_patch(diff)
+        exp: ExperimentRecord = kit.experiment_for(on, patch, speedup=speedup)
+        exp.result.evidence.extra.update(extra or {})
+        ids[key] = submit_proposal(
+            store,
+            task=on,
+            patch=patch,
+            experiment=exp,
+            rationale=f"{key}: slice the queue",
+            run_id=run_id,
+        ).id
+
+    sweep = {
+        "points": [
+            {"size": 2**k, "max_abs": 1e-7 * 2 ** (k / 2), "rmse": 1e-8, "rel_diff": 1e-7}
+            for k in range(6, 13)
+        ]
+    }
+    accuracy = {
+        "verdict": "PASS", "first_divergence": "layer3.attn_out", "reasons": ["candidate within 1.5x of baseline vs float64"],
+        "probes": [{"name": "layer3.attn_out", "diff": {"rel_diff": 2e-6, "max_abs": 3e-5}, "blame": "candidate"}],
+    }  # fmt: skip
+    propose(
+        "main",
+        kit.SCHED_DIFF,
+        run_id=run.id,
+        speedup=1.31,
+        extra={"sweep": sweep, "accuracy": accuracy, "vendor_blob": {"odd": [1, {"x": None}]}},
+    )
+    propose("reject", kit.SCHED_DIFF.replace("Slicing", "Slices"), run_id=None, speedup=1.12)
+    propose("changes", kit.SCHED_DIFF.replace("Slicing", "A slice"), run_id=None, speedup=1.05)
+    propose("race", kit.SCHED_DIFF.replace("Slicing", "Slice it"), run_id=None, speedup=1.02)
+    propose("refusals", kit.SCHED_DIFF.replace("Slicing", "Cut"), run_id=None, speedup=1.01)
+
+    stale_task = kit.make_task(root / "stale-task")
+    propose(
+        "stale", kit.SCHED_DIFF.replace("Slicing", "Slice"), run_id=None, speedup=1.4, on=stale_task
+    )
+    (stale_task.workspace / "scheduler.py").write_text(
+        "# upstream edit\n" + (stale_task.workspace / "scheduler.py").read_text()
+    )
+
+    propose("malformed", kit.SCHED_DIFF.replace("Slicing", "Sliced"), run_id=None, speedup=1.01)
+    bad_exp = store.get_proposal(ids["malformed"]).experiment_ids[0]
+    store.close()
+    with sqlite3.connect(root / "runs.db") as conn:  # evidence written by a future/buggy version
+        conn.execute(
+            "UPDATE experiments SET body=? WHERE id=?",
+            (
+                json.dumps(
+                    {"id": bad_exp, "result": {"verdict": "WEIRD"}, "note": "from the future"}
+                ),
+                bad_exp,
+            ),
+        )
+    return ids, task.root, stale_task.root
+
+
+def _start(root: Path, kit: SimpleNamespace) -> Iterator[Served]:
+    ids, task_root, stale_root = _seed(root, kit)
+    agent = _start_agent_run(root)  # runs its experiment while the other tests use the server
+    home = root / "home"
+    env = {**os.environ, "INFRA_AGENT_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra_agent.cli", "--db", str(root / "runs.db"), "review", "serve", "--port", "0", "--token", TOKEN, "--reviewer", "ana"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        url = None
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            url = next((ln.split()[1] for ln in lines if ln.startswith("open:")), None)
+            time.sleep(0.1)
+        if url is None:
+            raise RuntimeError(
+                f"server did not start: {''.join(lines)} {proc.stderr.read() if proc.poll() is not None and proc.stderr else ''}"
+            )
+        assert url.startswith("http://127.0.0.1:") and url.endswith(f"?token={TOKEN}")
+        yield Served(
+            base=url.split("/proposals")[0],
+            store_path=root / "runs.db",
+            home=home,
+            ids=ids,
+            task_root=task_root,
+            stale_task_root=stale_root,
+            agent=agent,
+        )
+    finally:
+        agent.thread.join(timeout=300)
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "review_conftest", Path(__file__).with_name("conftest.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kit = SimpleNamespace(
+        **{
+            k: getattr(module, k)
+            for k in ("make_task", "diff_patch", "experiment_for", "SCHED_DIFF")
+        }
+    )
+    yield from _start(tmp_path_factory.mktemp("review-web"), kit)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, server: Served):  # type: ignore[no-untyped-def]
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    page.goto(f"{server.base}/proposals?token={TOKEN}")
+    yield page
+    context.close()
+
+
+def _status(server: Served, key: str) -> ProposalStatus:
+    store = open_store(server.store_path, readonly=True)
+    try:
+        return store.get_proposal(server.ids[key]).status
+    finally:
+        store.close()
+
+
+def _decisions(server: Served, key: str) -> list:  # type: ignore[type-arg]
+    store = open_store(server.store_path, readonly=True)
+    try:
+        return store.decisions(server.ids[key])
+    finally:
+        store.close()
+
+
+def _no_horizontal_scroll(page) -> None:  # type: ignore[no-untyped-def]
+    overflow = page.evaluate(
+        """() => {
+            const bad = [];
+            if (document.documentElement.scrollWidth > window.innerWidth) bad.push('page');
+            document.querySelectorAll('table').forEach((t, i) => {
+                if (t.scrollWidth > t.parentElement.clientWidth + 1) bad.push('table ' + i + ' ' + (t.id || t.className));
+            });
+            return bad;
+        }"""
+    )
+    assert overflow == []
+
+
+def test_queue_then_proposal_evidence_then_approve_applies(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    assert page.url == f"{server.base}/proposals"  # token dropped from the URL after login
+    rows = page.locator("table.queue tbody tr")
+    ids = [rows.nth(i).get_attribute("data-proposal") for i in range(rows.count())]
+    assert ids[0] == server.ids["stale"] and ids.index(server.ids["main"]) < ids.index(
+        server.ids["reject"]
+    )  # by gain
+    page.click(f"a[href='/proposals/{server.ids['main']}']")
+    page.wait_for_selector("#diff")
+    assert (
+        page.locator("#diff .gd").count() >= 1 and page.locator("#diff .gi").count() >= 1
+    )  # highlighted -/+ lines
+    comparison = page.inner_text("#comparison")
+    assert (
+        "step_time_ms median (ms)" in comparison
+        and "1.310x better" in comparison
+        and "95% CI 1.260–1.360" in comparison
+    )
+    assert page.locator("#samples-plot svg circle").count() == 48 + 2  # 24 samples per arm + legend
+    assert "layer3.attn_out" in page.inner_text("#accuracy")
+    assert page.locator("figure.growth svg polyline").count() == 1
+    assert '"odd"' in page.inner_text("#other-evidence")  # unknown evidence shown raw
+    assert "slicing should be faster" in page.inner_text("#trajectory")
+    _no_horizontal_scroll(page)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "proposal.png"), full_page=True)
+
+    page.fill("#comment", "looks right")
+    page.click("#approve")
+    page.wait_for_selector("#applied")
+    branch = f"infra-agent/{server.ids['main']}"
+    assert branch in page.inner_text("#applied")
+    assert _status(server, "main") == ProposalStatus.APPLIED
+    assert [d.action.value for d in _decisions(server, "main")] == ["approve", "apply"]
+    repo = server.home / "workspaces" / "toy-sched"
+    shown = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{branch}:scheduler.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "return list(queue[:max_batch])" in shown
+    assert "approve" in page.inner_text("#audit") and "looks right" in page.inner_text("#audit")
+
+
+def test_reject_and_request_changes(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{server.base}/proposals/{server.ids['reject']}")
+    page.fill("#comment", "not worth the churn")
+    page.click("#reject")
+    page.wait_for_selector(".status-rejected")
+    assert _status(server, "reject") == ProposalStatus.REJECTED
+
+    page.goto(f"{server.base}/proposals/{server.ids['changes']}")
+    page.click("#request-changes")  # without a comment: refused, nothing changes
+    assert "needs a comment" in page.inner_text("#error")
+    assert _status(server, "changes") == ProposalStatus.PENDING
+    page.fill("#comment", "keep the loop: queue may be a deque")
+    page.click("#request-changes")
+    page.wait_for_selector(".status-changes_requested")
+    store = open_store(server.store_path, readonly=True)
+    assert (
+        "keep the loop: queue may be a deque"
+        in review_outcome(store, server.ids["changes"]).render()
+    )
+    store.close()
+
+
+def test_stale_proposal_cannot_be_approved(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{server.base}/proposals/{server.ids['stale']}")
+    assert "target changed" in page.inner_text("#stale")
+    page.click("#approve")
+    page.wait_for_selector("#error")
+    assert "cannot approve" in page.inner_text("#error") and "target changed" in page.inner_text(
+        "#error"
+    )
+    assert _status(server, "stale") == ProposalStatus.PENDING
+    assert _decisions(server, "stale") == []
+
+
+def test_malformed_evidence_renders_raw(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    response = page.goto(f"{server.base}/proposals/{server.ids['malformed']}")
+    assert response is not None and response.status == 200
+    assert "from the future" in page.inner_text("#raw-evidence")
+
+
+def _signed_in(server: Served) -> tuple[httpx.Client, str]:
+    client = httpx.Client(base_url=server.base, follow_redirects=False, timeout=30)
+    assert client.get(f"/proposals?token={TOKEN}").status_code == 303
+    html = client.get(f"/proposals/{server.ids['refusals']}").text
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert csrf is not None
+    return client, csrf.group(1)
+
+
+def test_requests_without_token_or_csrf_change_nothing(server: Served) -> None:
+    pid = server.ids["refusals"]
+    store = open_store(server.store_path, readonly=True)
+    patch_hash = store.get_proposal(pid).patch_hash
+    store.close()
+    form = {"action": "approve", "patch_hash": patch_hash}
+    anonymous = httpx.Client(base_url=server.base, timeout=30)
+    assert anonymous.get(f"/proposals/{pid}").status_code == 401
+    assert anonymous.get("/proposals?token=wrong-token-xyz").status_code == 401
+    assert anonymous.post(f"/proposals/{pid}/decide", data=form).status_code == 401
+    client, csrf = _signed_in(server)
+    assert client.post(f"/proposals/{pid}/decide", data=form).status_code == 403
+    assert (
+        client.post(f"/proposals/{pid}/decide", data={**form, "csrf_token": csrf + "x"}).status_code
+        == 403
+    )
+    evil = {"origin": "http://evil.example"}
+    assert (
+        client.post(
+            f"/proposals/{pid}/decide", data={**form, "csrf_token": csrf}, headers=evil
+        ).status_code
+        == 403
+    )
+    rebound = client.get(f"/proposals/{pid}", headers={"host": "attacker.example"})
+    assert rebound.status_code == 403
+    assert client.get(f"/proposals/{pid}/decide").status_code == 405  # no state change by GET
+    assert _status(server, "refusals") == ProposalStatus.PENDING
+    assert _decisions(server, "refusals") == []
+
+
+def test_double_submission_one_wins(server: Served) -> None:
+    pid = server.ids["race"]
+    store = open_store(server.store_path, readonly=True)
+    patch_hash = store.get_proposal(pid).patch_hash
+    store.close()
+    client, csrf = _signed_in(server)
+    results: list[httpx.Response] = []
+
+    def post(action: str) -> None:
+        results.append(
+            client.post(
+                f"/proposals/{pid}/decide",
+                data={
+                    "action": action,
+                    "patch_hash": patch_hash,
+                    "csrf_token": csrf,
+                    "comment": "x",
+                },
+            )
+        )
+
+    threads = [
+        threading.Thread(target=post, args=(a,)) for a in ("reject", "reject", "request_changes")
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.status_code for r in results) == [303, 409, 409]
+    assert all("already decided by ana" in r.text for r in results if r.status_code == 409)
+    assert len(_decisions(server, "race")) == 1
+
+
+def test_agent_run_waiting_for_review_resumes_and_applies(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    server.agent.thread.join(timeout=300)
+    assert server.agent.outcome, "the agent run did not return"
+    outcome = server.agent.outcome[0]
+    assert not isinstance(outcome, BaseException), f"agent run failed: {outcome!r}"
+    assert outcome.status == "waiting_review", (
+        f"agent run did not stop for review: {outcome.stop_reason}; experiments {outcome.experiments}"
+    )
+    pid = outcome.proposals[0].id
+
+    page.goto(f"{server.base}/proposals?task=example-matmul")
+    page.click(f"a[href='/proposals/{pid}']")
+    page.wait_for_selector("#diff")
+    assert "x @ w" in page.inner_text("#diff")
+    assert "IMPROVED" in page.inner_text("#verdict")
+    assert "latency_ms median (ms)" in page.inner_text("#comparison")
+    assert page.locator("#samples-plot svg circle").count() > 10
+    assert "error vs float64" in page.inner_text("#comparison")
+    assert "propose_patch" in page.inner_text("#trajectory")
+    assert "waiting review" in page.inner_text("section.head")
+    _no_horizontal_scroll(page)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "proposal-agent-run.png"), full_page=True)
+
+    page.click("#approve")
+    page.wait_for_selector("#resumption")
+    # The page reloads itself while the run resumes in the server's background thread.
+    page.wait_for_function(
+        "() => { const r = document.getElementById('resumption'); return r && !/queued|resuming/.test(r.textContent); }",
+        timeout=120_000,
+    )
+    assert "resumed (run now finished)" in page.inner_text("#resumption")
+    assert "applied" in page.inner_text("section.head")
+    store = open_store(server.store_path, readonly=True)
+    proposal = store.get_proposal(pid)
+    run = store.get_run(outcome.run_id)
+    store.close()
+    assert proposal.status == ProposalStatus.APPLIED and run.status == RunStatus.FINISHED
+    branch = f"infra-agent/{pid}"
+    assert branch in proposal.applied_to
+    repo = server.home / "workspaces" / "example-matmul"
+    shown = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{branch}:projection.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "return x @ w" in shown
