@@ -1,0 +1,117 @@
+"""Harness for pd-kv-reuse-race: a seeded load of requests through the PD pair; every request's
+output is checked here against the KV its own prompt must produce (never a count the candidate
+reports about itself)."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import torch
+
+from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+
+LOAD_KEYS = (
+    "concurrency", "pages", "slot_elems", "writers", "write_us", "stall_prob", "stall_min_ms",
+    "stall_max_ms", "timeout_ms", "decode_steps", "step_us",
+)  # fmt: skip
+"""Task params passed through to `serve.run_load`."""
+
+
+def poisson_upper(k: int, confidence: float = 0.95) -> float:
+    """One-sided upper confidence bound on a Poisson mean after observing `k` events."""
+    alpha = 1.0 - confidence
+
+    def cdf(lam: float) -> float:
+        term = total = math.exp(-lam)
+        for i in range(1, k + 1):
+            term *= lam / i
+            total += term
+        return total
+
+    lo, hi = 0.0, k + 10.0 * math.sqrt(k + 1) + 10.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) > alpha else (lo, mid)
+    return hi
+
+
+def make_prompts(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1 << 40) for _ in range(n)]
+
+
+def expected_outputs(prompts: list[int], pages: int, slot_elems: int) -> torch.Tensor:
+    """What each request must output: sum_j (j+1) * kv[p, j] over its KV pages, where the model's
+    KV is kv[p, j] = (p * slot_elems + j) * 1_000_003 + prompt (computed here independently)."""
+    idx = torch.arange(pages * slot_elems, dtype=torch.int64).reshape(pages, slot_elems)
+    weights = torch.arange(1, slot_elems + 1, dtype=torch.int64)
+    base = int((idx * 1_000_003 * weights).sum())
+    per_prompt = pages * int(weights.sum())
+    return torch.tensor([base + per_prompt * p for p in prompts], dtype=torch.int64)
+
+
+class TaskHarness(Harness):
+    def run(self, arm: Arm, n: int, seed: int, **overrides: Any) -> dict[str, Any]:
+        """Serve `n` seeded requests; returns counts verified here and the harness-clock time."""
+        load = {key: self.params[key] for key in LOAD_KEYS} | overrides
+        prompts = make_prompts(n, seed)
+        result, seconds = arm.worker.timed_call(
+            "serve:run_load", prompts, seed=seed, timeout_s=self.manifest.budget.call_timeout_s, **load
+        )
+        outputs = result.get("outputs") if isinstance(result, dict) else None
+        if not isinstance(outputs, torch.Tensor) or outputs.shape != (n,):
+            raise IncorrectOutput(f"expected {n} request outputs, got {getattr(outputs, 'shape', outputs)!r}")
+        wrong = outputs != expected_outputs(prompts, load["pages"], load["slot_elems"])
+        return {
+            "requests": n,
+            "corruptions": int(wrong.sum()),
+            "corrupted": wrong.nonzero().flatten().tolist()[:20],
+            "aborts": int(result.get("aborts", -1)),
+            "seconds": seconds,
+        }
+
+    def check(self, arm: Arm, seed: int) -> CheckResult:
+        """Functional check without stalls (no timeouts, so no reuse race): every output right."""
+        n = self.params["check_requests"]
+        found = self.run(arm, n, seed, stall_prob=0.0)
+        ok = found["corruptions"] == 0
+        return CheckResult(
+            passed=ok,
+            tolerance="exact: every request's output is its own KV's checksum",
+            detail=None if ok else f"{found['corruptions']} of {n} outputs wrong without any load",
+        )
+
+    def sample(self, arm: Arm, seed: int) -> dict[str, float]:
+        n = self.params["requests"]
+        found = self.run(arm, n, seed)
+        k = found["corruptions"]
+        return {
+            "corruption_ucb_per_10k": 1e4 * poisson_upper(k) / n,
+            "corruptions_per_10k": 1e4 * k / n,
+            "requests_per_s": n / found["seconds"],
+        }
+
+    def health(self, arm: Arm, seed: int) -> dict[str, float | int | str | bool]:
+        n = self.params["health_requests"]
+        found = self.run(arm, n, seed)
+        return {
+            "requests": n,
+            "corruptions": found["corruptions"],
+            "corruptions_per_10k": 1e4 * found["corruptions"] / n,
+            "aborts": found["aborts"],
+        }
+
+    def health_problems(
+        self,
+        baseline: dict[str, float | int | str | bool],
+        candidate: dict[str, float | int | str | bool],
+    ) -> list[str]:
+        k = int(candidate.get("corruptions", 0))
+        if k == 0:
+            return []
+        return [
+            f"{k} of {candidate['requests']} requests decoded another request's KV under load "
+            f"(baseline {baseline.get('corruptions')}); the task requires zero"
+        ]
