@@ -390,21 +390,20 @@ def review(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
 
 def apply(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     """Apply every approved proposal of this run, then close the run."""
-    from infra_agent.agent.apply import apply_proposal
+    from infra_agent.review.apply import apply_approved
 
     ctx = _ctx(runtime)
     applied = dict(state.applied)
     for pid, status in state.review.items():
-        if (
-            status in (ProposalStatus.APPROVED.value, ProposalStatus.APPLIED.value)
-            and pid not in applied
-        ):
+        if pid in applied or status not in ("approved", "applied"):
+            continue
+        proposal = ctx.store.get_proposal(pid)
+        if proposal is not None and proposal.status == ProposalStatus.APPROVED:
             ctx.on_event(f"applying {pid}")
-            where = apply_proposal(
-                ctx.store, pid, ctx.task, run_id=state.run_id, apply_to=ctx.config.apply_to
-            )
-            ctx.log.harness(f"applied proposal {pid} to {where}", name="apply")
-            applied[pid] = where
+            proposal = apply_approved(ctx.store, pid, reviewer=f"infra-agent run {state.run_id}")
+        where = proposal.applied_to if proposal is not None else "?"
+        ctx.log.harness(f"applied proposal {pid}: {where}", name="apply")
+        applied[pid] = where
     run = ctx.store.get_run(state.run_id)
     if run is not None:
         best = best_improved(state)

@@ -68,21 +68,39 @@ class LiveView:
         )
 
     def __enter__(self) -> LiveView:
-        self.live.__enter__()
+        if self.console.is_terminal:
+            self.live.__enter__()
+        else:  # a log file or CI: one line per event and per finished experiment
+            self.console.print(self.title)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.live.__exit__(None, None, None)
+        if self.console.is_terminal:
+            self.live.__exit__(None, None, None)
+
+    def _refresh(self) -> None:
+        if self.console.is_terminal:
+            self.live.update(self._render(), refresh=True)
 
     def event(self, text: str) -> None:
         self.step = text
-        self.live.update(self._render(), refresh=True)
+        if not self.console.is_terminal:
+            self.console.print(f"- {text}", highlight=False)
+        self._refresh()
 
     def state(self, values: dict[str, Any]) -> None:
-        self.experiments = list(values.get("experiments") or [])
+        experiments = list(values.get("experiments") or [])
+        if not self.console.is_terminal:
+            for i, e in enumerate(experiments[len(self.experiments) :], start=len(self.experiments) + 1):
+                self.console.print(
+                    f"  experiment {i}: {e.patch_summary}: {e.verdict} {_speedup(e)}; "
+                    f"budget left: {(values.get('usage') or self.usage).left(self.budget)}",
+                    highlight=False,
+                )
+        self.experiments = experiments
         self.usage = values.get("usage") or self.usage
         self.step = str(values.get("phase", self.step))
-        self.live.update(self._render(), refresh=True)
+        self._refresh()
 
 
 def render_outcome(outcome: Any, console: Console) -> None:

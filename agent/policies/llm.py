@@ -31,19 +31,19 @@ MAX_BACKOFF_S = 30.0
 def compact(messages: list[Message], max_chars: int) -> list[Message]:
     """The conversation with old tool results cut short, oldest first, until it fits `max_chars`.
 
-    The system prompt, the task message and the last `KEEP_RECENT` messages stay whole."""
+    The system prompt and the task message stay whole; the last `KEEP_RECENT` messages are cut
+    only if cutting older ones was not enough."""
     out = [m.model_copy() for m in messages]
     total = sum(len(m.content) for m in out)
-    for i, m in enumerate(out[: max(0, len(out) - KEEP_RECENT)]):
-        if total <= max_chars:
-            break
-        if m.role == "tool" and len(m.content) > COMPACT_TO:
-            cut = (
-                m.content[:COMPACT_TO]
-                + f"\n[compacted: {len(m.content) - COMPACT_TO} characters of an old result]"
-            )
-            total -= len(m.content) - len(cut)
-            out[i] = m.model_copy(update={"content": cut})
+    # Old results first; if that is not enough, all but the last two messages.
+    for keep in (KEEP_RECENT, 2):
+        for i, m in enumerate(out[: max(0, len(out) - keep)]):
+            if total <= max_chars:
+                return out
+            if m.role == "tool" and len(m.content) > COMPACT_TO:
+                cut = m.content[:COMPACT_TO] + f"\n[compacted: {len(m.content) - COMPACT_TO} characters of an old result]"
+                total -= len(m.content) - len(cut)
+                out[i] = m.model_copy(update={"content": cut})
     return out
 
 
@@ -113,7 +113,8 @@ class OpenAIChatModel:
                     continue
                 if kind in ("bad_request", "other") or attempt > self.profile.max_retries:
                     return ModelTurn(errors=errors)
-                delay = _retry_after(exc) or BACKOFF_S * 2 ** (attempt - 1)
+                after = _retry_after(exc)
+                delay = after if after is not None else BACKOFF_S * 2 ** (attempt - 1)
                 self.sleep(min(delay, MAX_BACKOFF_S))
 
     def _once(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelTurn:
