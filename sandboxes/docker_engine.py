@@ -11,6 +11,7 @@ it left (containerd shims), unmounts and removes `root`.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import shutil
@@ -24,11 +25,12 @@ from pathlib import Path
 
 from infra_agent.config import SandboxSettings
 from infra_agent.errors import UserError
-from infra_agent.sandboxes import cleanup
+from infra_agent.sandboxes import cleanup, processes
 
 LABEL = "infra-agent.sandbox"
 """Label on every sandbox container (value: the sandbox id)."""
 START_TIMEOUT_S = 60.0
+_PR_SET_PDEATHSIG = 1
 _MAX_SOCKET_PATH = 90  # unix socket paths must stay under 108 bytes, containerd's included
 
 
@@ -137,13 +139,19 @@ def _start(
         f"--storage-driver={driver}",
     ]
     with open(log, "ab") as out:
-        process = subprocess.Popen(
+        # SIGTERM when the process that started it dies, even by SIGKILL: dockerd then stops
+        # its containers and exits instead of outliving a killed test run.
+        process = processes.launch(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_terminate_with_parent,
         )  # fmt: skip
     handle = EngineHandle(root, socket, exec_root, process, image, driver, log)
     cleanup.register(handle)
     return handle
+
+
+def _terminate_with_parent() -> None:
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _wait_ready(handle: EngineHandle) -> bool:

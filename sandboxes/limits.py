@@ -49,15 +49,18 @@ def describe(spec: SandboxSpec, *, uid: int) -> tuple[list[str], list[str]]:
     return in_force, missing
 
 
-def child_setup(spec: SandboxSpec) -> Callable[[], None]:
-    """A `preexec_fn`: apply the limits and die with the parent (PR_SET_PDEATHSIG=SIGKILL).
-
-    Only async-signal-safe-ish work: setrlimit and prctl, no allocation-heavy Python.
+def child_setup(spec: SandboxSpec, cgroup_procs: list[str] | None = None) -> Callable[[], None]:
+    """A `preexec_fn`: join the sandbox's cgroup (its `cgroup.procs` files), apply the limits,
+    and die with the parent (PR_SET_PDEATHSIG=SIGKILL). Small work only: no big allocations.
     """
+    procs = list(cgroup_procs or [])
     limits = list(rlimits(spec).items())
     libc = ctypes.CDLL(None, use_errno=True)
 
     def setup() -> None:
+        for path in procs:
+            with open(path, "w") as f:
+                f.write("0")
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         for res, value in limits:
             # Never raise a hard limit that is already lower (unprivileged parents).

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from infra_agent.sandboxes import cleanup, confinement, limits, processes
+from infra_agent.sandboxes import cgroups, cleanup, confinement, limits, processes
 from infra_agent.sandboxes.base import ExecResult, Sandbox, SandboxProcess, SandboxSpec
 from infra_agent.sandboxes.environment import scrubbed_environment
 from infra_agent.sandboxes.workspace import PrivateCopy
@@ -45,10 +45,14 @@ class LocalSandbox(Sandbox):
         self._closed = False
         self.uid = confinement.allocate_uid()
         self._copy = PrivateCopy(workspace.resolve(), owner_uid=self.uid)
+        self._cgroup: cgroups.Cgroup | None = None
         cleanup.register(self)
         try:
             self._hidden = self._hide(spec.hidden_paths)
             self._mode = self._choose_mode()
+            self._cgroup = cgroups.Cgroup.create(
+                self.id, memory_mb=spec.memory_mb, max_processes=spec.max_processes
+            )
         except BaseException:
             self.cleanup()
             raise
@@ -64,6 +68,10 @@ class LocalSandbox(Sandbox):
         rl_force, rl_missing = limits.describe(self.spec, uid=probe.run_uid)
         in_force = [*probe.in_force, *rl_force, "env:scrubbed", "pgroup:own-session"]
         missing = [*probe.missing, *rl_missing]
+        if self._cgroup is not None:
+            in_force += ["cgroup:tracked", *self._cgroup.limits]
+        else:
+            missing.append("cgroup (not writable here): no resident-memory or sandbox pids limit")
         if self._hidden_in_workspace:
             in_force.append(f"hidden:{self._hidden_in_workspace} removed from the workspace copy")
         return in_force, missing
@@ -77,6 +85,7 @@ class LocalSandbox(Sandbox):
         # the shell's count is only meaningful in a pid namespace
         counting = self._mode != "none" and os.path.exists("/bin/bash")
         started = time.monotonic()
+        oom_before = self._cgroup.oom_kills() if self._cgroup else 0
         with open(out_path, "wb") as out, open(err_path, "wb") as err, open(count_path, "wb") as c:
             script = _COUNTING_SHELL.format(fd=c.fileno())
             # bash, not sh: the fd number may have two digits, which dash cannot redirect
@@ -108,7 +117,7 @@ class LocalSandbox(Sandbox):
             stderr=_read_capped(err_path),
             duration_s=duration,
             timed_out=timed_out,
-            killed_reason="timeout" if timed_out else limits.killed_reason(returncode),
+            killed_reason="timeout" if timed_out else self._killed_reason(returncode, oom_before),
             stray_processes=0 if timed_out else max(strays, 0),
         )
 
@@ -151,6 +160,8 @@ class LocalSandbox(Sandbox):
             for process in list(self._spawned):
                 self.kill(process)
             processes.kill_marked(processes.SANDBOX_VAR, self.id)
+            if self._cgroup is not None:
+                self._cgroup.remove()
         finally:
             self._copy.destroy()
             cleanup.unregister(self)
@@ -226,9 +237,16 @@ class LocalSandbox(Sandbox):
             cwd=host_cwd,
             env=env,
             start_new_session=True,
-            preexec_fn=limits.child_setup(self.spec),
+            preexec_fn=limits.child_setup(
+                self.spec, self._cgroup.join_file_paths() if self._cgroup else None
+            ),
             **popen,
         )
+
+    def _killed_reason(self, returncode: int, oom_before: int) -> str | None:
+        if returncode == -9 and self._cgroup and self._cgroup.oom_kills() > oom_before:
+            return "memory"
+        return limits.killed_reason(returncode)
 
     def _kill_process_tree(self, pgid: int, n: int) -> int:
         """Kill the command's group and anything carrying its marker; how many were found."""

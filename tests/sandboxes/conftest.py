@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from infra_agent.sandboxes import Sandbox, SandboxSpec, create_sandbox
 from infra_agent.sandboxes.docker_engine import EngineHandle, ensure_engine
+from infra_agent.sandboxes.workspace import PREFIX
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +24,8 @@ def docker_engine() -> Iterator[EngineHandle]:
         pytest.skip("dockerd is not installed (run .ci/setup-system.sh)")
     if os.geteuid() != 0:
         pytest.skip("a private dockerd needs root")
-    root = Path(tempfile.mkdtemp(prefix="iad-engine-"))
+    # named like a sandbox folder, so a run killed by SIGKILL has it swept by the next one
+    root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-engine-"))
     engine = ensure_engine(root)
     previous = os.environ.get("DOCKER_HOST")
     os.environ["DOCKER_HOST"] = engine.base_url

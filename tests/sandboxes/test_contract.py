@@ -170,6 +170,15 @@ def test_memory_limit(make_sandbox) -> None:
     assert small.returncode == 0 and "ALLOCATED" in small.stdout
 
 
+def test_memory_limit_covers_the_whole_sandbox(make_sandbox) -> None:
+    sb = make_sandbox(memory_mb=256)
+    if any(item.startswith("cgroup ") for item in sb.isolation()[1]):
+        pytest.skip("no writable cgroup here: only the per-process RLIMIT_AS applies")
+    hog = "x = b'x' * (160 * 2**20); import time; time.sleep(2); print('DONE')"
+    r = sb.exec(["sh", "-c", f'python -c "{hog}" & python -c "{hog}"; wait'], timeout_s=60)
+    assert r.stdout.count("DONE") < 2  # 2 x 160 MiB resident cannot fit in 256 MiB
+
+
 def test_spawn_gives_a_binary_pipe_and_kill_ends_its_tree(make_sandbox) -> None:
     sb = make_sandbox()
     token = unique_sleep()
