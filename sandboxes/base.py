@@ -71,7 +71,8 @@ class SandboxProcess:
     stdout: object
     stderr_path: Path | None
     handle: object = field(default=None, repr=False)
-    """Backend-specific handle (subprocess.Popen, docker exec id)."""
+    """Backend-specific handle (subprocess.Popen, container.ExecHandle); every backend's has
+    `poll() -> int | None` and `wait(timeout) -> int` like subprocess.Popen."""
 
 
 class Sandbox(abc.ABC):

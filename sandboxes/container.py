@@ -155,26 +155,27 @@ class DockerSandbox(Sandbox):
         err_path = self._copy.state / f"{n}.spawn.e"
         stdout = io.BufferedReader(_DemuxReader(sock, err_path))
         stdin = io.BufferedWriter(_SocketWriter(sock))
-        pid = int(self._client.api.exec_inspect(exec_id).get("Pid") or 0)
+        handle = ExecHandle(self._client.api, exec_id, marker, sock)
         process = SandboxProcess(
-            pid=pid,
-            stdin=stdin,
-            stdout=stdout,
-            stderr_path=err_path,
-            handle=(exec_id, marker, sock),
+            pid=handle.host_pid(), stdin=stdin, stdout=stdout, stderr_path=err_path, handle=handle
         )
         self._spawned.append(process)
         return process
 
     def kill(self, process: SandboxProcess) -> int:
-        _exec_id, marker, sock = process.handle  # type: ignore[misc]
-        killed = processes.kill_marked(processes.PROCESS_VAR, marker)
+        handle = process.handle
+        assert isinstance(handle, ExecHandle)
+        killed = processes.kill_marked(processes.PROCESS_VAR, handle.marker)
+        try:
+            handle.sock.shutdown(socket.SHUT_RDWR)  # wakes a reader blocked on the stream
+        except OSError:
+            pass
         for stream in (process.stdin, process.stdout):
             try:
                 stream.close()  # type: ignore[attr-defined]
             except Exception:
                 pass
-        sock.close()
+        handle.sock.close()
         if process in self._spawned:
             self._spawned.remove(process)
         return killed
@@ -331,6 +332,36 @@ class DockerSandbox(Sandbox):
         return 0
 
 
+class ExecHandle:
+    """A spawned exec: its id, marker and stream; `wait`/`poll` like subprocess.Popen."""
+
+    def __init__(self, api: Any, exec_id: str, marker: str, sock: socket.socket) -> None:
+        self.api, self.id, self.marker, self.sock = api, exec_id, marker, sock
+
+    def host_pid(self, *, within_s: float = 10.0) -> int:
+        """The process's host pid (the engine reports it once the exec has started)."""
+        deadline = time.monotonic() + within_s
+        while True:
+            pid = int(self.api.exec_inspect(self.id).get("Pid") or 0)
+            if pid or time.monotonic() > deadline:
+                return pid
+            time.sleep(0.02)
+
+    def poll(self) -> int | None:
+        info = self.api.exec_inspect(self.id)
+        if info.get("Running") or info.get("ExitCode") is None:
+            return None
+        return _signed(int(info["ExitCode"]))
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"exec {self.id[:12]} still running")
+            time.sleep(0.05)
+        return code
+
+
 def _send_all(sock: socket.socket, data: bytes, *, deadline: float) -> None:
     view = memoryview(data)
     while view:
@@ -384,6 +415,9 @@ class _DemuxReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
     def readinto(self, buffer: Any) -> int:
         while not self._pending:
             header = self._exactly(8)
@@ -423,6 +457,9 @@ class _SocketWriter(io.RawIOBase):
 
     def writable(self) -> bool:
         return True
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
 
     def write(self, data: Any) -> int:
         self._sock.sendall(data)

@@ -207,6 +207,19 @@ def test_spawn_gives_a_binary_pipe_and_kill_ends_its_tree(make_sandbox) -> None:
     assert proc.stderr_path is not None and "served 9" in proc.stderr_path.read_text()
 
 
+def test_spawned_exit_status_and_end_of_stream(make_sandbox) -> None:
+    sb = make_sandbox()
+    proc = sb.spawn(
+        ["python", "-c", "import sys; print(sys.stdin.readline().strip()); sys.exit(5)"]
+    )
+    proc.stdin.write(b"bye\n")
+    proc.stdin.flush()
+    assert proc.stdout.read() == b"bye\n"  # then end of stream
+    assert proc.handle.wait(timeout=30) == 5
+    assert proc.handle.poll() == 5
+    sb.kill(proc)
+
+
 def test_cleanup_is_complete_and_idempotent(make_sandbox, backend: str) -> None:
     sb = make_sandbox()
     token = unique_sleep()
