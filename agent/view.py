@@ -91,7 +91,9 @@ class LiveView:
     def state(self, values: dict[str, Any]) -> None:
         experiments = list(values.get("experiments") or [])
         if not self.console.is_terminal:
-            for i, e in enumerate(experiments[len(self.experiments) :], start=len(self.experiments) + 1):
+            for i, e in enumerate(
+                experiments[len(self.experiments) :], start=len(self.experiments) + 1
+            ):
                 self.console.print(
                     f"  experiment {i}: {e.patch_summary}: {e.verdict} {_speedup(e)}; "
                     f"budget left: {(values.get('usage') or self.usage).left(self.budget)}",

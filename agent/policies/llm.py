@@ -41,7 +41,10 @@ def compact(messages: list[Message], max_chars: int) -> list[Message]:
             if total <= max_chars:
                 return out
             if m.role == "tool" and len(m.content) > COMPACT_TO:
-                cut = m.content[:COMPACT_TO] + f"\n[compacted: {len(m.content) - COMPACT_TO} characters of an old result]"
+                cut = (
+                    m.content[:COMPACT_TO]
+                    + f"\n[compacted: {len(m.content) - COMPACT_TO} characters of an old result]"
+                )
                 total -= len(m.content) - len(cut)
                 out[i] = m.model_copy(update={"content": cut})
     return out

@@ -14,26 +14,45 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from infra_agent.tasks.registry import find_task
 
 
-def chunk(delta: dict[str, Any], *, logprobs: list[tuple[str, float]] | None = None) -> dict[str, Any]:
+def chunk(
+    delta: dict[str, Any], *, logprobs: list[tuple[str, float]] | None = None
+) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
     if logprobs:
         choice["logprobs"] = {
-            "content": [{"token": t, "logprob": p, "bytes": None, "top_logprobs": []} for t, p in logprobs]
+            "content": [
+                {"token": t, "logprob": p, "bytes": None, "top_logprobs": []} for t, p in logprobs
+            ]
         }
-    return {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "fake", "choices": [choice]}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "fake",
+        "choices": [choice],
+    }
 
 
-def tool_call_reply(name: str, arguments: str, *, content: str = "", reasoning: str = "") -> list[dict[str, Any]]:
+def tool_call_reply(
+    name: str, arguments: str, *, content: str = "", reasoning: str = ""
+) -> list[dict[str, Any]]:
     """A streamed reply whose tool call's arguments arrive split over two chunks."""
     half = len(arguments) // 2
-    first = {"index": 0, "id": "call_1", "type": "function", "function": {"name": name, "arguments": arguments[:half]}}
+    first = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments[:half]},
+    }
     second = {"index": 0, "function": {"arguments": arguments[half:]}}
     return [
-        chunk({"role": "assistant", "content": content, "reasoning_content": reasoning}, logprobs=[("x", -0.5)]),
+        chunk(
+            {"role": "assistant", "content": content, "reasoning_content": reasoning},
+            logprobs=[("x", -0.5)],
+        ),
         chunk({"tool_calls": [first]}),
         chunk({"tool_calls": [second]}),
     ]
@@ -57,12 +76,18 @@ class FakeEndpoint:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 endpoint.requests.append(body)
-                kind, value = endpoint.queue.pop(0) if endpoint.queue else ("stream", [chunk({"content": "done?"})])
+                kind, value = (
+                    endpoint.queue.pop(0)
+                    if endpoint.queue
+                    else ("stream", [chunk({"content": "done?"})])
+                )
                 if kind == "sleep":  # the client times out and hangs up meanwhile
                     time.sleep(value)
                     return
                 if kind == "status":
-                    payload = json.dumps({"error": {"message": f"fake {value}", "type": "x"}}).encode()
+                    payload = json.dumps(
+                        {"error": {"message": f"fake {value}", "type": "x"}}
+                    ).encode()
                     self.send_response(value)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Retry-After", "0")
@@ -73,8 +98,14 @@ class FakeEndpoint:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
-                usage = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "fake",
-                         "choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}}
+                usage = {
+                    "id": "c1",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "fake",
+                    "choices": [],
+                    "usage": {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107},
+                }
                 for item in [*value, usage]:
                     self.wfile.write(f"data: {json.dumps(item)}\n\n".encode())
                 self.wfile.write(b"data: [DONE]\n\n")
@@ -103,7 +134,9 @@ def quick_task(tmp_path: Path) -> Path:
     folder = tmp_path / "decode-split-norm-quick"
     shutil.copytree(source, folder)
     toml = folder / "task.toml"
-    text = toml.read_text().replace('name = "decode-split-norm"', 'name = "decode-split-norm-quick"')
+    text = toml.read_text().replace(
+        'name = "decode-split-norm"', 'name = "decode-split-norm-quick"'
+    )
     text = re.sub(
         r"\[budget\][^\[]*",
         "[budget]\ncall_timeout_s = 30.0\nmin_samples = 5\nmax_samples = 12\n"

@@ -19,10 +19,17 @@ def test_rate_limit_and_server_error_are_retried_and_reported(fake_endpoint: Any
     fake_endpoint.queue = [
         ("status", 429),
         ("status", 503),
-        ("stream", fake_endpoint.tool_call_reply("read_file", '{"path": "attention.py"}', content="look", reasoning="I should read")),
+        (
+            "stream",
+            fake_endpoint.tool_call_reply(
+                "read_file", '{"path": "attention.py"}', content="look", reasoning="I should read"
+            ),
+        ),
     ]
     sleeps: list[float] = []
-    model = OpenAIChatModel(LLMProfile(base_url=fake_endpoint.url, max_retries=3), sleep=sleeps.append)
+    model = OpenAIChatModel(
+        LLMProfile(base_url=fake_endpoint.url, max_retries=3), sleep=sleeps.append
+    )
     turn = model.complete([{"role": "user", "content": "go"}], [])
     assert [e.kind for e in turn.errors] == ["rate_limit", "server_error"]
     assert sleeps == [0.0, 0.0]  # the server's Retry-After: 0 wins over the backoff
@@ -32,12 +39,17 @@ def test_rate_limit_and_server_error_are_retried_and_reported(fake_endpoint: Any
     assert turn.message.reasoning_content == "I should read" and turn.message.content == "look"
     assert turn.logprobs == [{"token": "x", "logprob": -0.5}]
     assert (turn.prompt_tokens, turn.completion_tokens) == (100, 7)
-    assert fake_endpoint.requests[-1]["stream"] is True and fake_endpoint.requests[-1]["logprobs"] is True
+    assert (
+        fake_endpoint.requests[-1]["stream"] is True
+        and fake_endpoint.requests[-1]["logprobs"] is True
+    )
 
 
 def test_timeouts_end_in_a_failed_turn_not_an_exception(fake_endpoint: Any) -> None:
     fake_endpoint.queue = [("sleep", 1.5), ("sleep", 1.5)]
-    model = OpenAIChatModel(LLMProfile(base_url=fake_endpoint.url, max_retries=1, timeout_s=0.3), sleep=lambda s: None)
+    model = OpenAIChatModel(
+        LLMProfile(base_url=fake_endpoint.url, max_retries=1, timeout_s=0.3), sleep=lambda s: None
+    )
     turn = model.complete([{"role": "user", "content": "go"}], [])
     assert turn.message is None
     assert [e.kind for e in turn.errors] == ["timeout", "timeout"]
@@ -45,7 +57,10 @@ def test_timeouts_end_in_a_failed_turn_not_an_exception(fake_endpoint: Any) -> N
 
 def test_old_tool_results_are_compacted_first() -> None:
     messages = [Message(role="system", content="s"), Message(role="user", content="task")]
-    messages += [Message(role="tool", content="x" * 5000, tool_call_id=str(i), name="read_file") for i in range(12)]
+    messages += [
+        Message(role="tool", content="x" * 5000, tool_call_id=str(i), name="read_file")
+        for i in range(12)
+    ]
     out = compact(messages, max_chars=20_000)
     assert sum(len(m.content) for m in out) <= 20_000
     assert "[compacted" in out[2].content and out[-1].content == "x" * 5000
@@ -56,11 +71,22 @@ def test_a_run_survives_malformed_calls_rate_limits_and_timeouts(
     fake_endpoint: Any, quick_task: Path, tmp_path: Path
 ) -> None:
     fake_endpoint.queue = [
-        ("stream", [fake_endpoint.chunk({"role": "assistant", "content": "I think the answer is 42."})]),  # no tool call
-        ("stream", fake_endpoint.tool_call_reply("read_file", '{"path": "attention.py"')),  # bad JSON
+        (
+            "stream",
+            [fake_endpoint.chunk({"role": "assistant", "content": "I think the answer is 42."})],
+        ),  # no tool call
+        (
+            "stream",
+            fake_endpoint.tool_call_reply("read_file", '{"path": "attention.py"'),
+        ),  # bad JSON
         ("stream", fake_endpoint.tool_call_reply("launch_missiles", "{}")),  # unknown tool
         ("status", 429),
-        ("stream", fake_endpoint.tool_call_reply("propose_knobs", '{"knobs": {"num_splits": "many"}, "rationale": "x"}')),
+        (
+            "stream",
+            fake_endpoint.tool_call_reply(
+                "propose_knobs", '{"knobs": {"num_splits": "many"}, "rationale": "x"}'
+            ),
+        ),
         ("sleep", 1.5),  # timeout, then a good call
         ("stream", fake_endpoint.tool_call_reply("describe_task", "{}", reasoning="start over")),
         ("stream", fake_endpoint.tool_call_reply("finish", '{"summary": "nothing proven"}')),

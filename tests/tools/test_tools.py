@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
-
 from infra_agent.store import open_store
 from infra_agent.tasks.registry import find_task
 from infra_agent.tools.base import ToolRegistry, ToolResult, tool
 from infra_agent.tools.context import ToolContext
 from infra_agent.tools.registry import default_registry
+from pydantic import BaseModel
 
 
 @pytest.fixture
@@ -23,25 +22,41 @@ def ctx(tmp_path: Path) -> ToolContext:
 
 def test_every_tool_has_a_schema_generated_from_its_parameters() -> None:
     schemas = {s["function"]["name"]: s for s in default_registry().schemas()}
-    for name in ("describe_task", "read_file", "propose_patch", "propose_knobs", "run_experiment", "finish"):
+    for name in (
+        "describe_task",
+        "read_file",
+        "propose_patch",
+        "propose_knobs",
+        "run_experiment",
+        "finish",
+    ):
         assert name in schemas
     params = schemas["read_file"]["function"]["parameters"]
     assert params["required"] == ["path"]
     assert params["properties"]["max_lines"]["maximum"] == 1000
-    assert schemas["propose_knobs"]["function"]["parameters"]["properties"]["knobs"]["type"] == "object"
+    assert (
+        schemas["propose_knobs"]["function"]["parameters"]["properties"]["knobs"]["type"]
+        == "object"
+    )
 
 
-def test_unknown_tool_bad_json_and_schema_violations_are_answered_precisely(ctx: ToolContext) -> None:
+def test_unknown_tool_bad_json_and_schema_violations_are_answered_precisely(
+    ctx: ToolContext,
+) -> None:
     reg = default_registry()
     unknown = reg.call("rm_rf", "{}", ctx)
-    assert unknown.error and "unknown tool 'rm_rf'" in unknown.error and "read_file" in unknown.error
+    assert (
+        unknown.error and "unknown tool 'rm_rf'" in unknown.error and "read_file" in unknown.error
+    )
     bad_json = reg.call("read_file", '{"path": "attention.py"', ctx)
     assert bad_json.error and "not valid JSON" in bad_json.error and "column" in bad_json.error
     not_object = reg.call("read_file", "[1, 2]", ctx)
     assert not_object.error and "must be a JSON object" in not_object.error
     missing = reg.call("read_file", "{}", ctx)
     assert missing.error and "'path'" in missing.error and "Field required" in missing.error
-    wrong_type = reg.call("read_file", json.dumps({"path": "attention.py", "max_lines": "lots"}), ctx)
+    wrong_type = reg.call(
+        "read_file", json.dumps({"path": "attention.py", "max_lines": "lots"}), ctx
+    )
     assert wrong_type.error and "'max_lines'" in wrong_type.error
     assert all(r.content.startswith("error: ") for r in (unknown, bad_json, missing, wrong_type))
 
@@ -75,28 +90,40 @@ def test_workspace_reads_are_confined_to_the_workspace(ctx: ToolContext) -> None
 
 def test_proposed_patches_are_checked_before_any_experiment(ctx: ToolContext) -> None:
     reg = default_registry()
-    ok = reg.call("propose_knobs", json.dumps({"knobs": {"num_splits": 1}, "rationale": "one split"}), ctx)
+    ok = reg.call(
+        "propose_knobs", json.dumps({"knobs": {"num_splits": 1}, "rationale": "one split"}), ctx
+    )
     assert ok.error is None and ok.data is not None
     patch_id = ok.data["patch_id"]
     assert ctx.store.get_patch(patch_id) is not None and ctx.known_patches == [patch_id]
     assert ctx.patch(patch_id).knobs == {"num_splits": 1}
-    unknown = reg.call("propose_knobs", json.dumps({"knobs": {"warp_speed": 9}, "rationale": "x"}), ctx)
+    unknown = reg.call(
+        "propose_knobs", json.dumps({"knobs": {"warp_speed": 9}, "rationale": "x"}), ctx
+    )
     assert unknown.error and "unknown knob 'warp_speed'" in unknown.error
-    out_of_range = reg.call("propose_knobs", json.dumps({"knobs": {"num_splits": 99}, "rationale": "x"}), ctx)
+    out_of_range = reg.call(
+        "propose_knobs", json.dumps({"knobs": {"num_splits": 99}, "rationale": "x"}), ctx
+    )
     assert out_of_range.error and "above the maximum" in out_of_range.error
     diff = "--- a/harness.py\n+++ b/harness.py\n@@ -1 +1 @@\n-a\n+b\n"
     forbidden = reg.call("propose_patch", json.dumps({"diff": diff, "rationale": "x"}), ctx)
     assert forbidden.error and "not editable" in forbidden.error
     reference = (ctx.task.root / "reference.patch").read_text()
     good = reg.call("propose_patch", json.dumps({"diff": reference, "rationale": "hoist"}), ctx)
-    assert good.error is None and "applies cleanly" in good.content and "attention.py" in good.content
+    assert (
+        good.error is None and "applies cleanly" in good.content and "attention.py" in good.content
+    )
 
 
 def test_skeleton_lookup_finds_the_pattern_for_the_symptom(ctx: ToolContext) -> None:
     result = default_registry().call(
-        "lookup_skeletons", json.dumps({"query": "split loop recomputes the normalization", "top_k": 1}), ctx
+        "lookup_skeletons",
+        json.dumps({"query": "split loop recomputes the normalization", "top_k": 1}),
+        ctx,
     )
     assert "hoist-invariant-normalization" in result.content
     assert "HOW TO TEST IT APPLIES" in result.content and "EXAMPLE" in result.content
-    gil = default_registry().call("lookup_skeletons", json.dumps({"query": "GIL starvation thread"}), ctx)
+    gil = default_registry().call(
+        "lookup_skeletons", json.dumps({"query": "GIL starvation thread"}), ctx
+    )
     assert gil.content.startswith("## release-gil")
