@@ -95,6 +95,7 @@ class DockerSandbox(Sandbox):
             f"user:{self.uid}",
             f"cgroup:memory={s.memory_mb}MiB",
             f"cgroup:pids={s.max_processes}",
+            f"rlimit:data={s.memory_mb}MiB",
             f"rlimit:cpu={s.cpu_time_s}s",
             f"rlimit:fsize={s.file_size_mb}MiB",
             "env:scrubbed",
@@ -257,6 +258,10 @@ class DockerSandbox(Sandbox):
             pids_limit=s.max_processes,
             ulimits=[
                 docker.types.Ulimit(name="cpu", soft=s.cpu_time_s, hard=s.cpu_time_s),
+                # Docker has no RLIMIT_AS; RLIMIT_DATA covers heap and private anonymous maps, so
+                # untouched allocations (calloc'd zero pages, invisible to the memory cgroup)
+                # still fail with MemoryError, as with the local backend's RLIMIT_AS.
+                docker.types.Ulimit(name="data", soft=s.memory_mb * mib, hard=s.memory_mb * mib),
                 docker.types.Ulimit(
                     name="fsize", soft=s.file_size_mb * mib, hard=s.file_size_mb * mib
                 ),

@@ -166,6 +166,12 @@ def test_memory_limit(make_sandbox) -> None:
     assert "ALLOCATED" not in r.stdout
     # killed by the memory cgroup (docker), or MemoryError from RLIMIT_AS (local)
     assert r.killed_reason == "memory" if r.returncode == -9 else "MemoryError" in r.stderr
+    # untouched (zero) pages: no resident memory, so only an address-space/data limit stops it
+    r = sb.exec(
+        ["python", "-c", "x = [bytearray(64 * 2**20) for _ in range(64)]; print('ALLOCATED')"],
+        timeout_s=60,
+    )
+    assert r.returncode != 0 and "ALLOCATED" not in r.stdout and "MemoryError" in r.stderr
     small = sb.exec(["python", "-c", "x = b'x' * (16 * 2**20); print('ALLOCATED')"], timeout_s=60)
     assert small.returncode == 0 and "ALLOCATED" in small.stdout
 
