@@ -1,0 +1,150 @@
+"""Harness for tiered-cache-load-order: seeded requests served with layer-wise loading from the
+host tier; every output is checked here against its own prompt's KV, and the load/compute
+overlap is computed here from the run's spans."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import torch
+
+from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+
+LOAD_KEYS = (
+    "layers", "page_elems", "topk", "load_us", "stall_prob", "stall_us", "lead_us", "compute_us",
+)  # fmt: skip
+MODULUS = 1_000_000_007
+
+
+def poisson_upper(k: int, confidence: float = 0.95) -> float:
+    """One-sided upper confidence bound on a Poisson mean after observing `k` events."""
+    alpha = 1.0 - confidence
+
+    def cdf(lam: float) -> float:
+        term = total = math.exp(-lam)
+        for i in range(1, k + 1):
+            term *= lam / i
+            total += term
+        return total
+
+    lo, hi = 0.0, k + 10.0 * math.sqrt(k + 1) + 10.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) > alpha else (lo, mid)
+    return hi
+
+
+def make_prompts(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1 << 40) for _ in range(n)]
+
+
+def expected_outputs(prompts: list[int], layers: int, page_elems: int, topk: int) -> torch.Tensor:
+    """Each request's output from its own layers, computed here: sum over layers of
+    (l + 1) * sum of kv[l] at the indexer's positions (the model's definition)."""
+    pos = torch.arange(page_elems, dtype=torch.int64)
+    slot = torch.arange(topk, dtype=torch.int64)
+    out = []
+    for p in prompts:
+        total = 0
+        for layer in range(layers):
+            kv = (pos * 7919 + p * 31 + layer * 1_000_003) % MODULUS
+            total += (layer + 1) * int(kv[(slot * 37 + p + layer * 11) % page_elems].sum())
+        out.append(total)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def intervals_length(intervals: list[tuple[int, int]]) -> int:
+    """Total length covered by a union of [start, end) intervals."""
+    total, cur_start, cur_end = 0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None and cur_start is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None and cur_start is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def overlap_ratio(spans: list[Any], a: str = "load.", b: str = "compute.") -> float:
+    """time(A ∩ B) / time(A) for spans named with prefixes `a` and `b` (interval sweep)."""
+    span_a = [(int(s), int(e)) for n, s, e in spans if str(n).startswith(a)]
+    span_b = [(int(s), int(e)) for n, s, e in spans if str(n).startswith(b)]
+    len_a = intervals_length(span_a)
+    if len_a == 0:
+        return 0.0
+    both = len_a + intervals_length(span_b) - intervals_length(span_a + span_b)
+    return both / len_a
+
+
+class TaskHarness(Harness):
+    def run(self, arm: Arm, n: int, seed: int, **overrides: Any) -> dict[str, Any]:
+        load = {key: self.params[key] for key in LOAD_KEYS} | overrides
+        prompts = make_prompts(n, seed)
+        result, seconds = arm.worker.timed_call(
+            "serve:run_load", prompts, seed=seed, timeout_s=self.manifest.budget.call_timeout_s, **load
+        )
+        outputs = result.get("outputs") if isinstance(result, dict) else None
+        if not isinstance(outputs, torch.Tensor) or outputs.shape != (n,):
+            raise IncorrectOutput(f"expected {n} request outputs, got {getattr(outputs, 'shape', outputs)!r}")
+        expected = expected_outputs(prompts, load["layers"], load["page_elems"], load["topk"])
+        wrong = outputs != expected
+        spans = result.get("spans") or []
+        return {
+            "requests": n,
+            "read_before_ready": int(wrong.sum()),
+            "corrupted": wrong.nonzero().flatten().tolist()[:20],
+            "overlap_ratio": overlap_ratio(spans) if isinstance(spans, list) else 0.0,
+            "spans": spans,
+            "seconds": seconds,
+        }
+
+    def check(self, arm: Arm, seed: int) -> CheckResult:
+        """Functional check with the load finished before each forward (no overlap, no race)."""
+        n = self.params["check_requests"]
+        found = self.run(arm, n, seed, overlap=False)
+        ok = found["read_before_ready"] == 0
+        return CheckResult(
+            passed=ok,
+            tolerance="exact: every request's output from its own KV",
+            detail=None if ok else f"{found['read_before_ready']} of {n} outputs wrong without overlap",
+        )
+
+    def sample(self, arm: Arm, seed: int) -> dict[str, float]:
+        n = self.params["requests"]
+        found = self.run(arm, n, seed)
+        k = found["read_before_ready"]
+        return {
+            "corruption_ucb_per_10k": 1e4 * poisson_upper(k) / n,
+            "read_before_ready_per_10k": 1e4 * k / n,
+            "overlap_ratio": max(found["overlap_ratio"], 1e-6),
+            "requests_per_s": n / found["seconds"],
+        }
+
+    def health(self, arm: Arm, seed: int) -> dict[str, float | int | str | bool]:
+        n = self.params["health_requests"]
+        found = self.run(arm, n, seed)
+        return {
+            "requests": n,
+            "read_before_ready": found["read_before_ready"],
+            "read_before_ready_per_10k": 1e4 * found["read_before_ready"] / n,
+            "overlap_ratio": round(found["overlap_ratio"], 4),
+        }
+
+    def health_problems(
+        self,
+        baseline: dict[str, float | int | str | bool],
+        candidate: dict[str, float | int | str | bool],
+    ) -> list[str]:
+        k = int(candidate.get("read_before_ready", 0))
+        if k == 0:
+            return []
+        return [
+            f"{k} of {candidate['requests']} requests read a layer before it was loaded "
+            f"(baseline {baseline.get('read_before_ready')}); the task requires zero"
+        ]
