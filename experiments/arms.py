@@ -112,6 +112,19 @@ def preload_modules(task: Task) -> list[str]:
     return []
 
 
+def worker_guard(task: Task) -> dict[str, list[str]]:
+    """The worker's audit-hook configuration: rule groups the task does not allow, and paths
+    (the task folder, the package) candidate code may never open."""
+    from infra_agent.experiments.rules import AUDITED_GROUPS, normalize_allow
+
+    allowed = normalize_allow(task.manifest.allow)
+    return {
+        "deny": sorted(AUDITED_GROUPS - allowed),
+        "forbidden": [str(task.root), str(PACKAGE_DIR)],
+        "exempt": sorted({sys.prefix, sys.base_prefix}),
+    }
+
+
 class SeedSource:
     """Fresh 63-bit seeds from os.urandom: unpredictable to the candidate, never repeated, never
     equal to a warm-up seed."""
@@ -130,14 +143,26 @@ class SeedSource:
 class ArmSet:
     """The sandboxes and workers of one experiment; `close()` releases all of them."""
 
-    def __init__(self, call_timeout_s: float, preload: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        call_timeout_s: float,
+        preload: list[str] | None = None,
+        guard: dict[str, list[str]] | None = None,
+    ) -> None:
         self.call_timeout_s = call_timeout_s
         self.preload = preload or []
+        self.guard = guard or {}
         self.sandboxes: list[Sandbox] = []
         self.workers: list[RpcWorker] = []
 
     def worker_factory(self, arm: Arm) -> RpcWorker:
-        worker = RpcWorker(arm.sandbox, call_timeout_s=self.call_timeout_s, preload=self.preload)
+        # /tmp is writable only where the sandbox gives it a private one.
+        private_tmp = any(item.startswith("tmp:private") for item in arm.sandbox.isolation()[0])
+        writable = [str(arm.sandbox.root), "/dev/null"] + (["/tmp"] if private_tmp else [])
+        guard = {**self.guard, "writable": writable}
+        worker = RpcWorker(
+            arm.sandbox, call_timeout_s=self.call_timeout_s, preload=self.preload, guard=guard
+        )
         self.workers.append(worker)
         return worker
 

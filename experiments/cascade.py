@@ -25,6 +25,7 @@ from infra_agent.experiments.arms import (
     load_harness,
     preload_modules,
     sandbox_spec,
+    worker_guard,
 )
 from infra_agent.experiments.measure import ArmError, ExperimentTimeout, decide, evidence, measure
 from infra_agent.experiments.verdict import (
@@ -114,7 +115,9 @@ class Experiment:
         self.flags: list[Flag] = []
         self.reasons: list[str] = []
         self.seeds = SeedSource()
-        self.arms = ArmSet(self.manifest.budget.call_timeout_s, preload_modules(task))
+        self.arms = ArmSet(
+            self.manifest.budget.call_timeout_s, preload_modules(task), worker_guard(task)
+        )
         self.deadline = time.monotonic() + self.manifest.budget.experiment_timeout_s
         self.log_tail = ""
 

@@ -2,17 +2,129 @@
 
 from __future__ import annotations
 
-import typer
+import signal
+from pathlib import Path
+from types import FrameType
 
-from infra_agent.errors import NotBuiltError
+import typer
+from infra_agent.errors import UserError
+from infra_agent.experiments.verdict import (
+    CorrectnessEvidence,
+    Evidence,
+    Flag,
+    SandboxEvidence,
+    Verdict,
+)
+from infra_agent.store.records import ExperimentRecord
+from pydantic import BaseModel, Field
+from rich.console import Console
+
+
+class PerformanceSummary(BaseModel):
+    metric: str
+    unit: str
+    higher_is_better: bool
+    baseline_median: float
+    candidate_median: float
+    speedup: float
+    """> 1 means the candidate is better."""
+    ci_low: float
+    ci_high: float
+    confidence: float = 0.95
+    n_samples: int
+    """Samples per arm."""
+
+
+class ExperimentReport(BaseModel):
+    """What `infra-agent experiment --json` prints: the verdict and the numbers behind it."""
+
+    experiment_id: str
+    task: str
+    patch_id: str
+    verdict: Verdict
+    reasons: list[str]
+    flags: list[Flag] = Field(default_factory=list)
+    correctness: CorrectnessEvidence | None = None
+    performance: PerformanceSummary | None = None
+    sandbox: SandboxEvidence | None = None
+    durations_s: dict[str, float] = Field(default_factory=dict)
+    evidence: Evidence
+
+    @classmethod
+    def of(cls, record: ExperimentRecord) -> ExperimentReport:
+        result, perf = record.result, record.result.evidence.performance
+        return cls(
+            experiment_id=record.id,
+            task=record.task,
+            patch_id=record.patch_id,
+            verdict=result.verdict,
+            reasons=result.reasons,
+            flags=result.flags,
+            correctness=result.evidence.correctness,
+            performance=None if perf is None else PerformanceSummary(**perf.model_dump()),
+            sandbox=result.evidence.sandbox,
+            durations_s=result.evidence.durations_s,
+            evidence=result.evidence,
+        )
+
+
+def parse_params(items: list[str]) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UserError(f"--param {item!r}: expected NAME=VALUE")
+        params[name.strip()] = value.strip()
+    return params
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def experiment(
         task: str = typer.Option(..., "--task", help="Task name or folder."),
-        patch: str = typer.Option(..., "--patch", help="Unified diff or knobs TOML."),
+        patch: Path = typer.Option(..., "--patch", help="Unified diff or knobs TOML."),
+        sandbox: str | None = typer.Option(
+            None, "--sandbox", help="Sandbox backend: local or docker (default: configured)."
+        ),
+        param: list[str] = typer.Option([], "--param", help="Task parameter NAME=VALUE (repeat)."),
+        author: str = typer.Option("human", "--author", help="Who proposed the patch."),
+        rationale: str = typer.Option("", "--rationale", help="Why the patch should help."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Verify a patch against its task's baseline and print the verdict with its evidence."""
-        raise NotBuiltError("infra-agent experiment (the verification core, issue 3)")
+        from infra_agent.context import current
+        from infra_agent.experiments.cascade import run_experiment
+        from infra_agent.output import emit, err_console
+        from infra_agent.tasks.patch import load_patch
+        from infra_agent.tasks.registry import find_task
+
+        settings = current().settings()
+        found = find_task(task)
+        loaded = load_patch(
+            patch, max_bytes=settings.sandbox.max_patch_bytes, author=author, rationale=rationale
+        )
+        params = parse_params(param)
+        backend = sandbox or settings.sandbox.backend
+        # SIGTERM/SIGHUP end the run through the same path as Ctrl-C: sandboxes are cleaned.
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, _interrupt)
+        store = current().store()
+        with err_console.status(f"experiment on {found.name}: starting") as status:
+
+            def progress(message: str) -> None:
+                status.update(f"experiment on {found.name}: {message}")
+
+            record = run_experiment(
+                found, loaded, sandbox=backend, params=params, store=store, progress=progress
+            )
+        report = ExperimentReport.of(record)
+
+        def render(console: Console) -> None:
+            console.print(record.result.render())
+            console.print(f"[dim]recorded as {record.id} ({record.duration_s:.1f} s)[/dim]")
+
+        emit(report, render, as_json=as_json)

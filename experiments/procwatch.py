@@ -52,6 +52,13 @@ def _cmdline(pid: int) -> str:
     return _read(PROC / str(pid) / "cmdline").replace("\0", " ")
 
 
+def thread_ids(pid: int) -> set[int]:
+    try:
+        return {int(t.name) for t in (PROC / str(pid) / "task").iterdir() if t.name.isdigit()}
+    except OSError:
+        return set()
+
+
 def thread_count(pid: int) -> int:
     for line in _read(PROC / str(pid) / "status").splitlines():
         if line.startswith("Threads:"):
@@ -73,6 +80,9 @@ class ProcessWatch:
         """How leftovers are found: 'pidns', 'tree' (process tree + session) or 'self-report'
         (the worker's own count: the harness cannot see it)."""
         self.warm_threads: int | None = None
+        self.warm_tids: set[int] | None = None
+        """Thread ids alive after warm-up (e.g. a compute pool): any other thread alive after a
+        call was started by the candidate after warm-up and outlived its call."""
         self.base_members: set[int] | None = None
         """Sandbox processes once the worker answered its first ping, before any candidate code
         ran: the only processes besides the worker allowed to exist afterwards."""
@@ -130,6 +140,7 @@ class ProcessWatch:
             return
         worker = self._worker(self.members())
         self.warm_threads = thread_count(worker) if worker is not None else None
+        self.warm_tids = thread_ids(worker) if worker is not None else None
 
     def problem(self, reported_threads: int = 0) -> str | None:
         """Why the sandbox is not back at its warm state after a call, or None."""
@@ -146,12 +157,12 @@ class ProcessWatch:
         if extra_procs:
             names = ", ".join(f"{p} ({_cmdline(p)[:60].strip()})" for p in extra_procs[:3])
             return f"candidate left {len(extra_procs)} child process(es) running: {names}"
-        if worker is not None and self.warm_threads is not None:
-            threads = thread_count(worker)
-            if threads > self.warm_threads:
+        if worker is not None and self.warm_tids is not None:
+            new = thread_ids(worker) - self.warm_tids
+            if new:
                 return (
-                    f"candidate left {threads - self.warm_threads} extra thread(s) running after "
-                    f"the call returned ({threads} threads, {self.warm_threads} after warm-up)"
+                    f"candidate left {len(new)} thread(s) running after the call returned "
+                    f"(started after warm-up; {len(self.warm_tids)} threads after warm-up)"
                 )
         return None
 

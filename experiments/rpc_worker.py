@@ -33,6 +33,8 @@ class _Blocker:
 
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:
+            if GUARD.active:
+                GUARD.violations.append(f"importing {name} (the package or the harness)")
             raise ImportError(f"{name} is not available to candidate code")
         return None
 
@@ -45,6 +47,66 @@ def _hide_package():
     for name in list(sys.modules):
         if name.split(".")[0] in BLOCKED:
             del sys.modules[name]
+
+
+AUDIT_EVENTS = {
+    "network": ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"),
+    "processes": ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+                  "os.fork", "os.forkpty", "os.kill", "os.killpg", "pty.spawn"),
+    "introspection": ("gc.get_objects", "gc.get_referrers", "gc.get_referents",
+                      "sys._current_frames", "sys.settrace", "sys.setprofile"),
+}  # fmt: skip
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+def _under(path, roots):
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+class Guard:
+    """Audit hook (cannot be removed once added): while candidate code runs, denied operations
+    raise PermissionError and are recorded, so the call is reported as a rule violation even if
+    the candidate swallows the exception. It backs up the static rules against obfuscation."""
+
+    def __init__(self):
+        self.active = False
+        self.events = {}
+        self.forbidden, self.exempt, self.writable = [], [], []
+        self.violations = []
+
+    def configure(self, config):
+        for group in config.get("deny", []):
+            for event in AUDIT_EVENTS.get(group, ()):
+                self.events[event] = group
+        self.forbidden = [os.path.realpath(p) for p in config.get("forbidden", [])]
+        self.exempt = [os.path.realpath(p) for p in config.get("exempt", [])]
+        self.writable = [os.path.realpath(p) for p in config.get("writable", [])]
+
+    def _deny(self, what):
+        self.violations.append(what)
+        raise PermissionError(f"infra-agent sandbox: {what} is not allowed")
+
+    def __call__(self, event, args):
+        if not self.active:
+            return
+        group = self.events.get(event)
+        if group is not None:
+            self._deny(f"{event} (rule group '{group}')")
+        if event == "open" and args and isinstance(args[0], (str, bytes)):
+            path = os.fsdecode(args[0])
+            path = os.path.realpath(path)
+            mode, flags = (
+                (args[1] if len(args) > 1 else "r") or "r",
+                args[2] if len(args) > 2 else 0,
+            )
+            writing = any(c in str(mode) for c in "wax+") or bool((flags or 0) & _WRITE_FLAGS)
+            if _under(path, self.forbidden) and not _under(path, self.exempt):
+                self._deny(f"opening {path} (the harness or the package)")
+            if writing and not _under(path, self.writable):
+                self._deny(f"writing {path} (outside the workspace)")
+
+
+GUARD = Guard()
 
 
 def _read_exact(stream, n):
@@ -117,6 +179,7 @@ def _resolve(value, arena):
 def _handle(request, arena):
     op = request["op"]
     if op == "ping":
+        GUARD.configure(request.get("guard", {}))
         for name in request.get("preload", []):
             importlib.import_module(name)  # e.g. torch, before any candidate code runs
         return {"value": "pong"}
@@ -134,10 +197,18 @@ def _handle(request, arena):
         return {"value": None}
     if op == "call":
         module_name, _, func_name = request["target"].partition(":")
-        func = getattr(importlib.import_module(module_name), func_name)
+        GUARD.active = True  # importing the candidate's module runs its code too
+        try:
+            func = getattr(importlib.import_module(module_name), func_name)
+        finally:
+            GUARD.active = False
         args = [_resolve(a, arena) for a in request.get("args", [])]
         kwargs = {k: _resolve(v, arena) for k, v in request.get("kwargs", {}).items()}
-        return {"value": func(*args, **kwargs)}
+        GUARD.active = True
+        try:
+            return {"value": func(*args, **kwargs)}
+        finally:
+            GUARD.active = False
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -150,6 +221,7 @@ def main():
     sys.stdout = sys.stderr
     sys.path.insert(0, os.getcwd())
     _hide_package()
+    sys.addaudithook(GUARD)
     arena = {}
     while True:
         header = _read_exact(proto_in, HEADER.size)
@@ -166,6 +238,9 @@ def main():
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             response = {"ok": False, "kind": "crash", "error": f"{type(exc).__name__}: {exc}"}
             response["traceback"] = text[-4000:]
+        if GUARD.violations:
+            response = {"ok": False, "kind": "violation", "error": "; ".join(GUARD.violations[:3])}
+            GUARD.violations.clear()
         response["nonce"] = request["nonce"]
         response["threads"], response["children"] = _self_report()
         try:

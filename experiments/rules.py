@@ -27,6 +27,8 @@ GROUPS = {
     "dynamic": "dynamic code (eval, exec, compile, __import__, importlib, pickle)",
 }
 ALWAYS_ENFORCED = frozenset({"harness", "timers"})
+AUDITED_GROUPS = frozenset({"network", "processes", "introspection"})
+"""Groups the RPC worker's audit hook also enforces at run time (see rpc_worker.Guard)."""
 ALIASES = {
     "threading": "threads",
     "network": "network",

@@ -91,9 +91,12 @@ class RpcWorker:
         python: str | None = None,
         call_timeout_s: float = 60.0,
         preload: list[str] | None = None,
+        guard: dict[str, list[str]] | None = None,
     ) -> None:
         """Start the worker; `preload` names modules imported before any candidate code runs
-        (e.g. torch, so its import time is not charged to the first call)."""
+        (e.g. torch, so its import time is not charged to the first call); `guard` configures the
+        worker's audit hook: {"deny": rule groups, "forbidden": paths never opened, "exempt":
+        paths inside those that may be, "writable": the only folders written}."""
         self.sandbox = sandbox
         self.call_timeout_s = call_timeout_s
         sandbox.write_file(WORKER_FILE, WORKER_SOURCE.read_bytes())
@@ -104,7 +107,10 @@ class RpcWorker:
         self._reader.start()
         self.dead: str | None = None
         self.watch = ProcessWatch(self.process.pid, WORKER_FILE)
-        pong = self._request({"op": "ping", "preload": preload or []}, timeout_s=STARTUP_TIMEOUT_S)
+        pong = self._request(
+            {"op": "ping", "preload": preload or [], "guard": guard or {}},
+            timeout_s=STARTUP_TIMEOUT_S,
+        )
         self.watch.started()
         self._last_threads = int(pong.get("threads", 0) or 0)
 
@@ -178,6 +184,8 @@ class RpcWorker:
             tail = str(response.get("traceback", ""))[-2000:] or self.log_tail()
             if kind == "memory":
                 raise self._fail(f"candidate ran out of memory ({message})", "memory")
+            if kind == "violation":
+                raise self._fail(f"candidate attempted {message}", "violation")
             raise CandidateFailure(f"candidate raised {message}", kind=kind, log_tail=tail)
         return response
 
