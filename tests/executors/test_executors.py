@@ -1,0 +1,120 @@
+"""Executors: local and Ray give the same verdicts on a bundled CPU task; faults become FAILED
+records with their cause (a hang past the timeout, a worker killed mid-batch is retried once)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from infra_agent.experiments.executors import (
+    ExperimentRequest,
+    create_executor,
+    run_batch,
+)
+from infra_agent.experiments.verdict import Verdict
+from infra_agent.tasks.patch import load_patch, parse_diff
+from infra_agent.tasks.registry import find_task
+
+TASK = "example-matmul"
+
+
+def _requests() -> list[ExperimentRequest]:
+    task = find_task(TASK)
+    assert task.reference_patch is not None
+    reference = load_patch(task.reference_patch)
+    return [
+        ExperimentRequest(id="reference", task=TASK, patch=reference, seed=1),
+        ExperimentRequest(id="reference-again", task=TASK, patch=reference, seed=2),
+    ]
+
+
+def _hang_request(timeout_s: float) -> ExperimentRequest:
+    """A candidate that never returns: the executor's timeout (not the task's) must end it."""
+    task = find_task(TASK)
+    first = (task.workspace / "projection.py").read_text().splitlines()[:3]
+    diff = (
+        "--- a/projection.py\n+++ b/projection.py\n@@ -1,3 +1,4 @@\n+while True: pass\n"
+        + "".join(f" {line}\n" for line in first)
+    )
+    return ExperimentRequest(id="hang", task=TASK, patch=parse_diff(diff), timeout_s=timeout_s)
+
+
+def test_local_executor_verdicts_and_timeout() -> None:
+    executor = create_executor("local", parallel=1)
+    outcomes = run_batch(executor, [_requests()[0], _hang_request(timeout_s=8)])
+    by_id = {o.request_id: o for o in outcomes}
+    assert by_id["reference"].record.result.verdict == Verdict.IMPROVED
+    hang = by_id["hang"].record.result
+    assert hang.verdict == Verdict.FAILED
+    assert hang.verdict != Verdict.IMPROVED
+    assert by_id["reference"].record.result.evidence.extra["node"]
+    assert 0 <= by_id["reference"].overhead_s < by_id["reference"].wall_s
+
+
+def test_local_executor_parallel_uses_disjoint_cpu_sets() -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    executor = create_executor("local", parallel=2)
+    outcomes = run_batch(executor, _requests())
+    cpu_sets = [tuple(o.record.result.evidence.extra["cpus"]) for o in outcomes]  # type: ignore[arg-type]
+    assert len(set(cpu_sets)) == 2 and not set(cpu_sets[0]) & set(cpu_sets[1])
+    assert all(o.record.result.verdict == Verdict.IMPROVED for o in outcomes)
+
+
+def test_unknown_executor_is_a_clear_error() -> None:
+    from infra_agent.errors import UserError
+
+    with pytest.raises(UserError, match="unknown executor 'slurm'"):
+        create_executor("slurm")
+
+
+@pytest.fixture(scope="module")
+def ray_executor(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    pytest.importorskip("ray")
+    temp = Path(tmp_path_factory.mktemp("ray"))
+    executor = create_executor("ray", num_cpus=2, temp_dir=temp)
+    yield executor
+    executor.shutdown()
+
+
+def test_ray_executor_matches_local_verdicts(ray_executor) -> None:  # type: ignore[no-untyped-def]
+    outcomes = run_batch(ray_executor, [_requests()[0], _hang_request(timeout_s=25)])
+    by_id = {o.request_id: o for o in outcomes}
+    assert by_id["reference"].record.result.verdict == Verdict.IMPROVED
+    assert by_id["hang"].record.result.verdict == Verdict.FAILED
+    assert "timed out" in by_id["hang"].record.result.reasons[0]
+    # Baseline and candidate are arms of one task, so one node ran both.
+    assert by_id["reference"].node == by_id["reference"].record.result.evidence.extra["node"]
+
+
+def test_ray_executor_survives_a_worker_killed_mid_batch(ray_executor) -> None:  # type: ignore[no-untyped-def]
+    requests = _requests()[:1]
+    attempts_dir = ray_executor._attempts_dir
+    killed: list[int] = []
+
+    def kill_first_worker() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            for marker in attempts_dir.glob("reference.*") if attempts_dir.is_dir() else []:
+                pid = int(marker.name.split(".")[1])
+                time.sleep(1.0)  # let it get into the experiment
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.1)
+
+    for marker in attempts_dir.glob("*") if attempts_dir.is_dir() else []:
+        marker.unlink()
+    killer = threading.Thread(target=kill_first_worker, daemon=True)
+    killer.start()
+    outcomes = run_batch(ray_executor, requests)
+    killer.join(timeout=5)
+    assert killed, "the test never found the worker to kill"
+    by_id = {o.request_id: o for o in outcomes}
+    retried = by_id["reference"]
+    assert retried.attempts == 2
+    assert retried.record.result.verdict == Verdict.IMPROVED  # the retry ran the real experiment
