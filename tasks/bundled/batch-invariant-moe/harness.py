@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 FLOAT32_FLOOR = 1e-6
@@ -51,7 +50,9 @@ def float64_moe(x: torch.Tensor, weights: tuple[torch.Tensor, ...], top_k: int) 
 class TaskHarness(Harness):
     def prepare(self, arm: Arm) -> None:
         self.weights = make_weights(self.params)
-        arm.worker.call("moe_server:load_weights", *self.weights, self.params["top_k"], timeout_s=60)
+        arm.worker.call(
+            "moe_server:load_weights", *self.weights, self.params["top_k"], timeout_s=60
+        )
 
     def batches(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Each probe request alone, then the first B requests for every batch size B > 1."""
@@ -67,14 +68,18 @@ class TaskHarness(Harness):
         outs, seconds = result if timed else (result, 0.0)
         if not isinstance(outs, list) or len(outs) != len(batches):
             raise IncorrectOutput(f"expected {len(batches)} outputs, got {type(outs).__name__}")
-        for b, y in zip(batches, outs):
+        for b, y in zip(batches, outs, strict=False):
             if not isinstance(y, torch.Tensor) or y.shape != b.shape or y.dtype != torch.float32:
-                raise IncorrectOutput(f"expected float32 {tuple(b.shape)}, got {getattr(y, 'shape', y)!r}")
+                raise IncorrectOutput(
+                    f"expected float32 {tuple(b.shape)}, got {getattr(y, 'shape', y)!r}"
+                )
         probes = self.params["probes"]
         alone = torch.cat(outs[:probes])
         scale = float(alone.abs().max().clamp_min(1e-30))
         gaps = {1: 0.0}
-        for b, y in zip([b for b in self.params["batch_sizes"] if b > 1], outs[probes:]):
+        for b, y in zip(
+            [b for b in self.params["batch_sizes"] if b > 1], outs[probes:], strict=False
+        ):
             gaps[b] = float((y[:probes] - alone).abs().max()) / scale
         ref = float64_moe(x, self.weights, self.params["top_k"])
         err = float((outs[-1].double() - ref).abs().max() / ref.abs().max())
@@ -105,12 +110,39 @@ class TaskHarness(Harness):
             "err_vs_f64": err,
         }
 
-    def stage_paths(self, arm: Arm, seed: int) -> dict[str, Any]:
-        """Every stage for the probe requests run alone and inside the largest batch (diagnose)."""
-        x = make_requests(self.params, seed)
+    def diagnose(self, arm: Arm) -> Any:
+        """The same requests alone and inside the largest batch, stage by stage; gap by batch size."""
+        from infra_agent.feedback.accuracy import compare_paths
+        from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
+
+        x = make_requests(self.params, DIAGNOSE_SEED)
         probes = self.params["probes"]
         alone = [arm.worker.call("moe_server:forward_stages", x[i : i + 1]) for i in range(probes)]
         batched = arm.worker.call("moe_server:forward_stages", x)
         solo = {name: torch.cat([a[name] for a in alone]) for name in alone[0]}
         together = {name: t[:probes] for name, t in batched.items()}
-        return {"alone": solo, "batched": together, "batch_size": x.shape[0]}
+        report = compare_paths(solo, together)
+        gaps, err, _ = self._run(arm, DIAGNOSE_SEED, timed=False)
+        first = report.first_divergence
+        largest = max(gaps)
+        per_stage = [
+            f"{p.name}: rel diff {p.diff.rel_diff:.2e}, max abs {p.diff.max_abs:.3g}, "
+            f"{p.diff.violations}/{p.diff.numel} outside float32 tolerance"
+            for p in report.probes
+        ]
+        return Diagnosis(
+            reproduced=gaps[largest] > FLOAT32_FLOOR,
+            symptom=f"same request differs by {gaps[largest]:.3g} (relative) between batch size 1 "
+            f"and {largest}; gap by batch size: "
+            + ", ".join(f"B={b}: {g:.3g}" for b, g in gaps.items()),
+            measured={f"batch_gap_B{b}": g for b, g in gaps.items()} | {"err_vs_f64": err},
+            localization=Localization(
+                stage=first,
+                function="moe.py:MoELayer.forward" if first else None,
+                detail=f"paths 'alone' and 'batched (B={x.shape[0]})' agree up to the stage before "
+                f"{first}; the divergence starts there",
+            ),
+            divergence_point=first,
+            evidence=[report.render().splitlines()[0], *per_stage],
+            instruments=["accuracy.compare_paths"],
+        )

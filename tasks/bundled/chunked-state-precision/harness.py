@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 SANITY_REL_ERR = 1e-2
@@ -65,15 +64,24 @@ class TaskHarness(Harness):
         inputs = [make_inputs(self.params, n, seed) for n in lengths]
         call = arm.worker.timed_call if timed else arm.worker.call
         result = call(
-            "linear_attention:run_lengths", inputs, chunk_size=self.params["chunk_size"], timeout_s=120
+            "linear_attention:run_lengths",
+            inputs,
+            chunk_size=self.params["chunk_size"],
+            timeout_s=120,
         )
         outs, seconds = result if timed else (result, 0.0)
         if not isinstance(outs, list) or len(outs) != len(lengths):
             raise IncorrectOutput(f"expected {len(lengths)} outputs, got {type(outs).__name__}")
         errors = []
-        for (q, k, v), out in zip(inputs, outs):
-            if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != torch.float32:
-                raise IncorrectOutput(f"expected float32 {tuple(q.shape)}, got {getattr(out, 'shape', out)!r}")
+        for (q, k, v), out in zip(inputs, outs, strict=False):
+            if (
+                not isinstance(out, torch.Tensor)
+                or out.shape != q.shape
+                or out.dtype != torch.float32
+            ):
+                raise IncorrectOutput(
+                    f"expected float32 {tuple(q.shape)}, got {getattr(out, 'shape', out)!r}"
+                )
             errors.append(relative_error(out, float64_reference(q, k, v)))
         return errors, seconds
 
@@ -84,13 +92,17 @@ class TaskHarness(Harness):
             return CheckResult(passed=False, detail=str(exc))
         worst = max(errors)
         ok = worst <= SANITY_REL_ERR
-        by_length = ", ".join(f"T={n}: {e:.3g}" for n, e in zip(self.params["lengths"], errors))
+        by_length = ", ".join(
+            f"T={n}: {e:.3g}" for n, e in zip(self.params["lengths"], errors, strict=False)
+        )
         return CheckResult(
             passed=ok,
             max_rel_err=worst,
             err_vs_f64=errors[-1],
             tolerance=f"relative error vs float64 <= {SANITY_REL_ERR:g} (sanity bound)",
-            detail=f"relative error vs float64 by length: {by_length}" if ok else f"wrong output: {by_length}",
+            detail=f"relative error vs float64 by length: {by_length}"
+            if ok
+            else f"wrong output: {by_length}",
         )
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
@@ -99,11 +111,60 @@ class TaskHarness(Harness):
             raise IncorrectOutput(f"relative error {max(errors):.3g} vs float64 is not an output")
         return {"rel_err": errors[-1], "time_ms": 1e3 * seconds}
 
-    def stage_errors(self, arm: Arm, seed: int) -> dict[str, Any]:
-        """Per-stage error vs float64 and error growth with length (used by `diagnose`)."""
+    def diagnose(self, arm: Arm) -> Any:
+        """Per-stage error against float64 (first divergence) and error growth with length."""
+        from infra_agent.feedback.accuracy import compare_paths, error_sweep
+        from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
+
         chunk = self.params["chunk_size"]
-        q, k, v = make_inputs(self.params, max(self.params["lengths"]), seed)
+        lengths = list(self.params["lengths"])
+        q, k, v = make_inputs(self.params, lengths[-1], DIAGNOSE_SEED)
         stages = arm.worker.call(
-            "linear_attention:chunked_linear_attention", q, k, v, chunk_size=chunk, return_stages=True
+            "linear_attention:chunked_linear_attention",
+            q,
+            k,
+            v,
+            chunk_size=chunk,
+            return_stages=True,
         )
-        return {"stages": stages, "reference": reference_stages(q, k, v, chunk)}
+        reference = reference_stages(q, k, v, chunk)
+        # Path A: the float64 path; path B: the workspace (float32) path.
+        report = compare_paths(reference, stages, reference=reference)
+
+        scale: dict[int, float] = {}
+
+        def run(length: int) -> tuple[torch.Tensor, torch.Tensor]:
+            qn, kn, vn = make_inputs(self.params, length, DIAGNOSE_SEED)
+            out = arm.worker.call("linear_attention:run_lengths", [(qn, kn, vn)], chunk_size=chunk)[
+                0
+            ]
+            ref = float64_reference(qn, kn, vn)
+            scale[length] = float(ref.abs().max())
+            return out, ref
+
+        sweep = error_sweep(run, lengths)
+        errors = {p.size: p.max_abs / scale[p.size] for p in sweep.points}
+        first = report.first_divergence
+        threshold = self.params["fixed_threshold"]
+        per_stage = [
+            f"{p.name}: rel diff {p.diff.rel_diff:.2e}, max abs {p.diff.max_abs:.3g}, "
+            f"{p.diff.violations}/{p.diff.numel} outside float32 tolerance"
+            for p in report.probes
+        ]
+        return Diagnosis(
+            reproduced=errors[lengths[-1]] > threshold,
+            symptom=f"relative error vs float64 {errors[lengths[-1]]:.3g} at T={lengths[-1]} "
+            f"(threshold {threshold:g}), growing with length (log-log slope "
+            f"{sweep.slope_max_abs:.2f}, {sweep.growth})",
+            measured={f"rel_err_T{n}": e for n, e in errors.items()}
+            | {"loglog_slope": sweep.slope_max_abs},
+            localization=Localization(
+                stage=first,
+                function="linear_attention.py:_" + first if first else None,
+                detail="the first stage whose output leaves float32 tolerance against float64; "
+                "every stage before it matches",
+            ),
+            divergence_point=first,
+            evidence=[report.render().splitlines()[0], *per_stage, sweep.render().splitlines()[-1]],
+            instruments=["accuracy.compare_paths", "accuracy.error_sweep"],
+        )

@@ -7,7 +7,6 @@ import math
 from typing import Any
 
 import torch
-
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 BENCH_SEED = 0x5EED_D1

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 
@@ -35,7 +34,9 @@ class TaskHarness(Harness):
         if not isinstance(received, torch.Tensor) or received.shape != kv.shape:
             return f"expected the received KV {tuple(kv.shape)}, got {getattr(received, 'shape', received)!r}"
         bad = int((received != kv).any(dim=-1).sum())
-        return f"{bad} of {kv.shape[0] * kv.shape[1]} KV chunks did not arrive intact" if bad else None
+        return (
+            f"{bad} of {kv.shape[0] * kv.shape[1]} KV chunks did not arrive intact" if bad else None
+        )
 
     def check(self, arm: Arm, seed: int) -> CheckResult:
         kv = make_kv(self.params, seed)

@@ -9,7 +9,6 @@ import random
 from typing import Any
 
 import torch
-
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 LOAD_KEYS = (
@@ -58,11 +57,17 @@ class TaskHarness(Harness):
         load = {key: self.params[key] for key in LOAD_KEYS} | overrides
         prompts = make_prompts(n, seed)
         result, seconds = arm.worker.timed_call(
-            "serve:run_load", prompts, seed=seed, timeout_s=self.manifest.budget.call_timeout_s, **load
+            "serve:run_load",
+            prompts,
+            seed=seed,
+            timeout_s=self.manifest.budget.call_timeout_s,
+            **load,
         )
         outputs = result.get("outputs") if isinstance(result, dict) else None
         if not isinstance(outputs, torch.Tensor) or outputs.shape != (n,):
-            raise IncorrectOutput(f"expected {n} request outputs, got {getattr(outputs, 'shape', outputs)!r}")
+            raise IncorrectOutput(
+                f"expected {n} request outputs, got {getattr(outputs, 'shape', outputs)!r}"
+            )
         wrong = outputs != expected_outputs(prompts, load["pages"], load["slot_elems"])
         return {
             "requests": n,

@@ -9,7 +9,6 @@ import random
 from typing import Any
 
 import torch
-
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 LOAD_KEYS = (
@@ -87,11 +86,17 @@ class TaskHarness(Harness):
         load = {key: self.params[key] for key in LOAD_KEYS} | overrides
         prompts = make_prompts(n, seed)
         result, seconds = arm.worker.timed_call(
-            "serve:run_load", prompts, seed=seed, timeout_s=self.manifest.budget.call_timeout_s, **load
+            "serve:run_load",
+            prompts,
+            seed=seed,
+            timeout_s=self.manifest.budget.call_timeout_s,
+            **load,
         )
         outputs = result.get("outputs") if isinstance(result, dict) else None
         if not isinstance(outputs, torch.Tensor) or outputs.shape != (n,):
-            raise IncorrectOutput(f"expected {n} request outputs, got {getattr(outputs, 'shape', outputs)!r}")
+            raise IncorrectOutput(
+                f"expected {n} request outputs, got {getattr(outputs, 'shape', outputs)!r}"
+            )
         expected = expected_outputs(prompts, load["layers"], load["page_elems"], load["topk"])
         wrong = outputs != expected
         spans = result.get("spans") or []
@@ -112,7 +117,9 @@ class TaskHarness(Harness):
         return CheckResult(
             passed=ok,
             tolerance="exact: every request's output from its own KV",
-            detail=None if ok else f"{found['read_before_ready']} of {n} outputs wrong without overlap",
+            detail=None
+            if ok
+            else f"{found['read_before_ready']} of {n} outputs wrong without overlap",
         )
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
