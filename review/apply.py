@@ -17,11 +17,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from infra_agent.config import default_data_dir
 from infra_agent.errors import UserError
 from infra_agent.review.queue import get_proposal, resolve_task

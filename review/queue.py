@@ -18,8 +18,6 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import BaseModel
-
 from infra_agent.errors import NotBuiltError, UserError
 from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
 from infra_agent.store.base import RunStore
@@ -32,6 +30,7 @@ from infra_agent.store.records import (
     ProposalStatus,
     RiskLevel,
 )
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from infra_agent.tasks.manifest import Task

@@ -29,16 +29,15 @@ Auto-approval also needs the experiment's verdict IMPROVED and none of the flags
 from __future__ import annotations
 
 import re
-import tomllib
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
+import tomllib
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.store.records import PatchKind, PatchRecord, RiskLevel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default_policy.toml")
 

@@ -24,7 +24,6 @@ from fastapi import FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-
 from infra_agent.errors import UserError
 from infra_agent.review.apply import after_decision, apply_approved
 from infra_agent.review.queue import ReviewConflict, StaleProposal, decide, list_queue, reverify
@@ -369,8 +368,9 @@ def serve(server: ReviewServer, sock: socket.socket, *, announce: Callable[[int]
     import uvicorn
 
     config = uvicorn.Config(
-        create_app(server), log_level="warning", access_log=False, lifespan="off"
-    )
+        create_app(server), log_level="warning", access_log=False, lifespan="off",
+        timeout_graceful_shutdown=3,
+    )  # fmt: skip
     uv = uvicorn.Server(config)
     announce(sock.getsockname()[1])
     sys.stdout.flush()

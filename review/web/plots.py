@@ -11,7 +11,7 @@ import math
 from html import escape
 
 WIDTH, HEIGHT = 560, 220
-LEFT, RIGHT, TOP, BOTTOM = 56, 12, 14, 34
+LEFT, RIGHT, TOP, BOTTOM = 68, 12, 24, 34
 COLORS = {"baseline": "#4878a8", "candidate": "#d9822b"}
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import random
 import subprocess
 import textwrap
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-
 from infra_agent.experiments.verdict import (
     CorrectnessEvidence,
     Evidence,

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import tomllib
-
 import pytest
-
+import tomllib
 from infra_agent.errors import UserError
-from infra_agent.review.apply import after_decision, apply_approved
+from infra_agent.review.apply import apply_approved
 from infra_agent.review.queue import decide, submit_proposal
-from infra_agent.store.records import DecisionAction, ProposalStatus, RunRecord, RunStatus
+from infra_agent.store.records import DecisionAction, ProposalStatus
 
 
 def _approved(store, task, kit, patch=None, run_id=None):
@@ -79,43 +77,3 @@ def test_knobs_merge_into_argument_file(store, task, kit, tmp_path) -> None:
     assert proposal.status == ProposalStatus.APPROVED  # auto-approved by the default policy
     apply_approved(store, proposal.id, reviewer="policy", args_file=args)
     assert tomllib.loads(args.read_text()) == {"server_args": {"device": "cpu", "max_batch": 32}}
-
-
-def test_waiting_run_without_runner_records_pending_resumption(
-    store, task, kit, tmp_path, monkeypatch
-) -> None:
-    import infra_agent.review.apply as apply_mod
-
-    monkeypatch.setattr(apply_mod, "_load_resumer", lambda: None)
-    run = RunRecord(
-        task=task.name, objective="latency", policy="scripted", status=RunStatus.WAITING_REVIEW
-    )
-    store.put_run(run)
-    proposal = _approved(store, task, kit, run_id=run.id)
-    after = after_decision(
-        store, tmp_path / "runs.db", proposal.id, reviewer="ana", data_dir=tmp_path / "d"
-    )
-    assert after.status == ProposalStatus.APPROVED  # the run, not the queue, carries it on
-    assert after.resumption.startswith("pending: the agent runner")
-
-
-def test_waiting_run_is_resumed_through_the_runner(store, task, kit, tmp_path, monkeypatch) -> None:
-    import infra_agent.review.apply as apply_mod
-
-    calls = []
-
-    def fake_resume(path, run_id):  # records the call; the real runner is tested by the agent
-        calls.append((path, run_id))
-        run = store.get_run(run_id)
-        run.status = RunStatus.FINISHED
-        store.put_run(run)
-
-    monkeypatch.setattr(apply_mod, "_load_resumer", lambda: fake_resume)
-    run = RunRecord(
-        task=task.name, objective="latency", policy="scripted", status=RunStatus.WAITING_REVIEW
-    )
-    store.put_run(run)
-    proposal = _approved(store, task, kit, run_id=run.id)
-    after = after_decision(store, tmp_path / "runs.db", proposal.id, reviewer="ana")
-    assert calls == [(tmp_path / "runs.db", run.id)]
-    assert after.resumption == "resumed (run now finished)"

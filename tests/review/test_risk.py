@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.review.queue import submit_proposal

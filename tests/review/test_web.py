@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -20,7 +21,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from infra_agent.review.queue import review_outcome, submit_proposal
 from infra_agent.store import open_store
 from infra_agent.store.records import (
@@ -184,13 +184,24 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
     propose("race", kit.SCHED_DIFF.replace("Slicing", "Slice it"), run_id=None, speedup=1.02)
     propose("refusals", kit.SCHED_DIFF.replace("Slicing", "Cut"), run_id=None, speedup=1.01)
 
-    stale_task = kit.make_task(root / "stale-task")
-    propose(
-        "stale", kit.SCHED_DIFF.replace("Slicing", "Slice"), run_id=None, speedup=1.4, on=stale_task
-    )
-    (stale_task.workspace / "scheduler.py").write_text(
-        "# upstream edit\n" + (stale_task.workspace / "scheduler.py").read_text()
-    )
+    # A copy of the bundled example task with a small measuring budget: its evidence goes stale
+    # when its workspace changes upstream, and re-verification runs a real experiment on it.
+    from infra_agent.tasks.manifest import load_task
+    from infra_agent.tasks.registry import find_task
+
+    matmul = find_task("example-matmul")
+    shutil.copytree(matmul.root, root / "matmul-copy")
+    toml = (root / "matmul-copy" / "task.toml").read_text()
+    toml = toml.replace('name = "example-matmul"', 'name = "matmul-copy"')
+    toml = re.sub(r"min_samples = \d+", "min_samples = 4", toml)
+    toml = re.sub(r"max_samples = \d+", "max_samples = 6", toml)
+    toml = re.sub(r"measure_budget_s = [\d.]+", "measure_budget_s = 2.0", toml)
+    (root / "matmul-copy" / "task.toml").write_text(toml)
+    stale_task = load_task(root / "matmul-copy")
+    reference = matmul.reference_patch.read_text()  # type: ignore[union-attr]
+    propose("stale", reference, run_id=None, speedup=1.4, on=stale_task)
+    projection = stale_task.workspace / "projection.py"
+    projection.write_text("# upstream: reviewed 2026-11\n" + projection.read_text())
 
     propose("malformed", kit.SCHED_DIFF.replace("Slicing", "Sliced"), run_id=None, speedup=1.01)
     bad_exp = store.get_proposal(ids["malformed"]).experiment_ids[0]
@@ -253,6 +264,10 @@ def _start(root: Path, kit: SimpleNamespace) -> Iterator[Served]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        # Ctrl-C stops the server cleanly (exit 0), leaving nothing of its process group behind.
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        with pytest.raises(ProcessLookupError):
+            os.killpg(proc.pid, 0)
 
 
 @pytest.fixture(scope="module")
@@ -326,6 +341,9 @@ def _no_horizontal_scroll(page) -> None:  # type: ignore[no-untyped-def]
 
 def test_queue_then_proposal_evidence_then_approve_applies(page, server: Served) -> None:  # type: ignore[no-untyped-def]
     assert page.url == f"{server.base}/proposals"  # token dropped from the URL after login
+    _no_horizontal_scroll(page)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "queue.png"), full_page=True)
     rows = page.locator("table.queue tbody tr")
     ids = [rows.nth(i).get_attribute("data-proposal") for i in range(rows.count())]
     assert ids[0] == server.ids["stale"] and ids.index(server.ids["main"]) < ids.index(
@@ -391,7 +409,7 @@ def test_reject_and_request_changes(page, server: Served) -> None:  # type: igno
     store.close()
 
 
-def test_stale_proposal_cannot_be_approved(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+def test_stale_proposal_refused_until_reverified(page, server: Served) -> None:  # type: ignore[no-untyped-def]
     page.goto(f"{server.base}/proposals/{server.ids['stale']}")
     assert "target changed" in page.inner_text("#stale")
     page.click("#approve")
@@ -401,6 +419,19 @@ def test_stale_proposal_cannot_be_approved(page, server: Served) -> None:  # typ
     )
     assert _status(server, "stale") == ProposalStatus.PENDING
     assert _decisions(server, "stale") == []
+
+    page.click("#reverify")  # a real experiment on the changed target, in the server's background
+    page.wait_for_selector("#job")
+    page.wait_for_function(
+        "() => { const j = document.getElementById('job'); return j && j.dataset.state !== 'running'; }",
+        timeout=180_000,
+    )
+    assert page.get_attribute("#job", "data-state") == "done", page.inner_text("#job")
+    assert page.locator("#stale").count() == 0
+    assert "Earlier experiments" in page.inner_text("main")
+    page.click("#approve")
+    page.wait_for_selector("#applied")
+    assert [d.action.value for d in _decisions(server, "stale")] == ["reverify", "approve", "apply"]
 
 
 def test_malformed_evidence_renders_raw(page, server: Served) -> None:  # type: ignore[no-untyped-def]
