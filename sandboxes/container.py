@@ -29,7 +29,7 @@ from typing import Any
 
 from infra_agent.sandboxes import cleanup, confinement, processes
 from infra_agent.sandboxes.base import ExecResult, Sandbox, SandboxProcess, SandboxSpec
-from infra_agent.sandboxes.docker_engine import LABEL, default_image
+from infra_agent.sandboxes.docker_engine import LABEL, OWNER_LABEL, default_image
 from infra_agent.sandboxes.environment import scrubbed_environment
 from infra_agent.sandboxes.local import MAX_OUTPUT_BYTES, _signed
 from infra_agent.sandboxes.workspace import PrivateCopy
@@ -70,6 +70,7 @@ class DockerSandbox(Sandbox):
         self._client = docker.from_env(timeout=60)
         self.uid = confinement.allocate_uid() or os.geteuid()
         self.user = f"{self.uid}:{self.uid}"
+        _remove_orphans(self._client)
         self._copy = PrivateCopy(workspace.resolve(), owner_uid=self.uid)
         cleanup.register(self)
         try:
@@ -223,32 +224,33 @@ class DockerSandbox(Sandbox):
         import docker
 
         s = self.spec
-        volumes: dict[str, dict[str, str]] = {}
+        Mount = docker.types.Mount
+        mounts: list[Any] = []
         readonly = ["/usr", *confinement.ETC_FILES, *map(str, confinement.python_paths())]
-        for path in [*readonly, *map(str, s.readonly_paths)]:
+        for path in dict.fromkeys([*readonly, *map(str, s.readonly_paths)]):
             if os.path.exists(path) and not os.path.islink(path):
-                volumes[path] = {"bind": path, "mode": "ro"}
-        volumes[str(self.root)] = {"bind": str(self.root), "mode": "rw"}
+                mounts.append(Mount(path, path, type="bind", read_only=True))
+        mounts.append(Mount(str(self.root), str(self.root), type="bind", read_only=False))
         tmpfs = {"/tmp": f"size={s.file_size_mb}m,mode=1777"}
-        mounted = [Path(p) for p in volumes]
+        mounted = [Path(m["Target"]) for m in mounts]
         for path in self._hidden:
             if not any(path.is_relative_to(m) for m in mounted):
                 continue  # never mounted, so already invisible
             if path.is_dir():
                 tmpfs[str(path)] = "size=1m,mode=0755"
             elif path.exists():
-                volumes["/dev/null"] = {"bind": str(path), "mode": "ro"}
+                mounts.append(Mount(str(path), "/dev/null", type="bind", read_only=True))
         mib = 1024 * 1024
         config: dict[str, Any] = dict(
             image=s.image or default_image(),
             command=["/bin/busybox", "sleep", "2147483647"],
             detach=True,
             init=True,
-            labels={LABEL: self.id},
+            labels={LABEL: self.id, OWNER_LABEL: _owner()},
             network_mode="host" if s.network else "none",
             read_only=True,
             tmpfs=tmpfs,
-            volumes=volumes,
+            mounts=mounts,
             user=self.user,
             working_dir=str(self.root),
             cap_drop=["ALL"],
@@ -335,6 +337,35 @@ class DockerSandbox(Sandbox):
         except Exception:
             return 0
         return 0
+
+
+def _owner() -> str:
+    """'<boot id>/<pid>' of this process: a container whose owner is gone is an orphan."""
+    return f"{_boot_id()}/{os.getpid()}"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _remove_orphans(client: Any) -> int:
+    """Remove sandbox containers whose owning process (on this machine) died without cleanup,
+    e.g. by SIGKILL, which no handler can see."""
+    removed = 0
+    boot = _boot_id()
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        owner = container.labels.get(OWNER_LABEL, "")
+        owner_boot, _, pid = owner.partition("/")
+        if owner_boot == boot and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            try:
+                container.remove(force=True)
+                removed += 1
+            except Exception:  # another process removed it first
+                pass
+    return removed
 
 
 class ExecHandle:

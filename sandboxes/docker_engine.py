@@ -29,6 +29,8 @@ from infra_agent.sandboxes import cleanup, processes
 
 LABEL = "infra-agent.sandbox"
 """Label on every sandbox container (value: the sandbox id)."""
+OWNER_LABEL = "infra-agent.owner"
+"""Label naming the process that owns a sandbox container ('<boot id>/<pid>')."""
 START_TIMEOUT_S = 60.0
 _PR_SET_PDEATHSIG = 1
 _MAX_SOCKET_PATH = 90  # unix socket paths must stay under 108 bytes, containerd's included

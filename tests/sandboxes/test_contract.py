@@ -128,16 +128,25 @@ def test_hidden_paths_are_invisible(make_sandbox, workspace: Path, tmp_path: Pat
     shared = tmp_path / "shared"
     (shared / "harness").mkdir(parents=True)
     (shared / "harness" / "reference.py").write_text("ANSWER = 42\n")
+    (shared / "answers.txt").write_text("expected 43\n")
     (shared / "model.txt").write_text("weights\n")
     (workspace / "expected_output.txt").write_text("secret\n")
     sb = make_sandbox(
         readonly_paths=[shared],
-        hidden_paths=[shared / "harness", workspace / "expected_output.txt"],
+        hidden_paths=[
+            shared / "harness",
+            shared / "answers.txt",
+            workspace / "expected_output.txt",
+            tmp_path / "never-mounted",
+        ],
     )
-    r = sb.exec(["sh", "-c", f"cat {shared}/model.txt; cat {shared}/harness/reference.py; "
-                 "cat expected_output.txt; ls"], timeout_s=30)  # fmt: skip
+    script = (
+        f"cat {shared}/model.txt; cat {shared}/harness/reference.py; cat {shared}/answers.txt; "
+        "cat expected_output.txt; ls"
+    )
+    r = sb.exec(["sh", "-c", script], timeout_s=30)
     assert "weights" in r.stdout
-    assert "ANSWER" not in r.stdout and "secret" not in r.stdout
+    assert "ANSWER" not in r.stdout and "expected 43" not in r.stdout and "secret" not in r.stdout
     assert not (sb.root / "expected_output.txt").exists()
     assert (workspace / "expected_output.txt").exists()  # the source is untouched
 
@@ -284,3 +293,37 @@ def test_interrupted_process_leaves_nothing_behind(
         from infra_agent.sandboxes.docker_engine import LABEL
 
         assert docker.from_env().containers.list(all=True, filters={"label": LABEL}) == []
+
+
+def test_sigkilled_owner_leaves_nothing_after_the_next_sandbox(
+    backend: str, workspace: Path, make_sandbox
+) -> None:
+    """SIGKILL runs no handler: processes die with their parent (local) and the next sandbox
+    sweeps the folder and any orphaned container."""
+    token = unique_sleep()
+    child = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED, backend, str(workspace), token],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        sandbox_id, root = child.stdout.readline().split()
+        assert alive_with(token) != []
+    finally:
+        child.kill()
+        child.wait()
+    assert Path(root).exists()  # nothing could clean up yet
+    make_sandbox()
+    assert not Path(root).parent.exists()
+    deadline = time.monotonic() + 10
+    while alive_with(token) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the engine is still tearing the orphaned container down
+    assert alive_with(token) == []
+    if backend == "docker":
+        import docker
+        from infra_agent.sandboxes.docker_engine import LABEL
+
+        orphans = docker.from_env().containers.list(
+            all=True, filters={"label": f"{LABEL}={sandbox_id}"}
+        )
+        assert orphans == []
