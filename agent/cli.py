@@ -119,7 +119,17 @@ def register(app: typer.Typer) -> None:
                 raise UserError(
                     "--resume continues a run with its own task, policy and budget; drop the other options"
                 )
-            title, run_budget = f"resuming {resume}", Budget()
+            from infra_agent.store import open_store
+
+            path = settings.store.path()
+            found = open_store(path, readonly=True).get_run(resume) if path.exists() else None
+            if found is None:
+                raise UserError(f"no run '{resume}' in {path}")
+            stored = RunConfig.model_validate(found.config)
+            title, run_budget = (
+                f"resuming {resume} ({found.task}, {stored.policy} policy)",
+                stored.budget,
+            )
             run_id.append(resume)
         else:
             if policy not in ("auto", "llm", "search", "scripted"):

@@ -4,7 +4,8 @@ Strategy `coordinate` (the default) is a greedy coordinate search that needs no 
 so a resumed run picks up exactly where it was: the incumbent is the best `IMPROVED` configuration
 measured so far (the task's defaults until there is one); the candidates are its neighbours, one
 knob changed at a time, with values from the skeletons' knob advice first and then a small grid
-over the knob's domain; the next `batch` unmeasured neighbours are proposed and verified. It stops
+over the knob's domain, taken round-robin over the knobs (each knob's most promising value before
+any knob's second); the next `batch` unmeasured neighbours are proposed and verified. It stops
 when every neighbour of the incumbent has been measured. Strategy `random` samples whole
 configurations from the same value lists (the benchmark's control).
 
@@ -57,20 +58,26 @@ def _grid(knob: Knob) -> list[Any]:
     return out
 
 
+def _key(name: str) -> str:
+    """Knob names compare equal with '-' or '_' (server flags vs Python names)."""
+    return name.replace("-", "_").lower()
+
+
 def candidate_values(manifest: TaskManifest, advice: dict[str, list[Any]]) -> dict[str, list[Any]]:
     """Knob name -> values worth trying (advice first, then the grid), knobs with advice first.
     Values outside a knob's domain and knobs that need a GPU on a machine without one are left out."""
     gpu = _has_gpu()
     space: dict[str, list[Any]] = {}
-    names = [n for n in advice if n in manifest.knobs] + [
-        n for n in manifest.knobs if n not in advice
-    ]
+    advised = {_key(n): values for n, values in advice.items()}
+    by_key = {_key(n): n for n in manifest.knobs}
+    names = [by_key[k] for k in advised if k in by_key]
+    names += [n for n in manifest.knobs if _key(n) not in advised]
     for name in names:
         knob = manifest.knobs[name]
         if knob.needs_gpu and not gpu:
             continue
         values: list[Any] = []
-        for value in [*advice.get(name, []), *_grid(knob)]:
+        for value in [*advised.get(_key(name), []), *_grid(knob)]:
             try:
                 value = knob.validate_value(name, value)
             except UserError:
@@ -146,10 +153,17 @@ class SearchPolicy:
                 )
             return out
         incumbent, _ = self.incumbent(state)
-        for name, values in self.space.items():
-            for value in values:
-                if value != incumbent[name] and len(out) < self.batch:
-                    add({**incumbent, name: value})
+        # Neighbours by rank, round-robin over knobs: every knob's most promising value first.
+        ranked = sorted(
+            (rank, order, name, value)
+            for order, (name, values) in enumerate(self.space.items())
+            for rank, value in enumerate(values)
+            if value != incumbent[name]
+        )
+        for _, _, name, value in ranked:
+            if len(out) >= self.batch:
+                break
+            add({**incumbent, name: value})
         return out
 
     def next_turn(self, state: AgentState, tools: list[dict[str, Any]]) -> ModelTurn:

@@ -1,0 +1,149 @@
+"""Policy choice, the search policy's moves, budgets and scripts (no experiments run here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from infra_agent.agent.cli import parse_budget
+from infra_agent.agent.configuration import resolve_policy
+from infra_agent.agent.knowledge import knob_advice, load_skeletons
+from infra_agent.agent.policies.scripted import ScriptedPolicy, load_script
+from infra_agent.agent.policies.search import SearchPolicy
+from infra_agent.agent.state import AgentState, ExperimentOutcome, Message
+from infra_agent.config import LLMSettings
+from infra_agent.errors import UserError
+from infra_agent.tasks.registry import find_task
+
+
+def _measured(knobs: dict[str, object], verdict: str, speedup: float) -> ExperimentOutcome:
+    return ExperimentOutcome(
+        experiment_id=f"exp-{len(knobs)}-{speedup}", patch_id="p" + json.dumps(knobs, sort_keys=True),
+        patch_summary="", knobs=knobs, verdict=verdict, speedup=speedup, ci_low=speedup - 0.1, ci_high=speedup + 0.1,
+    )  # fmt: skip
+
+
+def test_auto_picks_search_without_an_endpoint_and_says_why() -> None:
+    name, reason = resolve_policy("auto", LLMSettings(), None)
+    assert name == "search" and "no LLM endpoint is configured" in reason
+    configured = LLMSettings.model_validate(
+        {"endpoint": {"base_url": "http://127.0.0.1:1/v1", "model": "glm-x"}}
+    )
+    name, reason = resolve_policy("auto", configured, None)
+    assert name == "llm" and "glm-x" in reason
+
+
+def test_scripted_is_never_silent_and_llm_needs_an_endpoint(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="needs --script"):
+        resolve_policy("scripted", LLMSettings(), None)
+    with pytest.raises(UserError, match="only used with --policy scripted"):
+        resolve_policy("auto", LLMSettings(), tmp_path / "s.json")
+    with pytest.raises(UserError, match="needs an endpoint"):
+        resolve_policy("llm", LLMSettings(), None)
+    name, reason = resolve_policy("scripted", LLMSettings(), tmp_path / "s.json")
+    assert name == "scripted" and "test equipment" in reason
+
+
+def test_search_follows_skeleton_advice_and_builds_on_proven_wins() -> None:
+    manifest = find_task("sglang-cpu-tiny").manifest
+    policy = SearchPolicy(manifest, knob_advice(load_skeletons()))
+    state = AgentState(run_id="r")
+    assert policy.next_configs(state) == [{"chunked-prefill-size": 4096}]
+    state.experiments.append(_measured({"chunked-prefill-size": 4096}, "IMPROVED", 1.8))
+    # the next move keeps the win and tries the next knob's most promising value
+    assert policy.next_configs(state) == [
+        {"chunked-prefill-size": 4096, "max-running-requests": 128}
+    ]
+    state.experiments.append(
+        _measured({"chunked-prefill-size": 4096, "max-running-requests": 128}, "NO_CHANGE", 1.79)
+    )
+    nxt = policy.next_configs(state)[0]
+    assert (
+        nxt["chunked-prefill-size"] == 4096 and len(nxt) == 2 and "max-running-requests" not in nxt
+    )
+    turn = policy.next_turn(state, [])
+    assert turn.message is not None
+    assert [c.name for c in turn.message.tool_calls] == ["propose_knobs", "run_experiment"]
+
+
+def test_search_finishes_when_every_neighbour_is_measured() -> None:
+    manifest = find_task("decode-split-norm").manifest
+    policy = SearchPolicy(manifest, {}, batch=100)
+    state = AgentState(run_id="r")
+    configs = policy.next_configs(state)
+    defaults = {n: k.default for n, k in manifest.knobs.items()}
+    assert len(configs) == sum(
+        len([v for v in vs if v != defaults[n]]) for n, vs in policy.space.items()
+    )
+    state.experiments.extend(_measured(c, "NO_CHANGE", 1.0) for c in configs)
+    turn = policy.next_turn(state, [])
+    assert turn.message is not None and [c.name for c in turn.message.tool_calls] == ["finish"]
+
+
+def test_random_search_is_seeded_and_never_repeats() -> None:
+    manifest = find_task("decode-split-norm").manifest
+    a = SearchPolicy(manifest, {}, strategy="random", batch=5, seed=1).next_configs(AgentState())
+    b = SearchPolicy(manifest, {}, strategy="random", batch=5, seed=1).next_configs(AgentState())
+    assert a == b and len(a) == 5 and len({json.dumps(c, sort_keys=True) for c in a}) == 5
+
+
+def test_budget_flag() -> None:
+    assert parse_budget("8") == {"experiments": 8}
+    assert parse_budget("experiments=3,wall=30m,tokens=200k,turns=9,cost=2.5") == {
+        "experiments": 3, "wall_s": 1800.0, "tokens": 200000, "turns": 9, "cost_usd": 2.5,
+    }  # fmt: skip
+    for bad in ("speed=9", "wall=fast", "turns=3m"):
+        with pytest.raises(UserError, match="--budget"):
+            parse_budget(bad)
+
+
+def test_scripts_replay_by_turn_and_substitute_the_last_patch(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text(
+        json.dumps({"tool_calls": [{"name": "describe_task"}]}) + "\n"
+        + json.dumps({"tool_calls": [{"name": "run_experiment", "arguments": {"patch_id": "{{last_patch_id}}"}}]}) + "\n"
+    )  # fmt: skip
+    policy = ScriptedPolicy(load_script(path))
+    state = AgentState(run_id="r", patches=["abc"])
+    first = policy.next_turn(state, []).message
+    assert first is not None and first.tool_calls[0].name == "describe_task"
+    state.messages.append(first)
+    second = policy.next_turn(state, []).message
+    assert second is not None and json.loads(second.tool_calls[0].arguments) == {"patch_id": "abc"}
+    state.messages.append(Message(role="assistant"))
+    done = policy.next_turn(state, []).message
+    assert done is not None and done.tool_calls[0].name == "finish"
+    (tmp_path / "bad.json").write_text('[{"tool_calls": 3}]')
+    with pytest.raises(UserError, match="reply 0"):
+        load_script(tmp_path / "bad.json")
+
+
+def test_cli_refuses_bad_input_with_one_line_and_records_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from infra_agent.cli import main
+
+    db = tmp_path / "runs.db"
+    cases = [
+        (["--policy", "bogus"], "--policy: 'bogus'"),
+        (["--policy", "scripted"], "needs --script"),
+        (["--policy", "llm"], "needs an endpoint"),
+        (["--task", "no-such-task"], "unknown task 'no-such-task'"),
+        (["--task", "decode-split-norm", "--target", "accuracy"], "optimizes throughput"),
+        (["--task", "decode-split-norm", "--budget", "lots"], "--budget"),
+        (["--resume", "run-nope"], "no run 'run-nope'"),
+    ]
+    for args, message in cases:
+        monkeypatch.setattr(sys, "argv", ["infra-agent", "--db", str(db), "optimize", *args])
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2, (args, err)
+        assert message in err and "Traceback" not in err, (args, err)
+        assert err.strip().startswith("error: ") and len(err.strip().splitlines()) == 1, (args, err)
+    if db.exists():
+        from infra_agent.store import open_store
+
+        assert open_store(db).list_runs() == []
