@@ -38,7 +38,7 @@ from infra_agent.store.records import (
 from infra_agent.trajectories.environment import RuntimeEnvironment
 from infra_agent.trajectories.rewards import Components, Reward
 
-ATIF_SCHEMA_VERSION = "ATIF-v1.4"
+ATIF_SCHEMA_VERSION: Literal["ATIF-v1.4"] = "ATIF-v1.4"
 EXTENSION_VERSION = 1
 """Version of infra-agent's typed `extra` objects; bumped on any change to them."""
 

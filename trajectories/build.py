@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from infra_agent import __version__
 from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.store.base import RunStore
@@ -167,7 +169,12 @@ def build_trajectory(
             "reward": reward.model_dump(mode="json"),
         },
     }  # fmt: skip
-    return Trajectory.model_validate(redactor.tree(tree))
+    try:  # pydantic parses the redacted JSON text in Rust: no second Python walk over the tree
+        return Trajectory.model_validate_json(redactor.json(tree))
+    except ValidationError as exc:
+        if any(e["type"] != "json_invalid" for e in exc.errors()):
+            raise
+        return Trajectory.model_validate(redactor.tree(tree))
 
 
 def _steps(records: list[StepRecord], model: str | None) -> list[dict[str, Any]]:

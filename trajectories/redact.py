@@ -20,6 +20,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -29,40 +30,58 @@ DEFAULT_SECRET_ENV_PATTERNS = ("*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*C
 MIN_SECRET_VALUE_LEN = 6
 """Environment values shorter than this are not treated as secrets (they would match everywhere)."""
 
-# (pattern, group to replace: 0 = the whole match). Values exclude quotes and whitespace so that
-# redacting JSON text keeps it valid JSON.
-_VALUE = r"[^\s\"'`,;&<>)\]}]+"
-_SHAPES: list[tuple[str, int]] = [
-    (r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", 0),
-    (r"(?i)\bbearer\s+([A-Za-z0-9._~+/=-]{8,})", 1),
-    (
-        r"(?i)\b(?:authorization|proxy-authorization|x-api-key|api-key)\s*[:=]\s*\"?([^\r\n\"]{4,})",
-        1,
+_VALUE = r"[^\s\"'`,;&<>()\[\]{}\\]+"
+"""An assigned value: never includes quotes or backslashes, so redacting JSON text keeps it JSON."""
+_Q = r"(?:\\?[\"'])?"
+"""An optional quote, possibly JSON-escaped (\")."""
+_SET = _Q + r"\s*[:=]\s*" + _Q + "(" + _VALUE + ")"
+"""`: value`, `="value"`, `\": \"value` after a secret-naming word."""
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """One secret shape. Every pattern starts with a literal, so `re` scans for it at C speed;
+    case-insensitive shapes are matched against the lower-cased text (same offsets)."""
+
+    pattern: str
+    lower: bool = False
+    """Match against text.lower() (the literal is written in lower case)."""
+    group: int = 0
+    """The group whose span is redacted (0: the whole match)."""
+    back: int = 0
+    """Extend the redacted span this many characters to the left."""
+    word_start: bool = False
+    """The match must not continue a word on its left (`task-...` is not an `sk-...` key)."""
+    value: bool = False
+    """Redact only values that look like secrets (not short, not a plain number)."""
+
+
+_SHAPES = [
+    _Shape(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[^\"]*?(?:-----END [A-Z ]*PRIVATE KEY-----|(?=\\?\")|\Z)"),
+    _Shape(r"bearer\s+([a-z0-9._~+/=-]{8,})", lower=True, group=1),
+    _Shape(r"authorization" + _Q + r"\s*[:=]\s*" + _Q + r"([^\r\n\"\\]{4,})", lower=True, group=1),
+    _Shape(r"api-key" + _Q + r"\s*[:=]\s*" + _Q + r"([^\r\n\"\\]{4,})", lower=True, group=1),
+    _Shape(r"sk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}", word_start=True),
+    _Shape(r"gh[pousr]_[A-Za-z0-9]{20,}", word_start=True),
+    _Shape(r"github_pat_[A-Za-z0-9_]{20,}", word_start=True),
+    _Shape(r"hf_[A-Za-z0-9]{20,}", word_start=True),
+    _Shape(r"xox[abposr]-[A-Za-z0-9-]{10,}", word_start=True),
+    _Shape(r"AKIA[0-9A-Z]{16}(?![0-9A-Z])", word_start=True),
+    _Shape(r"ASIA[0-9A-Z]{16}(?![0-9A-Z])", word_start=True),
+    _Shape(r"AIza[0-9A-Za-z_-]{30,}", word_start=True),
+    _Shape(r"\.(?<=[0-9a-f]{32}\.)[A-Za-z0-9]{16}(?![A-Za-z0-9])", back=32),  # Z.ai: <32 hex>.<16>
+    _Shape(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", word_start=True),  # JWT
+    _Shape(r"://[^\s:/@\"'\\]+:([^\s@/\"'\\]+)@", group=1),  # scheme://user:password@host
+    # `api_key=...`, `"db_password": "..."`, `token: ...`: the value only.
+    *(
+        _Shape(word + r"s?" + _SET, lower=True, group=1, value=True)
+        for word in ("api_key", "api-key", "apikey", "access_key", "access-key", "secret", "token",
+                     "password", "passwd", "credential")
     ),
-    (r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}", 0),
-    (r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}", 0),
-    (r"\bgithub_pat_[A-Za-z0-9_]{20,}", 0),
-    (r"\bhf_[A-Za-z0-9]{20,}", 0),
-    (r"\bxox[abposr]-[A-Za-z0-9-]{10,}", 0),
-    (r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b", 0),
-    (r"\bAIza[0-9A-Za-z_-]{30,}", 0),
-    (r"\b[0-9a-f]{32}\.[A-Za-z0-9]{16}\b", 0),  # Z.ai (GLM) API keys: <32 hex>.<16 chars>
-    (r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", 0),  # JWT
-    (r"(?i)\b[a-z][a-z0-9+.-]*://[^\s:/@\"']+:([^\s@/\"']+)@", 1),  # scheme://user:pass@host
-    (
-        r"(?i)[\"']?\b[A-Za-z0-9_.-]*(?:api[_-]?key|access[_-]?key|secret|token|password|passwd|"
-        r"credential)s?[\"']?\s*[:=]\s*[\"']?(" + _VALUE + ")",
-        1,
-    ),
-]
-
-
-def _compile_shapes() -> list[tuple[re.Pattern[str], int]]:
-    return [(re.compile(p), g) for p, g in _SHAPES]
-
-
-_COMPILED = _compile_shapes()
-_ASSIGNMENT = _COMPILED[-1][0]
+]  # fmt: skip
+_COMPILED = [(re.compile(shape.pattern), shape) for shape in _SHAPES]
+_MIN_SHAPE_LEN = 8
+"""No shape matches a string shorter than this."""
 # A dict key that names a secret (its string value is redacted): `api_key`, `auth_token`, ...
 _SECRET_KEY = re.compile(
     r"(?i)(?:[a-z0-9_.-]*[_.-])?(?:api[_-]?key|access[_-]?key|secret(?:[_-]?key)?|token|"
@@ -78,11 +97,33 @@ def _looks_secret(value: str) -> bool:
     return not (_NUMBER.fullmatch(value) and len(value) < 12)
 
 
-# One pass that says whether any shape can match: most strings have no secret at all.
-_ANY_SHAPE = re.compile(
-    r"(?i)PRIVATE KEY|bearer|basic|token|authorization|api-key|sk-|gh[pousr]_|github_pat_|hf_|xox|"
-    r"AKIA|ASIA|AIza|eyJ|://|key|secret|password|passwd|credential|[0-9a-f]{32}\."
-)
+def _is_word(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def _shape_spans(text: str) -> list[tuple[int, int]]:
+    """Spans of `text` to redact, sorted and merged."""
+    low = text.lower()
+    if len(low) != len(text):  # a few Unicode letters change length when lowered
+        low = "".join(c.lower() if len(c.lower()) == 1 else c for c in text)
+    spans: list[tuple[int, int]] = []
+    for pattern, shape in _COMPILED:
+        source = low if shape.lower else text
+        for m in pattern.finditer(source):
+            if shape.word_start and m.start() > 0 and _is_word(source[m.start() - 1]):
+                continue
+            start, end = m.span(shape.group)
+            if shape.value and not _looks_secret(text[start:end]):
+                continue
+            spans.append((max(0, start - shape.back), end))
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def secret_env_values(
@@ -126,49 +167,50 @@ class Redactor:
 
     def text(self, text: str) -> str:
         """`text` with every secret replaced by `[REDACTED]`."""
-        if not text:
+        if len(text) < MIN_SECRET_VALUE_LEN:
             return text
         for value in self._values:
             if value in text:
                 text = text.replace(value, REDACTED)
-        if _ANY_SHAPE.search(text) is None:
+        if len(text) < _MIN_SHAPE_LEN:
             return text
-        for pattern, group in _COMPILED:
-            text = _sub(pattern, group, text)
-        return text
+        spans = _shape_spans(text)
+        if not spans:
+            return text
+        parts, last = [], 0
+        for start, end in spans:
+            parts += [text[last:start], REDACTED]
+            last = end
+        parts.append(text[last:])
+        return "".join(parts)
 
     def tree(self, value: Any) -> Any:
-        """A copy of a JSON-like value (dicts, lists, strings, numbers) with every string redacted."""
+        """A copy of a JSON-like value (dicts, lists, strings, numbers) with every string redacted,
+        including the value of a key naming a secret (`"db_password": "..."`)."""
+        try:
+            return json.loads(self.json(value))
+        except ValueError:  # a redaction broke the JSON (not expected): be slow but sure
+            return self._walk(value)
+
+    def json(self, value: Any) -> str:
+        """`value` serialized as JSON and redacted in one pass per shape over the whole document
+        (C speed, no Python call per string). The shapes never remove quotes or backslashes, so
+        the result is JSON; callers that must be certain parse it (see `tree`)."""
+        return self.text(json.dumps(value, ensure_ascii=False))
+
+    def _walk(self, value: Any) -> Any:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            out: dict[Any, Any] = {}
-            for k, v in value.items():
-                if isinstance(k, str):
-                    if isinstance(v, str) and _SECRET_KEY.fullmatch(k) and _looks_secret(v):
-                        v = REDACTED
-                    k = self.text(k)
-                out[k] = self.tree(v)
-            return out
+            return {
+                k: REDACTED
+                if isinstance(v, str) and _looks_secret(v) and _SECRET_KEY.fullmatch(str(k))
+                else self._walk(v)
+                for k, v in value.items()
+            }
         if isinstance(value, list | tuple):
-            return [self.tree(v) for v in value]
+            return [self._walk(v) for v in value]
         return value
-
-
-def _sub(pattern: re.Pattern[str], group: int, text: str) -> str:
-    if group == 0:
-        return pattern.sub(REDACTED, text)
-
-    def keep_prefix(match: re.Match[str]) -> str:
-        value = match.group(group)
-        if value.startswith(REDACTED[:-1]) or (pattern is _ASSIGNMENT and not _looks_secret(value)):
-            return match.group(0)
-        start, end = match.span(group)
-        whole_start = match.start(0)
-        whole = match.group(0)
-        return whole[: start - whole_start] + REDACTED + whole[end - whole_start :]
-
-    return pattern.sub(keep_prefix, text)
 
 
 _default: tuple[tuple[str, ...], Redactor] | None = None
