@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from infra_agent.errors import NotBuiltError, UserError
+from infra_agent.experiments.verdict import ExperimentResult
 from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
@@ -171,9 +172,26 @@ def staleness(store: RunStore, proposal: ProposalRecord, task: Task | None = Non
 
 
 def _as_policy(policy: RiskPolicy | Path | None) -> RiskPolicy:
+    """The given policy, else the configured one (`[review] policy`), else the bundled default."""
     if isinstance(policy, RiskPolicy):
         return policy
+    if policy is None:
+        from infra_agent.context import current
+
+        policy = current().settings().review.policy
     return load_policy(policy)
+
+
+def expected_gain(result: ExperimentResult) -> float | None:
+    """The measured improvement factor (> 1 is better): the speedup, or for a run without a
+    performance stage, how much closer to float64 the candidate is (baseline err / candidate err)."""
+    perf = result.evidence.performance
+    if perf is not None:
+        return perf.speedup
+    corr = result.evidence.correctness
+    if corr is not None and corr.baseline_err_f64 and corr.candidate_err_f64:
+        return corr.baseline_err_f64 / corr.candidate_err_f64
+    return None
 
 
 def submit_proposal(
@@ -202,7 +220,6 @@ def submit_proposal(
             f"not the proposed patch {record.id[:12]}"
         )
     assessment = assess(record, experiment.result, _as_policy(policy))
-    perf = experiment.result.evidence.performance
     proposal = ProposalRecord(
         run_id=run_id,
         task=task.name,
@@ -212,7 +229,7 @@ def submit_proposal(
         experiment_ids=[experiment.id],
         risk=assessment.level,
         risk_reasons=assessment.reasons,
-        expected_gain=perf.speedup if perf is not None else None,
+        expected_gain=expected_gain(experiment.result),
         rationale=rationale or record.rationale,
         target_fingerprint=experiment.target_fingerprint or current_fingerprint(task),
     )
@@ -434,14 +451,13 @@ def reverify(
     if store.get_experiment(experiment.id) is None:
         store.put_experiment(experiment)
     assessment = assess(record, experiment.result, _as_policy(policy))
-    perf = experiment.result.evidence.performance
     with store.transaction():
         current = get_proposal(store, proposal.id)
         if current.status != ProposalStatus.PENDING:
             raise _already_decided(store, current)
         current.experiment_ids = [*current.experiment_ids, experiment.id]
         current.target_fingerprint = experiment.target_fingerprint or current_fingerprint(task)
-        current.expected_gain = perf.speedup if perf is not None else None
+        current.expected_gain = expected_gain(experiment.result)
         current.risk, current.risk_reasons = assessment.level, assessment.reasons
         store.put_proposal(current)
         store.add_decision(

@@ -18,8 +18,9 @@ from infra_agent.experiments.verdict import (
     Verdict,
 )
 from infra_agent.store import RunStore, open_store
-from infra_agent.store.records import ExperimentRecord, PatchKind, PatchRecord
+from infra_agent.store.records import ExperimentRecord, PatchRecord
 from infra_agent.tasks.manifest import Task, load_task
+from infra_agent.tasks.patch import knob_patch, parse_diff
 
 SCHED_PY = textwrap.dedent(
     '''\
@@ -84,28 +85,10 @@ def make_task(root: Path) -> Task:
 
 
 def diff_patch(diff: str = SCHED_DIFF) -> PatchRecord:
-    try:
-        from infra_agent.tasks.patch import parse_diff
-
-        return parse_diff(
-            diff, author="scripted-llm", rationale="slice instead of loop"
-        ).to_record()
-    except ImportError:  # until the verify helper's module lands
-        import hashlib
-
-        return PatchRecord(
-            id=hashlib.sha256(("diff\n" + diff).encode()).hexdigest(),
-            kind=PatchKind.DIFF,
-            diff=diff,
-            files=["scheduler.py"],
-            author="scripted-llm",
-            rationale="slice instead of loop",
-        )
+    return parse_diff(diff, author="scripted-llm", rationale="slice instead of loop").to_record()
 
 
 def knob_patch_record(knobs: dict[str, object]) -> PatchRecord:
-    from infra_agent.tasks.patch import knob_patch
-
     return knob_patch(knobs, author="search", rationale="bigger batches").to_record()
 
 

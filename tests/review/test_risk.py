@@ -110,3 +110,39 @@ def test_auto_approval_and_forbid_are_audited_as_policy(store, task, kit) -> Non
         run_id=None,
     )
     assert (forbid.status, forbid.risk) == (ProposalStatus.REJECTED, RiskLevel.FORBIDDEN)
+
+
+def test_configured_policy_applies_to_agent_submissions(
+    store, task, kit, tmp_path, monkeypatch
+) -> None:
+    from infra_agent import context
+
+    policy = tmp_path / "strict.toml"
+    policy.write_text(
+        '[[rule]]\nknobs = ["max_batch"]\naction = "forbid"\nreason = "memory sizing"\n'
+    )
+    config = tmp_path / "infra-agent.toml"
+    config.write_text(f'[review]\npolicy = "{policy}"\n')
+    monkeypatch.setattr(context, "_current", context.Invocation(config_path=config))
+    knobs = kit.knob_patch_record({"max_batch": 32})
+    proposal = submit_proposal(
+        store,
+        task=task,
+        patch=knobs,
+        experiment=kit.experiment_for(task, knobs),
+        rationale="",
+        run_id=None,
+    )
+    assert (proposal.status, proposal.risk) == (ProposalStatus.REJECTED, RiskLevel.FORBIDDEN)
+    assert "memory sizing" in store.decisions(proposal.id)[0].comment
+
+
+def test_accuracy_gain_without_performance_stage(kit) -> None:
+    from infra_agent.review.queue import expected_gain
+
+    result = kit.measured_result("t", "h" * 64)
+    assert expected_gain(result) == pytest.approx(1.3)
+    result.evidence.performance = None
+    result.evidence.correctness.baseline_err_f64 = 4e-6
+    result.evidence.correctness.candidate_err_f64 = 1e-6
+    assert expected_gain(result) == pytest.approx(4.0)

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+import tomllib
 from infra_agent.review.queue import review_outcome, submit_proposal
 from infra_agent.store import open_store
 from infra_agent.store.records import (
@@ -184,6 +185,12 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
     propose("race", kit.SCHED_DIFF.replace("Slicing", "Slice it"), run_id=None, speedup=1.02)
     propose("refusals", kit.SCHED_DIFF.replace("Slicing", "Cut"), run_id=None, speedup=1.01)
 
+    knobs = kit.knob_patch_record({"max_batch": 32})
+    ids["knobs"] = submit_proposal(
+        store, task=task, patch=knobs, experiment=kit.experiment_for(task, knobs, speedup=1.08),
+        rationale="knobs: bigger batches", run_id=None,
+    ).id  # fmt: skip
+
     # A copy of the bundled example task with a small measuring budget: its evidence goes stale
     # when its workspace changes upstream, and re-verification runs a real experiment on it.
     from infra_agent.tasks.manifest import load_task
@@ -283,7 +290,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     kit = SimpleNamespace(
         **{
             k: getattr(module, k)
-            for k in ("make_task", "diff_patch", "experiment_for", "SCHED_DIFF")
+            for k in (
+                "make_task",
+                "diff_patch",
+                "knob_patch_record",
+                "experiment_for",
+                "SCHED_DIFF",
+            )
         }
     )
     yield from _start(tmp_path_factory.mktemp("review-web"), kit)
@@ -300,7 +313,7 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture
-def page(browser, server: Served):  # type: ignore[no-untyped-def]
+def page(server: Served, browser):  # type: ignore[no-untyped-def]
     context = browser.new_context(viewport={"width": 1366, "height": 900})
     page = context.new_page()
     page.set_default_timeout(15_000)
@@ -432,6 +445,19 @@ def test_stale_proposal_refused_until_reverified(page, server: Served) -> None: 
     page.click("#approve")
     page.wait_for_selector("#applied")
     assert [d.action.value for d in _decisions(server, "stale")] == ["reverify", "approve", "apply"]
+
+
+def test_auto_approved_knob_change_is_applied_to_argument_file(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{server.base}/proposals?status=approved")
+    page.click(f"a[href='/proposals/{server.ids['knobs']}']")
+    assert "max_batch" in page.inner_text("#knobs") and "32" in page.inner_text("#knobs")
+    assert "policy" in page.inner_text("#audit")  # auto-approved by the risk policy, audited
+    page.click("#apply")
+    page.wait_for_selector("#applied")
+    args = server.home / "deployments" / "toy-sched" / "server_args.toml"
+    assert str(args) in page.inner_text("#applied")
+    assert tomllib.loads(args.read_text()) == {"server_args": {"max_batch": 32}}
+    assert _status(server, "knobs") == ProposalStatus.APPLIED
 
 
 def test_malformed_evidence_renders_raw(page, server: Served) -> None:  # type: ignore[no-untyped-def]
