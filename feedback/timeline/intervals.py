@@ -1,0 +1,45 @@
+"""Interval arithmetic on timelines (microseconds), by sorting and sweeping.
+
+`union(intervals)` merges overlapping intervals; `total(intervals)` is the length of their
+union; `intersection_length(a, b)` is time(A ∩ B) for two sets of intervals (each merged
+first, so nesting or overlap inside one set is counted once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+Interval = tuple[float, float]
+
+
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """Sorted, disjoint intervals covering exactly the input (empty ones dropped)."""
+    merged: list[Interval] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def total(intervals: Iterable[Interval]) -> float:
+    return sum(end - start for start, end in union(intervals))
+
+
+def intersection_length(a: Iterable[Interval], b: Iterable[Interval]) -> float:
+    """time(A ∩ B): two-pointer sweep over the merged intervals of each set."""
+    ua, ub = union(a), union(b)
+    i = j = 0
+    length = 0.0
+    while i < len(ua) and j < len(ub):
+        start = max(ua[i][0], ub[j][0])
+        end = min(ua[i][1], ub[j][1])
+        if end > start:
+            length += end - start
+        if ua[i][1] < ub[j][1]:
+            i += 1
+        else:
+            j += 1
+    return length
