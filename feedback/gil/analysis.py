@@ -1,0 +1,248 @@
+"""From stack samples to GIL shares and blame: `analyze(snapshots, method=...) -> GilReport`.
+
+A *snapshot* is every thread of the process at one instant. Each thread's sample is put in one
+state:
+- `holding`: py-spy says the thread owns the GIL;
+- `waiting`: it is blocked taking the GIL: a native frame named like take_gil,
+  PyEval_RestoreThread, PyEval_AcquireThread, PyGILState_Ensure; or (CPython's take_gil is
+  static and often unnamed) the innermost named native frame is a condition-variable wait called
+  straight from the interpreter (a Python frame or a CPython function, not an extension);
+- `running`: active without the GIL (native code that released it);
+- `idle`: blocked on something else (sleep, lock, I/O).
+Blame: for a thread waiting in at least `blame_threshold` of its samples, which thread held
+the GIL in those same snapshots, with the holder's Python frames and innermost native frames;
+the three most frequent holder stacks are the evidence. Without GIL visibility (in-process
+fallback) only `running`/`idle` by innermost Python function are reported.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+GIL_ACQUIRE = re.compile(
+    r"take_gil|PyEval_RestoreThread|PyEval_AcquireThread|PyGILState_Ensure|PyEval_AcquireLock"
+)
+COND_WAIT = re.compile(r"pthread_cond_(timed)?wait|__futex_abstimed_wait|futex_wait")
+INTERPRETER_MODULE = re.compile(r"libpython|/python[0-9.]*$|/bin/python")
+HEX = re.compile(r"^0x[0-9a-f]+$")
+
+State = Literal["holding", "waiting", "running", "idle"]
+
+
+class Frame(BaseModel):
+    name: str
+    file: str = ""
+    line: int = 0
+    native: bool = False
+    module: str = ""
+    """Shared library of a native frame."""
+
+    def label(self, *, line: bool = True) -> str:
+        if self.native:
+            return f"{self.name} [{self.module.rsplit('/', 1)[-1]}]" if self.module else self.name
+        where = self.file.rsplit("/", 1)[-1] + (f":{self.line}" if line else "")
+        return f"{self.name} ({where})"
+
+
+class ThreadSample(BaseModel):
+    thread_id: int
+    thread_name: str
+    active: bool
+    owns_gil: bool | None
+    """None when the sampler cannot see GIL ownership."""
+    frames: list[Frame] = Field(default_factory=list)
+    """Innermost first."""
+
+
+class ThreadGil(BaseModel):
+    thread: str
+    thread_id: int
+    samples: int
+    holding: float
+    """Share of samples holding the GIL (0..1)."""
+    waiting: float
+    running: float
+    """Active without the GIL (native code that released it)."""
+    idle: float
+    top_functions: list[str] = Field(default_factory=list)
+    """Most frequent innermost Python frames, with their share."""
+
+
+class HolderEvidence(BaseModel):
+    holder: str
+    """Thread that held the GIL while the waiter waited ('nobody' during hand-offs)."""
+    share: float
+    """Share of the waiter's waiting samples."""
+    python_stack: list[str] = Field(default_factory=list)
+    """Holder's Python frames, innermost first (up to 5)."""
+    native_top: list[str] = Field(default_factory=list)
+    """Holder's innermost named native frames (up to 3)."""
+
+
+class ThreadBlame(BaseModel):
+    waiter: str
+    waiting: float
+    evidence: list[HolderEvidence] = Field(default_factory=list)
+    """The three most frequent holder stacks, most frequent first."""
+
+
+class GilReport(BaseModel):
+    method: str
+    gil_visible: bool
+    pid: int | None = None
+    snapshots: int
+    duration_s: float
+    threads: list[ThreadGil] = Field(default_factory=list)
+    blame: list[ThreadBlame] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+    def render(self) -> str:
+        lines = []
+        for b in self.blame:
+            for ev in b.evidence[:1]:
+                where = " <- ".join(ev.python_stack[:3]) or " / ".join(ev.native_top) or "?"
+                lines.append(
+                    f"thread {b.waiter!r} waits for the GIL in {b.waiting:.0%} of samples; "
+                    f"meanwhile {ev.holder!r} held it {ev.share:.0%} of that time, in {where}"
+                )
+        lines.append(
+            f"{self.snapshots} snapshots over {self.duration_s:.1f} s via {self.method}"
+            + ("" if self.gil_visible else " (GIL ownership NOT visible)")
+        )
+        for t in sorted(self.threads, key=lambda t: -(t.waiting + t.holding))[:6]:
+            top = t.top_functions[0] if t.top_functions else "-"
+            if self.gil_visible:
+                lines.append(
+                    f"  {t.thread}: holds {t.holding:.0%} waits {t.waiting:.0%} "
+                    f"runs-no-GIL {t.running:.0%} idle {t.idle:.0%}; top {top}"
+                )
+            else:
+                lines.append(f"  {t.thread}: active {t.running:.0%} idle {t.idle:.0%}; top {top}")
+        for b in self.blame:
+            for ev in b.evidence[1:3]:
+                lines.append(
+                    f"  also while {b.waiter!r} waited: {ev.holder!r} {ev.share:.0%} in "
+                    + (" <- ".join(ev.python_stack[:3]) or " / ".join(ev.native_top) or "?")
+                )
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+
+def _native_above_python(frames: Sequence[Frame]) -> list[Frame]:
+    """Named native frames above (inner to) the innermost Python frame."""
+    out = []
+    for f in frames:
+        if not f.native:
+            break
+        if not HEX.match(f.name):
+            out.append(f)
+    return out
+
+
+def classify(sample: ThreadSample) -> State:
+    """One thread sample's state (see the module docstring)."""
+    if sample.owns_gil:
+        return "holding"
+    if any(f.native and GIL_ACQUIRE.search(f.name) for f in sample.frames):
+        return "waiting"
+    inner = _native_above_python(sample.frames)
+    if sample.owns_gil is not None and inner and COND_WAIT.search(inner[0].name):
+        rest = inner[1:]
+        if not rest or INTERPRETER_MODULE.search(rest[0].module):
+            return "waiting"
+    if sample.owns_gil is None:
+        return "running" if sample.active else "idle"
+    return "running" if sample.active and not _blocked_in_syscall(inner) else "idle"
+
+
+def _blocked_in_syscall(inner: list[Frame]) -> bool:
+    return bool(inner) and bool(
+        re.search(
+            r"nanosleep|sem_.*wait|cond_.*wait|epoll_wait|poll|select|recv|read", inner[0].name
+        )
+    )
+
+
+def _python_frames(sample: ThreadSample, limit: int = 5, line: bool = False) -> list[str]:
+    return [f.label(line=line) for f in sample.frames if not f.native][:limit]
+
+
+def analyze(
+    snapshots: Sequence[list[ThreadSample]],
+    *,
+    method: str,
+    duration_s: float,
+    pid: int | None = None,
+    blame_threshold: float = 0.2,
+) -> GilReport:
+    """Turn snapshots into per-thread shares and blame (see the module docstring)."""
+    gil_visible = any(s.owns_gil is not None for snap in snapshots for s in snap)
+    states: dict[int, Counter[str]] = defaultdict(Counter)
+    names: dict[int, str] = {}
+    tops: dict[int, Counter[str]] = defaultdict(Counter)
+    holders: dict[int, Counter[tuple[str, tuple[str, ...], tuple[str, ...]]]] = defaultdict(Counter)
+    for snap in snapshots:
+        holder = next((s for s in snap if s.owns_gil), None)
+        for s in snap:
+            names[s.thread_id] = s.thread_name
+            state = classify(s)
+            states[s.thread_id][state] += 1
+            py = _python_frames(s, 1)
+            if py:
+                tops[s.thread_id][py[0]] += 1
+            if state == "waiting":
+                key = (
+                    ("nobody", (), ())
+                    if holder is None
+                    else (
+                        holder.thread_name,
+                        tuple(_python_frames(holder)),
+                        tuple(f.label() for f in _native_above_python(holder.frames)[:3]),
+                    )
+                )
+                holders[s.thread_id][key] += 1
+    report = GilReport(
+        method=method,
+        gil_visible=gil_visible,
+        pid=pid,
+        snapshots=len(snapshots),
+        duration_s=duration_s,
+    )
+    for tid, counts in states.items():
+        n = sum(counts.values())
+        report.threads.append(
+            ThreadGil(
+                thread=names[tid],
+                thread_id=tid,
+                samples=n,
+                holding=counts["holding"] / n,
+                waiting=counts["waiting"] / n,
+                running=counts["running"] / n,
+                idle=counts["idle"] / n,
+                top_functions=[f"{fn} {c / n:.0%}" for fn, c in tops[tid].most_common(3)],
+            )
+        )
+        waits = counts["waiting"]
+        if gil_visible and waits and waits / n >= blame_threshold:
+            evidence = [
+                HolderEvidence(
+                    holder=h, share=c / waits, python_stack=list(py), native_top=list(nat)
+                )
+                for (h, py, nat), c in holders[tid].most_common(3)
+            ]
+            report.blame.append(
+                ThreadBlame(waiter=names[tid], waiting=waits / n, evidence=evidence)
+            )
+    report.blame.sort(key=lambda b: -b.waiting)
+    if not gil_visible:
+        report.warnings.append(
+            "in-process sampling of sys._current_frames(): cannot see which thread holds the GIL"
+        )
+    if len(snapshots) < 20:
+        report.warnings.append(f"only {len(snapshots)} snapshots: shares are coarse")
+    return report

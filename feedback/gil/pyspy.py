@@ -1,0 +1,122 @@
+"""Sample a running Python process with py-spy: repeated `py-spy dump --json --native`.
+
+`sample_pid(pid, duration_s, interval_s)` returns snapshots (every thread, innermost frame
+first) with py-spy's `owns_gil` flag. Each dump pauses the target briefly while its stacks are
+read (pass `nonblocking=True` to avoid the pause at the cost of torn stacks). Needs ptrace
+permission on the target (root, same user with kernel.yama.ptrace_scope=0, or CAP_SYS_PTRACE).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from infra_agent.errors import UserError
+from infra_agent.feedback.gil.analysis import Frame, ThreadSample
+
+
+class PySpyUnavailable(UserError):
+    """py-spy is missing or cannot attach to the process."""
+
+
+def find_py_spy() -> str:
+    """py-spy next to this interpreter (the venv), else on PATH."""
+    local = Path(sys.executable).parent / "py-spy"
+    if local.is_file():
+        return str(local)
+    found = shutil.which("py-spy")
+    if found is None:
+        raise PySpyUnavailable("py-spy not found (pip install py-spy)")
+    return found
+
+
+def parse_dump(doc: Any) -> list[ThreadSample]:
+    """Threads of one `py-spy dump --json` document."""
+    if not isinstance(doc, list):
+        raise PySpyUnavailable("py-spy dump did not return a JSON list of threads")
+    threads = []
+    for t in doc:
+        frames = [
+            Frame(
+                name=str(f.get("name", "?")),
+                file=str(f.get("filename") or ""),
+                line=int(f.get("line") or 0),
+                native=f.get("module") is not None,
+                module=str(f.get("module") or ""),
+            )
+            for f in t.get("frames", [])
+        ]
+        threads.append(
+            ThreadSample(
+                thread_id=int(t.get("os_thread_id") or t.get("thread_id") or 0),
+                thread_name=str(t.get("thread_name") or t.get("thread_id")),
+                active=bool(t.get("active")),
+                owns_gil=bool(t.get("owns_gil")),
+                frames=frames,
+            )
+        )
+    return threads
+
+
+def dump_once(pid: int, *, native: bool = True, nonblocking: bool = False) -> list[ThreadSample]:
+    """One snapshot of every thread of `pid`."""
+    cmd = [find_py_spy(), "dump", "--pid", str(pid), "--json"]
+    if native:
+        cmd.append("--native")
+    if nonblocking:
+        cmd.append("--nonblocking")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired as exc:
+        raise PySpyUnavailable(f"py-spy dump of pid {pid} timed out") from exc
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise PySpyUnavailable(f"py-spy cannot sample pid {pid}: {why[:200]}")
+    try:
+        return parse_dump(json.loads(proc.stdout))
+    except ValueError as exc:
+        raise PySpyUnavailable(f"py-spy dump output is not JSON: {exc}") from exc
+
+
+def sample_pid(
+    pid: int,
+    *,
+    duration_s: float = 5.0,
+    interval_s: float = 0.1,
+    max_snapshots: int = 200,
+    native: bool = True,
+    nonblocking: bool = False,
+) -> tuple[list[list[ThreadSample]], float]:
+    """Snapshots of `pid` for `duration_s` (at most one per `interval_s`); (snapshots, seconds).
+
+    Stops early, keeping what it has, when the process exits.
+    """
+    snapshots: list[list[ThreadSample]] = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < duration_s and len(snapshots) < max_snapshots:
+        tick = time.perf_counter()
+        try:
+            snapshots.append(dump_once(pid, native=native, nonblocking=nonblocking))
+        except PySpyUnavailable:
+            if not snapshots or _alive(pid):
+                raise
+            break
+        rest = interval_s - (time.perf_counter() - tick)
+        if rest > 0:
+            time.sleep(rest)
+    return snapshots, time.perf_counter() - start
+
+
+def _alive(pid: int) -> bool:
+    try:
+        import os
+
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
