@@ -1,4 +1,15 @@
-"""The reviewer approval queue: risk policy, queue, web UI and CLI."""
+"""The reviewer approval queue: risk policy, queue, web UI and CLI.
+
+- `risk.py`: a proposal's risk level and whether it may skip a human; the TOML policy format is
+  documented there, and `default_policy.toml` is the bundled policy (`[review] policy = FILE` in
+  infra-agent.toml replaces it).
+- `queue.py`: `submit_proposal` (the agent's entry), `decide` (compare-and-set, bound to the
+  patch hash, refused on stale evidence), `reverify`, `review_outcome` (what the agent reads).
+- `apply.py`: after a decision, resume the waiting agent run or apply the approved patch (git
+  branch `infra-agent/<proposal-id>`, or the deployment's argument file).
+- `web/`: `infra-agent review serve` (token login, CSRF, server-rendered pages); `cli.py`: the
+  terminal mirror (`list | show | approve | reject | request-changes | reverify | apply | serve`).
+"""
 
 # Only importable as part of infra_agent, never as a bare top-level name that could collide.
 if __name__ != "infra_agent.review":

@@ -34,7 +34,8 @@ from infra_agent.store import RunStore, open_store
 from infra_agent.store.records import DecisionAction, ProposalStatus, RiskLevel
 from infra_agent.store.records import now as utc_now
 
-HERE = Path(__file__).parent
+ASSETS = Path(__file__).parents[1]
+"""review/: holds templates/ and static/ (package data of infra_agent.review)."""
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
@@ -118,11 +119,11 @@ def _session(request: Request, server: ReviewServer) -> Session:
 
 def create_app(server: ReviewServer) -> FastAPI:
     app = FastAPI(title="infra-agent review", docs_url=None, redoc_url=None, openapi_url=None)
-    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates = Jinja2Templates(directory=str(ASSETS / "templates"))
     templates.env.globals.update(
         fmt=fmt, raw_json=raw_json, RiskLevel=RiskLevel, ProposalStatus=ProposalStatus
     )
-    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    app.mount("/static", StaticFiles(directory=str(ASSETS / "static")), name="static")
     css = diff_css()
 
     def page(

@@ -178,7 +178,11 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
         kit.SCHED_DIFF,
         run_id=run.id,
         speedup=1.31,
-        extra={"sweep": sweep, "accuracy": accuracy, "vendor_blob": {"odd": [1, {"x": None}]}},
+        extra={
+            "sweep": sweep,
+            "accuracy": accuracy,
+            "vendor_blob": {"odd": [1, {"x": None}], "html": "<img src=x onerror=alert(1)>"},
+        },
     )
     propose("reject", kit.SCHED_DIFF.replace("Slicing", "Slices"), run_id=None, speedup=1.12)
     propose("changes", kit.SCHED_DIFF.replace("Slicing", "A slice"), run_id=None, speedup=1.05)
@@ -377,6 +381,8 @@ def test_queue_then_proposal_evidence_then_approve_applies(page, server: Served)
     assert "layer3.attn_out" in page.inner_text("#accuracy")
     assert page.locator("figure.growth svg polyline").count() == 1
     assert '"odd"' in page.inner_text("#other-evidence")  # unknown evidence shown raw
+    assert "<img src=x onerror=alert(1)>" in page.inner_text("#other-evidence")  # as text
+    assert page.locator("#other-evidence img").count() == 0
     assert "slicing should be faster" in page.inner_text("#trajectory")
     _no_horizontal_scroll(page)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
