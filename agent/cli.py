@@ -67,6 +67,8 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def register(app: typer.Typer) -> None:
+    app.add_typer(skeletons_app, name="skeletons")
+
     @app.command()
     def optimize(
         task: str = typer.Option(
@@ -161,6 +163,11 @@ def register(app: typer.Typer) -> None:
             err_console.print(reason)
             title = f"optimize {the_task.name} ({objective}) with the {chosen} policy"
         view = LiveView(err_console, title, run_budget)
+
+        def on_run(new_id: str) -> None:
+            run_id.append(new_id)
+            view.event(f"run {new_id}")
+
         try:
             with view:
                 if resume:
@@ -169,7 +176,7 @@ def register(app: typer.Typer) -> None:
                     outcome = start_run(
                         config,
                         settings,
-                        on_run=lambda run: (run_id.append(run.id), view.event(f"run {run.id}")),
+                        on_run=lambda run: on_run(run.id),
                         on_state=view.state,
                         on_event=view.event,
                     )
@@ -182,3 +189,74 @@ def register(app: typer.Typer) -> None:
         emit(outcome, lambda console: render_outcome(outcome, console), as_json=as_json)
         if outcome.status == "failed":
             raise typer.Exit(1)
+
+
+skeletons_app = typer.Typer(help="Optimization skeletons: reusable patterns the agent looks up.")
+
+
+@skeletons_app.command("list")
+def list_skeletons(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """List the skeletons (bundled and learned from reviewed runs)."""
+    from infra_agent.agent.knowledge import load_skeletons
+    from infra_agent.output import emit
+
+    found = load_skeletons()
+
+    def render(console: Any) -> None:
+        for s in found:
+            console.print(f"{s.name:<32} {s.title}  [dim]({s.source})[/dim]")
+
+    emit(found, render, as_json=as_json)
+
+
+@skeletons_app.command("show")
+def show_skeleton(name: str = typer.Argument(..., help="Skeleton name.")) -> None:
+    """Show one skeleton: when it applies, how to test it, a worked example."""
+    from infra_agent.agent.knowledge import load_skeletons
+
+    for s in load_skeletons():
+        if s.name == name:
+            typer.echo(s.render())
+            return
+    raise UserError(f"no skeleton named '{name}' (see infra-agent skeletons list)")
+
+
+@skeletons_app.command("save")
+def save_from_proposal(
+    proposal_id: str = typer.Argument(..., help="An approved or applied proposal."),
+    name: str = typer.Option(..., "--name", help="Skeleton name (lowercase, dashes)."),
+    title: str = typer.Option(..., "--title", help="One line: the pattern."),
+) -> None:
+    """Save a reviewed, proven patch as a new skeleton the agent can look up in later runs."""
+    from infra_agent.agent.knowledge import save_skeleton, skeleton_from_proposal
+    from infra_agent.context import current
+    from infra_agent.store.records import ProposalStatus
+    from pydantic import ValidationError
+
+    store = current().store(readonly=True)
+    proposal = store.get_proposal(proposal_id)
+    if proposal is None:
+        raise UserError(f"proposal '{proposal_id}' not found")
+    if proposal.status not in (ProposalStatus.APPROVED, ProposalStatus.APPLIED):
+        raise UserError(
+            f"proposal {proposal_id} is {proposal.status.value}; only reviewed, approved patches become skeletons"
+        )
+    patch = store.get_patch(proposal.patch_id)
+    assert patch is not None
+    diff = patch.diff or "knobs: " + ", ".join(f"{k}={v}" for k, v in patch.knobs.items())
+    try:
+        skeleton = skeleton_from_proposal(
+            name,
+            title,
+            diff,
+            proposal.rationale,
+            proposal.run_id or proposal.id,
+            proposal.expected_gain,
+        )
+    except ValidationError as exc:
+        raise UserError(f"skeleton: {exc.errors()[0]['msg']}") from exc
+    if patch.knobs:
+        skeleton.knob_advice = {k: [v] for k, v in patch.knobs.items()}
+    typer.echo(f"saved {save_skeleton(skeleton)}")

@@ -25,6 +25,7 @@ from infra_agent.store.records import RunRecord, RunStatus
 from infra_agent.tasks.manifest import Task
 from infra_agent.tools.context import ToolContext
 from infra_agent.tools.registry import default_registry
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
@@ -143,12 +144,17 @@ def _drive(
 ) -> RunOutcome:
     config = RunConfig.model_validate(run.config)
     context = _context(run, config, settings, store, on_event)
-    thread = {"configurable": {"thread_id": run.id}}
+    thread: RunnableConfig = {"configurable": {"thread_id": run.id}}
     with compiled_graph(store_path) as graph:
         try:
-            for values in graph.stream(
-                graph_input, thread, context=context, stream_mode="values", durability="sync"
-            ):
+            stream = graph.stream(
+                graph_input,
+                thread,
+                context=context,  # type: ignore[arg-type]
+                stream_mode="values",
+                durability="sync",
+            )
+            for values in stream:
                 if on_state is not None and isinstance(values, dict):
                     on_state(values)
         except KeyboardInterrupt:

@@ -1,0 +1,104 @@
+"""The agent against the real SGLang target (tiny random-weight model on the CPU):
+
+- the llm policy pointed at SGLang's own `/v1/chat/completions`: every reply is noise, so this
+  exercises the transport, streaming and logprobs for real, and the handling of replies that are
+  not tool calls; the run must end cleanly within its budget;
+- the search policy on `sglang-cpu-tiny` (the embedded default) finds an IMPROVED configuration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from infra_agent.agent.configuration import RunConfig
+from infra_agent.agent.runner import start_run
+from infra_agent.agent.state import Budget
+from infra_agent.config import load_settings
+from infra_agent.store import open_store
+
+pytestmark = [pytest.mark.slow, pytest.mark.sglang]
+
+# The tiny model's tokenizer has no chat template; this one renders messages and tool schemas.
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor -%}"
+    "{%- if tools %}<|tools|>{{ tools | tojson }}\n{% endif -%}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif -%}"
+)
+
+
+def _sglang_ready() -> str | None:
+    """Make the cached SGLang environment visible under this test's isolated home (a link)."""
+    import os
+
+    from infra_agent.serving.env import find_sglang_env, sglang_env_path
+
+    shared = Path.home() / ".cache" / "infra-agent" / sglang_env_path().name
+    link = sglang_env_path()
+    if (
+        shared.is_dir()
+        and not link.exists()
+        and Path(os.environ.get("INFRA_AGENT_HOME", "/")).is_dir()
+    ):
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(shared)
+    return (
+        None
+        if find_sglang_env() is not None
+        else "the SGLang environment is not set up (make setup)"
+    )
+
+
+def test_llm_policy_against_a_real_sglang_endpoint(tmp_path: Path) -> None:
+    reason = _sglang_ready()
+    if reason:
+        pytest.skip(reason)
+    import openai
+    from infra_agent.serving.deployment import load_deployment
+    from infra_agent.serving.server import Server
+    from infra_agent.tasks.registry import find_task
+
+    template = tmp_path / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    spec = load_deployment(find_task("sglang-cpu-tiny").root / "deployment.toml")
+    with Server.start(spec, tmp_path / "server", knobs={"chat-template": str(template)}) as server:
+        model = openai.OpenAI(base_url=server.url + "/v1", api_key="none").models.list().data[0].id
+        db = tmp_path / "runs.db"
+        settings = load_settings(
+            overrides={
+                "store.db": str(db),
+                "llm.endpoint.base_url": server.url + "/v1",
+                "llm.endpoint.model": model,
+                "llm.endpoint.max_tokens": 48,
+                "llm.endpoint.timeout_s": 120,
+            }
+        )
+        config = RunConfig(
+            task="decode-split-norm",
+            policy="llm",
+            budget=Budget(experiments=1, turns=3, wall_s=600),
+        )
+        outcome = start_run(config, settings)
+    assert outcome.status == "finished", outcome
+    assert outcome.stop_reason is not None and "budget" in outcome.stop_reason
+    assert outcome.usage.turns == 3 and outcome.usage.tokens > 0
+    store = open_store(db)
+    steps = store.steps(outcome.run_id)
+    replies = [s for s in steps if s.role == "assistant"]
+    assert len(replies) == 3
+    assert all(s.logprobs and s.completion_tokens for s in replies)  # streamed with logprobs
+    answered = [s for s in steps if s.error and s.role in ("user", "tool")]
+    assert len(answered) >= 3  # every noise reply got a precise error back
+    assert all("tool" in (s.error or "") for s in answered)
+
+
+def test_search_finds_a_proven_improvement_on_the_embedded_default(tmp_path: Path) -> None:
+    reason = _sglang_ready()
+    if reason:
+        pytest.skip(reason)
+    settings = load_settings(overrides={"store.db": str(tmp_path / "runs.db")})
+    config = RunConfig(task="sglang-cpu-tiny", policy="search", budget=Budget(experiments=2))
+    outcome = start_run(config, settings)
+    assert outcome.best is not None, outcome.experiments
+    assert outcome.best.verdict == "IMPROVED"
+    assert outcome.best.ci_low is not None and outcome.best.ci_low > 1.0
