@@ -52,7 +52,13 @@ from infra_agent.trajectories.formats import ROW_MODELS, ExportFormat, rl_row
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file
 
-VERDICTS = [Verdict.IMPROVED, Verdict.NO_CHANGE, Verdict.INCORRECT, Verdict.REJECTED, Verdict.REGRESSED]
+VERDICTS = [
+    Verdict.IMPROVED,
+    Verdict.NO_CHANGE,
+    Verdict.INCORRECT,
+    Verdict.REJECTED,
+    Verdict.REGRESSED,
+]
 
 
 def populate(db: Path, n: int) -> None:
@@ -65,10 +71,16 @@ def populate(db: Path, n: int) -> None:
             run = RunRecord(task=f"task-{i % 7}", objective="latency", policy="llm", model="glm-4.6",
                             status=RunStatus.FINISHED, config={"seed": i}, created_at=at)  # fmt: skip
             store.put_run(run)
-            store.add_step(StepRecord(run_id=run.id, role="system", content="You are an infra engineer. " * 20))
-            store.add_step(StepRecord(run_id=run.id, role="user", content=f"Make task-{i % 7} faster."))
+            store.add_step(
+                StepRecord(run_id=run.id, role="system", content="You are an infra engineer. " * 20)
+            )
+            store.add_step(
+                StepRecord(run_id=run.id, role="user", content=f"Make task-{i % 7} faster.")
+            )
             for k in range(4):
-                args = json.dumps({"patch": f"p{k}.diff", "knobs": {"batch": 2**k, "mode": ["a", "b"][k % 2]}})
+                args = json.dumps(
+                    {"patch": f"p{k}.diff", "knobs": {"batch": 2**k, "mode": ["a", "b"][k % 2]}}
+                )
                 store.add_step(StepRecord(
                     run_id=run.id, role="assistant", content=f"Step {k}: trying a change.",
                     reasoning_content="The profile shows the norm recomputed per split. " * 5,
@@ -81,7 +93,11 @@ def populate(db: Path, n: int) -> None:
             exp_ids = []
             for k in range(2):
                 verdict = VERDICTS[(i + k) % len(VERDICTS)]
-                patch = PatchRecord(id=f"{i:032x}{k:032x}", kind=PatchKind.DIFF, diff="--- a/k.py\n+++ b/k.py\n" * 10)
+                patch = PatchRecord(
+                    id=f"{i:032x}{k:032x}",
+                    kind=PatchKind.DIFF,
+                    diff="--- a/k.py\n+++ b/k.py\n" * 10,
+                )
                 store.put_patch(patch)
                 result = ExperimentResult(
                     task=run.task, patch_id=patch.id, verdict=verdict, reasons=["measured"],
@@ -95,7 +111,9 @@ def populate(db: Path, n: int) -> None:
                         health={"nan": 0}, extra={"layer": k},
                     ),
                 )  # fmt: skip
-                exp = ExperimentRecord(run_id=run.id, task=run.task, patch_id=patch.id, result=result, started_at=at)
+                exp = ExperimentRecord(
+                    run_id=run.id, task=run.task, patch_id=patch.id, result=result, started_at=at
+                )
                 store.put_experiment(exp)
                 exp_ids.append(exp.id)
             prop = ProposalRecord(run_id=run.id, task=run.task, patch_id=f"{i:032x}{0:032x}",
@@ -132,7 +150,9 @@ def main() -> None:
         for fmt in ExportFormat:
             for parquet in (False, True):
                 out = root / f"{fmt.value}.{'parquet' if parquet else 'jsonl'}"
-                summary, secs = timed(lambda: export_dataset(store, fmt, out, parquet=parquet, redactor=redactor))  # noqa: B023
+                summary, secs = timed(
+                    lambda: export_dataset(store, fmt, out, parquet=parquet, redactor=redactor)
+                )  # noqa: B023
                 print(f"  {fmt.value:10s} {'parquet' if parquet else 'jsonl':8s} {summary.rows / secs:8.0f} rows/s"
                       f"  ({secs:6.2f} s, {summary.bytes / 1e6:6.1f} MB)")  # fmt: skip
 
@@ -154,7 +174,10 @@ def main() -> None:
                     sink.write(arrow_table(ExportFormat.RL, batch))
                 sink.close()
 
-        flat = [{**{k: v for k, v in r.items() if k != "tools"}, "tools_json": json.dumps(r["tools"])} for r in rows]
+        flat = [
+            {**{k: v for k, v in r.items() if k != "tools"}, "tools_json": json.dumps(r["tools"])}
+            for r in rows
+        ]
 
         def plain() -> None:
             pq.write_table(pa.Table.from_pylist(flat), plain_path, compression="zstd")
@@ -166,13 +189,21 @@ def main() -> None:
             t_plain.append(timed(plain)[1])
         best_ours, best_plain = min(t_ours), min(t_plain)
         print(f"  read store            {n / t_load:8.0f} rows/s ({t_load:6.2f} s)")
-        print(f"  build trajectories    {n / t_build:8.0f} rows/s ({t_build:6.2f} s)  redaction, rewards, validation")
+        print(
+            f"  build trajectories    {n / t_build:8.0f} rows/s ({t_build:6.2f} s)  redaction, rewards, validation"
+        )
         print(f"  trajectories -> rows  {n / t_rows:8.0f} rows/s ({t_rows:6.2f} s)")
-        print(f"  write rows (ours)     {n / best_ours:8.0f} rows/s ({best_ours:6.2f} s)  validation + columns + zstd Parquet")
-        print(f"  write rows (plain)    {n / best_plain:8.0f} rows/s ({best_plain:6.2f} s)  Table.from_pylist + write_table")
+        print(
+            f"  write rows (ours)     {n / best_ours:8.0f} rows/s ({best_ours:6.2f} s)  validation + columns + zstd Parquet"
+        )
+        print(
+            f"  write rows (plain)    {n / best_plain:8.0f} rows/s ({best_plain:6.2f} s)  Table.from_pylist + write_table"
+        )
         print(f"  ours / plain write time: {best_ours / best_plain:.2f}x")
         total = t_load + t_build + t_rows + best_ours
-        print(f"  share of export time in writing (ours): {best_ours / total:.0%}; in building: {t_build / total:.0%}")
+        print(
+            f"  share of export time in writing (ours): {best_ours / total:.0%}; in building: {t_build / total:.0%}"
+        )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ metrics (tokens, `cost_usd`, `logprobs`, token ids). Everything infra-agent adds
   were not a JSON object (ATIF requires an object, so those keep the model's raw text here).
 
 Mapping from the run store: an assistant message becomes an agent step; the tool messages that
-answer its calls become that step's `observation.results`; `harness` messages become user steps
-(the model saw them as user turns). So the store's message count is
+answer its calls become that step's `observation.results`; `harness` messages (notes of the
+agent loop: baseline, experiment started, decisions, review, apply; never sent to the model)
+become system steps. So the store's message count is
 `len(steps) + sum(len(step.observation.results))`, kept as `Outcome.store_messages`.
 """
 
@@ -100,6 +101,8 @@ class RawArguments(_Strict):
 class StepExtension(_Strict):
     role: Literal["system", "user", "assistant", "tool", "harness"]
     """The store role of the message that opened this step."""
+    name: str | None = None
+    """The store's name of the message (for harness notes: baseline, experiment, decision, ...)."""
     seqs: list[int]
     """Store seqs folded into this step (the message, then its tool results)."""
     error: str | None = None
@@ -198,6 +201,8 @@ class ProposalOutcome(_Strict):
     expected_gain: float | None
     rationale: str
     experiment_ids: list[str]
+    applied_to: str = ""
+    """Where an approved patch was applied (git branch and repo, or knobs file); '' if not."""
     decisions: list[Decision]
     reward: Reward
 

@@ -36,7 +36,7 @@ from infra_agent.trajectories.rewards import (
     trajectory_reward,
 )
 
-_SOURCE = {"system": "system", "user": "user", "harness": "user", "assistant": "agent"}
+_SOURCE = {"system": "system", "user": "user", "harness": "system", "assistant": "agent"}
 
 
 @dataclass
@@ -230,7 +230,7 @@ def _new_step(
         "timestamp": rec.created_at.isoformat(),
         "source": source,
         "message": message,
-        "extra": {"role": rec.role, "seqs": [rec.seq], "tool_errors": [], "invalid_tool_arguments": [], "tool_names": []},
+        "extra": {"role": rec.role, "name": rec.name, "seqs": [rec.seq], "tool_errors": [], "invalid_tool_arguments": [], "tool_names": []},
     }  # fmt: skip
     steps.append(step)
     return step
@@ -375,6 +375,7 @@ def _proposal(
         "expected_gain": p.expected_gain,
         "rationale": p.rationale,
         "experiment_ids": list(p.experiment_ids),
+        "applied_to": p.applied_to,
         "decisions": [
             {
                 "decision_id": d.id,

@@ -15,6 +15,7 @@ so Arrow never has to unify differing structs.
 
 from __future__ import annotations
 
+import functools
 import json
 from enum import Enum
 from typing import Any, Literal
@@ -80,6 +81,7 @@ class RlMetrics(_Strict):
     reviewed: bool
     suspicious: int
     n_messages: int
+    """Messages the model saw (prompt + completion)."""
     n_tool_calls: int
     n_experiments: int
     total_prompt_tokens: int | None = None
@@ -111,17 +113,17 @@ class RlRow(_Strict):
 
 # -- rows from a trajectory ------------------------------------------------------------------
 def chat_messages(t: Trajectory) -> list[dict[str, Any]]:
-    """The conversation in OpenAI chat shape; one message per store message, in order."""
+    """The conversation the model saw, in OpenAI chat shape: one message per store message in
+    order, except the agent loop's own notes (`harness` steps), which never reached the model."""
     out: list[dict[str, Any]] = []
     for step in t.steps:
         ext = step.extra
+        if ext.role == "harness":  # a note of the agent loop: logged, never shown to the model
+            continue
         if ext.role != "tool":  # a step opened by an orphan tool result carries only results
-            agent = step.source == "agent"
             message: dict[str, Any] = {
-                "role": "assistant" if agent else step.source,
-                # A harness message whose text is only in `error` showed the model that error;
-                # an agent's error (rate limit, timeout) was never model output.
-                "content": step.message or (None if agent else ext.error) or "",
+                "role": "assistant" if step.source == "agent" else step.source,
+                "content": step.message,
             }
             if step.reasoning_content is not None:
                 message["reasoning_content"] = step.reasoning_content
@@ -152,17 +154,32 @@ def chat_messages(t: Trajectory) -> list[dict[str, Any]]:
 
 
 def tool_specs(t: Trajectory) -> list[dict[str, Any]]:
-    """The tools offered to the model: the run config's `tools` (OpenAI function specs) when the
-    agent recorded them; otherwise one minimal spec per tool name the model called."""
+    """The tools offered to the model, as OpenAI function specs: the run config's `tools` when the
+    agent recorded them; otherwise the agent's tool registry (same code version as the export)
+    plus a minimal spec for any tool the model called that the registry does not know."""
     config = json.loads(t.extra.run.config_json)
     recorded = config.get("tools")
     if isinstance(recorded, list) and all(isinstance(x, dict) for x in recorded):
         return recorded
-    names = sorted({c.function_name for s in t.steps for c in (s.tool_calls or [])})
-    return [
+    called = sorted({c.function_name for s in t.steps for c in (s.tool_calls or [])})
+    if not called:
+        return []
+    registry = _registry_specs()
+    known = {spec["function"]["name"] for spec in registry}
+    if not known & set(called):  # not an agent-registry run: describe only what was called
+        registry = []
+    return registry + [
         {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
-        for n in names
+        for n in called
+        if n not in known or not registry
     ]
+
+
+@functools.lru_cache(maxsize=1)
+def _registry_specs() -> list[dict[str, Any]]:
+    from infra_agent.tools.registry import default_registry
+
+    return default_registry().schemas()
 
 
 def sft_row(t: Trajectory) -> dict[str, Any]:
@@ -202,7 +219,7 @@ def rl_row(t: Trajectory) -> dict[str, Any]:
             "accuracy_outcome": out.accuracy_outcome,
             "reviewed": out.reviewed,
             "suspicious": out.suspicious,
-            "n_messages": out.store_messages,
+            "n_messages": len(messages),
             "n_tool_calls": out.tool_calls,
             "n_experiments": sum(len(p.experiments) for p in t.extra.patches),
             "total_prompt_tokens": fm.total_prompt_tokens,

@@ -28,15 +28,9 @@ def test_steps_follow_atif_and_fold_tool_results_into_observations(fx: Fixture) 
     t, records = _trajectory(fx, fx.run_a)
     assert t.schema_version == "ATIF-v1.4" and t.session_id == fx.run_a
     assert [s.step_id for s in t.steps] == list(range(1, len(t.steps) + 1))
-    assert [s.source for s in t.steps] == [
-        "system",
-        "user",
-        "agent",
-        "agent",
-        "user",
-        "agent",
-        "agent",
-    ]
+    sources = [s.source for s in t.steps]
+    assert sources == ["system", "user", "agent", "agent", "system", "agent", "agent"]
+    assert (t.steps[4].extra.role, t.steps[4].extra.name) == ("harness", "decision")
     # Every store message is in exactly one step, in order.
     seqs = [q for s in t.steps for q in s.extra.seqs]
     assert sorted(seqs) == [r.seq for r in records] and len(records) == fx.a_messages

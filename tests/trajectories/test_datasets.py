@@ -79,7 +79,7 @@ def test_all_formats_load_with_datasets_offline(
                 assert row["reward_components"] == pytest.approx(
                     ref_a["extra"]["reward"]["components"], rel=1e-9
                 ), where
-            assert len(messages) == fx.a_messages, where
+            assert len(messages) == fx.a_visible, where
             calls = [c for m in messages for c in (m.get("tool_calls") or [])]
             assert [c["id"] for c in calls] == ["call_1", "call_2", "call_3", "call_4"], where
             assert all(isinstance(c["function"]["arguments"], str) for c in calls), where

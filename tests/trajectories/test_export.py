@@ -67,11 +67,12 @@ def check_round_trip(
         assert rl.verdicts == verdicts
         assert rl.reward == reference.extra.reward.total
         assert rl.reward_components == reference.extra.reward.components
-        assert rl.metrics.best_speedup == 1.62 and rl.metrics.n_messages == fx.a_messages
+        assert rl.metrics.best_speedup == 1.62 and rl.metrics.n_messages == fx.a_visible
         assert sorted(p.reward for p in rl.proposals) == sorted(
             p.reward.total for p in reference.extra.proposals
         )
-    assert len(messages) == fx.a_messages
+    assert len(messages) == fx.a_visible  # the harness note never reached the model
+    assert "decision: continue" not in json.dumps([m.model_dump() for m in messages])
     calls = [c for m in messages for c in (m.tool_calls or [])]
     assert [c.id for c in calls] == ["call_1", "call_2", "call_3", "call_4"]
     assert json.loads(calls[0].function.arguments) == {"target": "decode", "seconds": 5}

@@ -88,7 +88,7 @@ def test_redact_text_uses_the_current_environment(monkeypatch: pytest.MonkeyPatc
     "text",
     [
         'say "Authorization: Bearer abcdefghijklmnop" twice',
-        "api_key=\"sk-proj-4f9Qm2LxZr7TbN1vW8yKc3Hd\"\nnext line\\ with backslash",
+        'api_key="sk-proj-4f9Qm2LxZr7TbN1vW8yKc3Hd"\nnext line\\ with backslash',
         "-----BEGIN PRIVATE KEY-----\nMIIEow\nno end marker",
         'password: "p4ssw0rd!x"\t{"token": "abcdef123456"}',
         "postgres://admin:s3cr3tpass@db/x and 0123456789abcdef0123456789abcdef.AbCdEfGhIjKlMnOp",
@@ -98,5 +98,9 @@ def test_redacting_a_json_document_keeps_it_json_and_matches_per_string(text: st
     redactor = Redactor()
     doc = {"content": text, "nested": [{"arguments": text}], "n": 3}
     fast = json.loads(redactor.json(doc))  # must parse: the one-pass path was taken
-    assert fast == {"content": redactor.text(text), "nested": [{"arguments": redactor.text(text)}], "n": 3}
+    assert fast == {
+        "content": redactor.text(text),
+        "nested": [{"arguments": redactor.text(text)}],
+        "n": 3,
+    }
     assert REDACTED in fast["content"]

@@ -1,7 +1,8 @@
 """A realistic run store for the export tests (imported by conftest.py and the tests), built with the store API in a real SQLite file.
 
 Run A (llm policy) has a system prompt, a user task, an agent turn with reasoning and a tool
-call, a tool call whose arguments are not valid JSON (with the harness's error reply), a turn
+call, a tool call whose arguments are not valid JSON (with the tool's error reply), a note of
+the agent loop (harness, never shown to the model), a turn
 with two parallel calls, per-step tokens/cost/logprobs, and four experiments: IMPROVED with a
 confidence interval, REJECTED (rule violation), INCORRECT, and a suspicious IMPROVED. Two
 proposals: the clean win approved by a reviewer, the suspicious one rejected.
@@ -63,6 +64,9 @@ class Fixture:
     run_b: str
     run_c: str
     a_messages: int
+    """Store messages of run A."""
+    a_visible: int
+    """Of which the model saw (all but the harness note)."""
     a_tool_calls: int
     a_verdicts: list[Verdict]
 
@@ -132,12 +136,14 @@ def build_store(db: Path) -> Fixture:
     )  # fmt: skip
     _step(store, a, next(t), role="tool", tool_call_id="call_2", name="set_knobs", content="",
           error=f"arguments are not valid JSON (token {ENV_SECRET} rejected)")  # fmt: skip
+    # A note of the agent loop: logged, never sent to the model.
     _step(
         store,
         a,
         next(t),
         role="harness",
-        content="Your last tool call had invalid JSON arguments; retry.",
+        name="decision",
+        content="decision: continue; 1 experiment left",
     )
     _step(
         store, a, next(t), role="assistant", content="Trying the fused-norm patch and a knob change.",
@@ -250,6 +256,6 @@ def build_store(db: Path) -> Fixture:
                 T0 + timedelta(days=2, minutes=1))  # fmt: skip
     store.close()
     return Fixture(
-        db=db, run_a=a, run_b=b, run_c=run_c.id, a_messages=11, a_tool_calls=4,
+        db=db, run_a=a, run_b=b, run_c=run_c.id, a_messages=11, a_visible=10, a_tool_calls=4,
         a_verdicts=[Verdict.IMPROVED, Verdict.REJECTED, Verdict.INCORRECT, Verdict.IMPROVED],
     )  # fmt: skip
