@@ -34,7 +34,7 @@ METHOD = "in-process sys._current_frames() sampling (cannot see GIL ownership)"
 
 
 def _frames(frame: FrameType | None, limit: int = 30) -> list[Frame]:
-    out = []
+    out: list[Frame] = []
     while frame is not None and len(out) < limit:
         code = frame.f_code
         out.append(Frame(name=code.co_name, file=code.co_filename, line=frame.f_lineno))

@@ -188,7 +188,8 @@ def _op_stats(samples: dict[str, list[float]], cover: float) -> tuple[list[OpSta
         ),
         key=lambda o: -o.total_us,
     )
-    top, acc = [], 0.0
+    top: list[OpStat] = []
+    acc = 0.0
     for op in ops:
         if acc >= cover or len(top) >= 15:
             break
