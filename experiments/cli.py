@@ -78,8 +78,14 @@ def parse_params(items: list[str]) -> dict[str, str]:
     return params
 
 
+class Interrupted(UserError):
+    """The experiment was stopped by Ctrl-C or a signal; its sandboxes were cleaned up."""
+
+    exit_code = 130
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def register(app: typer.Typer) -> None:
@@ -118,9 +124,15 @@ def register(app: typer.Typer) -> None:
             def progress(message: str) -> None:
                 status.update(f"experiment on {found.name}: {message}")
 
-            record = run_experiment(
-                found, loaded, sandbox=backend, params=params, store=store, progress=progress
-            )
+            try:
+                record = run_experiment(
+                    found, loaded, sandbox=backend, params=params, store=store, progress=progress
+                )
+            except KeyboardInterrupt as exc:
+                # Raised as an error (not left to typer, which turns it into a return value):
+                # exit status 130, nothing recorded, sandboxes already cleaned by the cascade.
+                why = str(exc) or "Ctrl-C"
+                raise Interrupted(f"experiment interrupted ({why}); nothing recorded") from None
         report = ExperimentReport.of(record)
 
         def render(console: Console) -> None:

@@ -108,6 +108,33 @@ def measure(
             return Measurement(comparison, base, cand, rounds)
 
 
+def sign_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """Distribution-free interval for the median per-pair ratio (the sign test's order
+    statistics): exact coverage >= `confidence` for independent pairs, whatever the noise.
+    None when there are too few pairs to reach that confidence."""
+    n = len(ratios)
+    alpha = (1.0 - confidence) / 2
+    k, tail = 0, 0.0
+    while True:  # largest k with P(Binom(n, 1/2) <= k - 1) <= alpha
+        tail_next = tail + math.comb(n, k) / 2**n
+        if tail_next > alpha:
+            break
+        tail, k = tail_next, k + 1
+    if k == 0:
+        return None
+    ordered = sorted(ratios)
+    return ordered[k - 1], ordered[n - k]
+
+
+def pair_ratios(m: Measurement, manifest: TaskManifest) -> list[float]:
+    """Per-pair speedups (same seed, measured next to each other), > 1 is better."""
+    name = manifest.metric.name
+    pairs = zip(m.baseline[name], m.candidate[name], strict=False)
+    if manifest.metric.higher_is_better:
+        return [c / b for b, c in pairs]
+    return [b / c for b, c in pairs]
+
+
 def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
     c, metric = m.comparison, manifest.metric
     return PerformanceEvidence(
@@ -123,7 +150,10 @@ def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
         baseline_samples=m.baseline[metric.name],
         candidate_samples=m.candidate[metric.name],
         noise=c.noise,
-        method=f"interleaved ABBA rounds on fresh seeds ({m.rounds} rounds); {c.method}",
+        method=(
+            f"interleaved ABBA rounds on fresh seeds ({m.rounds} rounds); {c.method}; "
+            "a decision also needs the sign test's 95% interval of per-pair speedups to agree"
+        ),
     )
 
 

@@ -44,15 +44,18 @@ def _load_response(payload: bytes) -> dict[str, Any]:
     view = memoryview(payload)
     if view[:1] != b"R":
         raise ValueError("unknown response format")
-    size = int.from_bytes(view[1:9], "big")
-    header = json.loads(bytes(view[9 : 9 + size]))
-    pos = 9 + size
-    buffers: list[memoryview] = []
-    while pos < len(view):
-        n = int.from_bytes(view[pos : pos + 8], "big")
-        buffers.append(view[pos + 8 : pos + 8 + n])
-        pos += 8 + n
-    message = _restore(header["message"], buffers)
+    try:
+        size = int.from_bytes(view[1:9], "big")
+        header = json.loads(bytes(view[9 : 9 + size]))
+        pos = 9 + size
+        buffers: list[memoryview] = []
+        while pos < len(view):
+            n = int.from_bytes(view[pos : pos + 8], "big")
+            buffers.append(view[pos + 8 : pos + 8 + n])
+            pos += 8 + n
+        message = _restore(header["message"], buffers)
+    except (KeyError, IndexError, TypeError, RuntimeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed response ({type(exc).__name__}: {exc})") from None
     if not isinstance(message, dict):
         raise ValueError("response is not a message")
     return message

@@ -301,8 +301,9 @@ def test_hang_and_runaway_allocation_fail_and_the_next_experiment_runs(
     hog = run(task, ALLOCATE_FOREVER, backend)
     assert hog.verdict == Verdict.FAILED, hog.render()
     assert "memory" in " ".join(hog.reasons).lower()
-    honest = run(task, FAST, backend)
-    assert honest.verdict == Verdict.IMPROVED, honest.render()
+    honest = run(task, FAST, backend)  # the sandbox machinery is still usable
+    assert honest.verdict in (Verdict.IMPROVED, Verdict.NO_CHANGE), honest.render()
+    assert honest.evidence.performance is not None and honest.evidence.performance.speedup > 1
 
 
 # -- tensor cheats on the bundled example task ------------------------------------------------

@@ -1,0 +1,215 @@
+"""The experiment cascade end to end: the example task's honest fix, A/A, verdict rules, bad
+input, the CLI's JSON and records, and cleanup when the CLI is killed mid-experiment."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from infra_agent.errors import UserError
+from infra_agent.experiments import run_experiment
+from infra_agent.experiments.arms import ArmSet, SeedSource, load_harness, sandbox_spec
+from infra_agent.experiments.measure import Measurement, decide, measure
+from infra_agent.experiments.verdict import Flag, Verdict
+from infra_agent.feedback.bench import compare_samples
+from infra_agent.sandboxes import create_sandbox
+from infra_agent.store import open_store
+from infra_agent.tasks.manifest import Constraint
+from infra_agent.tasks.patch import PatchError, knob_patch, load_patch, parse_diff
+from infra_agent.tasks.registry import find_task
+
+FAST = "def axpy(a, xs, ys):\n    return [a * x + y for x, y in zip(xs, ys)]\n"
+SLOW_CALLS = "import time\n\n\ndef axpy(a, xs, ys):\n    time.sleep(2)\n    return [a * x + y for x, y in zip(xs, ys)]\n"
+
+
+@pytest.mark.slow
+def test_reference_fix_improves_consistently_and_is_recorded(tmp_path: Path) -> None:
+    task = find_task("example-matmul")
+    assert task.reference_patch is not None
+    patch = load_patch(task.reference_patch, author="test", rationale="BLAS matmul")
+    store = open_store(tmp_path / "runs.db")
+    records = [run_experiment(task, patch, store=store, run_id=None) for _ in range(2)]
+    for record in records:
+        result = record.result
+        assert result.verdict == Verdict.IMPROVED, result.render()
+        perf = result.evidence.performance
+        assert perf is not None and perf.ci_low > 1.0 and perf.n_samples >= 10
+        assert result.evidence.correctness is not None and result.evidence.correctness.passed
+        assert (
+            result.evidence.sandbox is not None
+            and "netns:bwrap" in result.evidence.sandbox.isolation
+        )
+        assert set(result.evidence.durations_s) >= {"static", "correctness", "performance", "total"}
+    assert records[0].target_fingerprint == records[1].target_fingerprint
+    stored = store.experiments()
+    assert {e.id for e in stored} == {r.id for r in records}
+    assert store.get_patch(patch.hash) is not None and store.get_patch(patch.hash).author == "test"
+
+
+def test_a_a_gives_no_change(pytask) -> None:
+    """Baseline against itself, 20 measurements with the real workers, sampling and decision:
+    at least 19 must be NO_CHANGE."""
+    task = pytask(min_samples=6, max_samples=10, measure_budget_s=1.0)
+    harness = load_harness(task, task.manifest.params)
+    arms = ArmSet(call_timeout_s=10)
+    try:
+        pair = [
+            arms.open(
+                name,
+                create_sandbox("local", task.workspace, sandbox_spec(task)),
+                {},
+                task.manifest.params,
+            )
+            for name in ("baseline", "candidate")
+        ]
+        for arm in pair:
+            harness.prepare(arm)
+        verdicts = []
+        for i in range(20):
+            m = measure(harness, pair[0], pair[1], task.manifest, SeedSource(), deadline=time.monotonic() + 60,
+                        bootstrap_seed=i)  # fmt: skip
+            verdicts.append(decide(m, task.manifest)[0])
+    finally:
+        arms.close()
+    assert verdicts.count(Verdict.NO_CHANGE) >= 19, verdicts
+
+
+def synthetic(base: list[float], cand: list[float], **extra: list[float]) -> Measurement:
+    m = Measurement(compare_samples(base, cand, higher_is_better=False, paired=True))
+    m.baseline = {"latency_ms": base, **{k: base for k in extra}}
+    m.candidate = {"latency_ms": cand, **extra}
+    return m
+
+
+def test_decision_rules(pytask) -> None:
+    manifest = pytask().manifest
+    base = [10.0 + 0.1 * (i % 5) for i in range(20)]
+    assert decide(synthetic(base, [b / 2 for b in base]), manifest)[0] == Verdict.IMPROVED
+    assert decide(synthetic(base, [b * 2 for b in base]), manifest)[0] == Verdict.REGRESSED
+    verdict, reasons, _, _ = decide(synthetic(base, [b / 1.02 for b in base]), manifest)
+    assert verdict == Verdict.NO_CHANGE and "minimum of 5%" in reasons[0]
+    manifest.plausible_speedup = 1.5
+    verdict, reasons, flags, _ = decide(synthetic(base, [b / 2 for b in base]), manifest)
+    assert (
+        verdict == Verdict.IMPROVED and Flag.SUSPICIOUS in flags and "plausibility" in reasons[-1]
+    )
+    manifest.constraints = [Constraint(metric="memory_mb", max_ratio=1.3)]
+    verdict, reasons, _, metrics = decide(
+        synthetic(base, [b / 2 for b in base], memory_mb=[b * 2 for b in base]), manifest
+    )
+    assert verdict == Verdict.REGRESSED and "constraint broken: memory_mb" in reasons[-1]
+    assert metrics["candidate_memory_mb"] == pytest.approx(2 * metrics["baseline_memory_mb"])
+
+
+def test_bad_input_raises_and_records_nothing(pytask, make_patch, tmp_path: Path) -> None:
+    task = pytask()
+    store = open_store(tmp_path / "runs.db")
+    good = make_patch(task, "kernel.py", FAST)
+    with pytest.raises(UserError, match="no parameter 'bogus'"):
+        run_experiment(task, good, params={"bogus": 1}, store=store)
+    with pytest.raises(UserError, match="unknown knob 'size'"):
+        run_experiment(task, knob_patch({"size": 3}), store=store)
+    with pytest.raises(PatchError, match="does not exist"):
+        run_experiment(
+            task, parse_diff(good.diff.replace("kernel.py", "helpers/gone.py")), store=store
+        )
+    with pytest.raises(PatchError, match="does not apply cleanly"):
+        run_experiment(task, parse_diff(good.diff.replace("out = []", "out = [0]")), store=store)
+    with pytest.raises(UserError, match="unknown backend"):
+        run_experiment(task, good, sandbox="vm", store=store)
+    assert store.experiments() == [] and store.get_patch(good.hash) is None
+
+
+def test_non_editable_file_is_rejected_and_recorded(pytask, tmp_path: Path) -> None:
+    task = pytask()
+    (task.workspace / "frozen.py").write_text("X = 1\n")
+    patch = parse_diff("--- a/frozen.py\n+++ b/frozen.py\n@@ -1 +1 @@\n-X = 1\n+X = 2\n")
+    store = open_store(tmp_path / "runs.db")
+    record = run_experiment(task, patch, store=store)
+    assert record.result.verdict == Verdict.REJECTED
+    assert "not editable" in record.result.reasons[0]
+    assert [e.id for e in store.experiments()] == [record.id]
+
+
+def cli(args: list[str], env: dict[str, str], **kwargs):  # -> subprocess.Popen | CompletedProcess
+    return [sys.executable, "-m", "infra_agent.cli", *args], {**os.environ, **env}
+
+
+def test_cli_json_and_store(pytask, make_patch, tmp_path: Path) -> None:
+    task = pytask()
+    patch_file = tmp_path / "fast.diff"
+    patch_file.write_text(make_patch(task, "kernel.py", FAST).diff)
+    db = tmp_path / "runs.db"
+    argv, env = cli(["--db", str(db), "experiment", "--task", str(task.root), "--patch", str(patch_file),
+                     "--json"], {})  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["verdict"] in ("IMPROVED", "NO_CHANGE")
+    assert set(report) >= {
+        "verdict",
+        "reasons",
+        "correctness",
+        "performance",
+        "flags",
+        "sandbox",
+        "durations_s",
+    }
+    perf = report["performance"]
+    assert perf["ci_low"] <= perf["speedup"] <= perf["ci_high"] and perf["n_samples"] >= 6
+    assert report["correctness"]["passed"] is True and report["sandbox"]["backend"] == "local"
+    assert [e.id for e in open_store(db).experiments()] == [report["experiment_id"]]
+    bad = subprocess.run([*argv[:-3], "--patch", str(tmp_path / "nope.diff")], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "not found" in bad.stderr and bad.stdout == ""
+    assert len(open_store(db).experiments()) == 1
+
+
+def _processes_under(folder: Path) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(str(folder)) or str(folder) in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_killing_the_cli_leaves_nothing_behind(
+    pytask, make_patch, tmp_path: Path, signum: int
+) -> None:
+    task = pytask()
+    patch_file = tmp_path / "slow.diff"
+    patch_file.write_text(make_patch(task, "kernel.py", SLOW_CALLS).diff)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    argv, env = cli(["--db", str(tmp_path / "runs.db"), "experiment", "--task", str(task.root),
+                     "--patch", str(patch_file)], {"TMPDIR": str(scratch)})  # fmt: skip
+    # As from a terminal: SIGINT not ignored, even if this test runs in a background job.
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    deadline = time.monotonic() + 120
+    while (
+        len(_processes_under(scratch)) < 2 and time.monotonic() < deadline and proc.poll() is None
+    ):
+        time.sleep(0.2)
+    assert len(_processes_under(scratch)) >= 2, "the experiment's workers never started"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, err
+    time.sleep(0.5)
+    assert _processes_under(scratch) == []
+    assert list(scratch.iterdir()) == []
+    assert open_store(tmp_path / "runs.db").experiments() == []

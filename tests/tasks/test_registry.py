@@ -1,0 +1,90 @@
+"""Task registry: bundled tasks, folders by path, the search path, entry points, bad manifests."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from infra_agent.errors import UserError
+from infra_agent.tasks import registry
+from infra_agent.tasks.registry import find_task, list_tasks
+from support import run_cli
+
+EXAMPLE = registry.BUNDLED_DIR / "example-matmul"
+
+
+def copy_task(dest: Path, name: str) -> Path:
+    shutil.copytree(EXAMPLE, dest)
+    toml = dest / "task.toml"
+    toml.write_text(toml.read_text().replace('name = "example-matmul"', f'name = "{name}"'))
+    return dest
+
+
+def test_bundled_example_is_listed_and_found() -> None:
+    names = [t.name for t in list_tasks(search_path=[])]
+    assert "example-matmul" in names
+    task = find_task("example-matmul", search_path=[])
+    assert task.workspace.is_dir() and task.reference_patch is not None
+    assert task.manifest.metric.name == "latency_ms"
+
+
+def test_folder_by_path_and_search_path(tmp_path: Path) -> None:
+    folder = copy_task(tmp_path / "tasks" / "mine", "my-task")
+    assert find_task(str(folder)).name == "my-task"
+    assert find_task("my-task", search_path=[tmp_path / "tasks"]).root == folder.resolve()
+    assert "my-task" in [t.name for t in list_tasks(search_path=[tmp_path / "tasks"])]
+
+
+def test_entry_point_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = copy_task(tmp_path / "plugin-task", "plugin-task")
+
+    class EntryPoint:
+        name, value = "plugin", "pkg:folder"
+
+        def load(self):  # noqa: ANN202
+            return lambda: folder
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [EntryPoint()])
+    assert find_task("plugin-task", search_path=[]).root == folder.resolve()
+
+
+def test_unknown_and_malformed(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="unknown task 'nope'.*example-matmul"):
+        find_task("nope", search_path=[])
+    bad = copy_task(tmp_path / "bad", "bad")
+    (bad / "task.toml").write_text(
+        (bad / "task.toml").read_text().replace('objective = "latency"', 'objective = "speed"')
+    )
+    with pytest.raises(UserError, match=r"task.toml: field 'objective'"):
+        find_task(str(bad))
+    (bad / "task.toml").write_text("name = [")
+    with pytest.raises(UserError, match="not valid TOML"):
+        list_tasks(search_path=[tmp_path])
+    with pytest.raises(UserError, match="not found"):
+        find_task(str(tmp_path / "missing"))
+
+
+def test_cli_list_and_show(tmp_path: Path) -> None:
+    import json
+
+    listed = run_cli("tasks", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert (
+        rows["example-matmul"]["unit"] == "ms"
+        and rows["example-matmul"]["higher_is_better"] is False
+    )
+    shown = run_cli("tasks", "show", "example-matmul", "--json")
+    assert shown.returncode == 0, shown.stderr
+    detail = json.loads(shown.stdout)
+    assert (
+        detail["manifest"]["editable"] == ["projection.py"] and "example-matmul" in detail["readme"]
+    )
+    text = run_cli("tasks", "show", "example-matmul")
+    assert "latency_ms" in text.stdout and "lower is better" in text.stdout
+    missing = run_cli("tasks", "show", "no-such-task")
+    assert missing.returncode == 2 and missing.stderr.startswith(
+        "error: unknown task 'no-such-task'"
+    )
+    assert missing.stdout == ""
