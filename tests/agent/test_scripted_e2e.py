@@ -92,7 +92,7 @@ def conversation(diff: str) -> list[dict[str, object]]:
 
 @pytest.mark.slow
 def test_scripted_run_waits_for_review_and_an_approval_from_another_process_applies_it(
-    quick_task: Path, tmp_path: Path
+    quick_task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps(conversation((quick_task / "reference.patch").read_text())))
@@ -162,3 +162,18 @@ def test_scripted_run_waits_for_review_and_an_approval_from_another_process_appl
         text=True,
     )
     assert "split_max" in shown.stdout
+
+    # The reviewed, proven patch becomes a skeleton later runs can look up.
+    monkeypatch.setattr(
+        sys, "argv",
+        ["infra-agent", "--db", str(db), "skeletons", "save", proposal.id,
+         "--name", "per-split-softmax-merge", "--title", "Merge per-split softmax statistics once"],
+    )  # fmt: skip
+    from infra_agent.cli import main
+
+    main()  # returns normally on success (a UserError would exit non-zero)
+    from infra_agent.agent.knowledge import load_skeletons, search_skeletons
+
+    [learned] = search_skeletons("merge per-split softmax statistics", load_skeletons(), top_k=1)
+    assert learned.name == "per-split-softmax-merge" and learned.source == outcome.run_id
+    assert "split_max" in learned.example
