@@ -76,6 +76,9 @@ def register(app: typer.Typer) -> None:
         weight: list[str] = typer.Option(
             [], "--weight", help="Reward weight NAME=NUMBER (repeatable)."
         ),
+        jobs: int = typer.Option(
+            1, "--jobs", "-j", help="Worker processes that build trajectories."
+        ),
         as_json: bool = typer.Option(
             False, "--json", help="Print one JSON document on stdout, nothing else."
         ),
@@ -117,6 +120,7 @@ def register(app: typer.Typer) -> None:
             flt=flt,
             redactor=redactor,
             weights=weights,
+            jobs=jobs,
         )
 
         def render(console: Console) -> None:

@@ -8,17 +8,22 @@ written atomically: on any error nothing appears at the output path.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import chain, repeat
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import Verdict
+from infra_agent.store import open_store
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import RunRecord
 from infra_agent.trajectories.atif import Trajectory, VerdictCounts
@@ -36,7 +41,9 @@ from infra_agent.trajectories.rewards import RewardWeights
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, jsonl_lines
 
 BATCH_ROWS = 512
-"""Rows validated and written per batch (one Parquet row group)."""
+"""Rows written per batch (one Parquet row group)."""
+CHUNK_RUNS = 32
+"""Runs per task handed to a worker process (with jobs > 1)."""
 
 
 class ExportFilter(BaseModel):
@@ -107,68 +114,102 @@ class ExportSummary(BaseModel):
         return "\n".join(lines)
 
 
-class _Selection:
-    """Iterates the trajectories to export, counting what it passes over."""
+@dataclass
+class _Item:
+    """One run, converted and validated, ready to write."""
 
-    def __init__(self, store: RunStore, fmt: ExportFormat, flt: ExportFilter, redactor: Redactor, weights: RewardWeights) -> None:  # fmt: skip
-        self.store, self.fmt, self.flt, self.redactor, self.weights = (
-            store,
-            fmt,
-            flt,
-            redactor,
-            weights,
+    payload: bytes | dict[str, Any]
+    """A JSONL line, or a row for Parquet."""
+    reward: float
+    verdicts: list[str]
+
+
+Outcome = _Item | str | None
+"""What became of one run: an item, a skip reason, or None (filtered out)."""
+
+
+@dataclass
+class _Producer:
+    """Turns one run of the store into an export item (picklable: runs in worker processes)."""
+
+    fmt: ExportFormat
+    parquet: bool
+    flt: ExportFilter
+    redactor: Redactor
+    weights: RewardWeights
+
+    def run(self, store: RunStore, run: RunRecord) -> Outcome:
+        if not self.flt.admits_run(run):
+            return None
+        bundle = load_run(store, run)
+        try:
+            trajectory = build_trajectory(bundle, redactor=self.redactor, weights=self.weights)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise UserError(f"run {run.id}: cannot be exported: {where}: {first['msg']}") from exc
+        if not self.flt.admits(bundle, trajectory):
+            return None
+        if self.fmt is not ExportFormat.ATIF:
+            if not bundle.steps:
+                return "no steps recorded"
+            if not any(s.role == "assistant" for s in bundle.steps):
+                return "no assistant message"
+        return _Item(
+            payload=_payload(self.fmt, self.parquet, trajectory),
+            reward=trajectory.final_metrics.extra.reward,
+            verdicts=[v.value for v in trajectory.verdicts()],
         )
-        self.in_store = 0
-        self.matched = 0
-        self.skipped: Counter[str] = Counter()
-
-    def __iter__(self) -> Iterator[Trajectory]:
-        for run in self.store.iter_runs():
-            self.in_store += 1
-            if not self.flt.admits_run(run):
-                continue
-            bundle = load_run(self.store, run)
-            try:
-                trajectory = build_trajectory(bundle, redactor=self.redactor, weights=self.weights)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in first["loc"])
-                raise UserError(
-                    f"run {run.id}: cannot be exported: {where}: {first['msg']}"
-                ) from exc
-            if not self.flt.admits(bundle, trajectory):
-                continue
-            self.matched += 1
-            if self.fmt is not ExportFormat.ATIF:
-                if not bundle.steps:
-                    self.skipped["no steps recorded"] += 1
-                    continue
-                if not any(s.role == "assistant" for s in bundle.steps):
-                    self.skipped["no assistant message"] += 1
-                    continue
-            yield trajectory
 
 
-def _rows(fmt: ExportFormat, parquet: bool, batch: list[Trajectory]) -> list[dict[str, Any]]:
-    if fmt is ExportFormat.OPENAI_SFT:
-        rows = [sft_row(t) for t in batch]
-    elif fmt is ExportFormat.RL:
-        rows = [rl_row(t) for t in batch]
+def _payload(fmt: ExportFormat, parquet: bool, t: Trajectory) -> bytes | dict[str, Any]:
+    """The row of `t` in `fmt`, validated against the format's model."""
+    if fmt is ExportFormat.ATIF:
+        return atif_parquet_row(t) if parquet else (t.model_dump_json() + "\n").encode()
+    row = sft_row(t) if fmt is ExportFormat.OPENAI_SFT else rl_row(t)
+    ROW_MODELS[fmt].model_validate(row)
+    return row if parquet else jsonl_lines([row])
+
+
+def _produce_chunk(db: str, runs: list[RunRecord], producer: _Producer) -> list[Outcome]:
+    """Worker process: its own read-only connection to the store."""
+    store = open_store(db, readonly=True)
+    try:
+        return [producer.run(store, run) for run in runs]
+    finally:
+        store.close()
+
+
+def _chunks(runs: Iterator[RunRecord], size: int) -> Iterator[list[RunRecord]]:
+    chunk: list[RunRecord] = []
+    for run in runs:
+        chunk.append(run)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _Counted:
+    """Counts the runs read from the store as they pass."""
+
+    def __init__(self, runs: Iterator[RunRecord]) -> None:
+        self._runs, self.n = runs, 0
+
+    def __iter__(self) -> Iterator[RunRecord]:
+        for run in self._runs:
+            self.n += 1
+            yield run
+
+
+def _write_batch(
+    f: IO[bytes], sink: ParquetSink | None, fmt: ExportFormat, items: list[_Item]
+) -> None:
+    if sink is not None:
+        sink.write(arrow_table(fmt, [i.payload for i in items]))  # type: ignore[misc]
     else:
-        return [atif_parquet_row(t) for t in batch] if parquet else []
-    TypeAdapter(list[ROW_MODELS[fmt]]).validate_python(rows)  # type: ignore[valid-type]
-    return rows
-
-
-def _batches(trajectories: Iterator[Trajectory], size: int) -> Iterator[list[Trajectory]]:
-    batch: list[Trajectory] = []
-    for t in trajectories:
-        batch.append(t)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+        f.write(b"".join(i.payload for i in items))  # type: ignore[misc]
 
 
 def export_dataset(
@@ -181,25 +222,74 @@ def export_dataset(
     redactor: Redactor | None = None,
     weights: RewardWeights | None = None,
     batch_rows: int = BATCH_ROWS,
+    jobs: int = 1,
 ) -> ExportSummary:
     """Write the selected runs to `out` as one JSONL or Parquet file, atomically.
 
-    Raises UserError (nothing written) when no run matches, when `out` is a directory, or when a
-    run cannot be represented in the schema.
+    With `jobs` > 1, trajectories are built and validated in that many worker processes (each
+    with its own read-only connection to a SQLite store), while this process writes, in the same
+    order as with one job. Raises UserError (nothing written) when no run matches, when `out` is
+    a directory, or when a run cannot be represented in the schema.
     """
     if out.is_dir():
         raise UserError(f"--out {out}: is a directory; give a file path")
+    if jobs < 1:
+        raise UserError(f"--jobs {jobs}: must be at least 1")
     started = time.perf_counter()
-    flt = flt or ExportFilter()
-    selection = _Selection(
-        store, fmt, flt, redactor or Redactor.from_environment(), weights or RewardWeights()
+    producer = _Producer(
+        fmt,
+        parquet,
+        flt or ExportFilter(),
+        redactor or Redactor.from_environment(),
+        weights or RewardWeights(),
     )
-    batches = _batches(iter(selection), batch_rows)
+    runs = _Counted(store.iter_runs())
+    db = getattr(store, "path", None)
+    pool = None
+    if jobs > 1 and isinstance(db, Path):
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+        outcomes: Iterator[Outcome] = chain.from_iterable(
+            pool.map(
+                _produce_chunk, repeat(str(db)), _chunks(iter(runs), CHUNK_RUNS), repeat(producer)
+            )
+        )
+    else:
+        outcomes = (producer.run(store, run) for run in runs)
+    try:
+        return _write(out, fmt, parquet, outcomes, runs, batch_rows, started)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _write(
+    out: Path,
+    fmt: ExportFormat,
+    parquet: bool,
+    outcomes: Iterator[Outcome],
+    runs: _Counted,
+    batch_rows: int,
+    started: float,
+) -> ExportSummary:
+    matched, skipped = 0, Counter[str]()
+
+    def items() -> Iterator[_Item]:
+        nonlocal matched
+        for outcome in outcomes:
+            if outcome is None:
+                continue
+            matched += 1
+            if isinstance(outcome, str):
+                skipped[outcome] += 1
+            else:
+                yield outcome
+
+    batches = _batches(items(), batch_rows)
     first = next(batches, None)
     if first is None:
-        skipped = "".join(f", {n} skipped ({why})" for why, n in sorted(selection.skipped.items()))
+        why = "".join(f", {n} skipped ({reason})" for reason, n in sorted(skipped.items()))
         raise UserError(
-            f"nothing to export: {selection.matched} of {selection.in_store} runs in the store match the filters{skipped}"
+            f"nothing to export: {matched} of {runs.n} runs in the store match the filters{why}"
         )
     rows = 0
     rewards: list[float] = []
@@ -208,17 +298,11 @@ def export_dataset(
         sink = ParquetSink(f, ARROW_SCHEMAS[fmt]) if parquet else None
         try:
             for batch in _chain(first, batches):
-                table_rows = _rows(fmt, parquet, batch)
-                if sink is not None:
-                    sink.write(arrow_table(fmt, table_rows))
-                elif fmt is ExportFormat.ATIF:
-                    f.write("".join(t.model_dump_json() + "\n" for t in batch).encode())
-                else:
-                    f.write(jsonl_lines(table_rows))
+                _write_batch(f, sink, fmt, batch)
                 rows += len(batch)
-                for t in batch:
-                    rewards.append(t.final_metrics.extra.reward)
-                    verdicts.update(v.value for v in t.verdicts())
+                for item in batch:
+                    rewards.append(item.reward)
+                    verdicts.update(item.verdicts)
         finally:
             if sink is not None:
                 sink.close()  # also on error: the writer must let go of the temporary file
@@ -227,9 +311,9 @@ def export_dataset(
         parquet=parquet,
         path=str(out),
         rows=rows,
-        runs_in_store=selection.in_store,
-        runs_matched=selection.matched,
-        skipped=dict(selection.skipped),
+        runs_in_store=runs.n,
+        runs_matched=matched,
+        skipped=dict(skipped),
         bytes=out.stat().st_size,
         seconds=round(time.perf_counter() - started, 3),
         reward_mean=sum(rewards) / len(rewards) if rewards else None,
@@ -237,6 +321,17 @@ def export_dataset(
     )
 
 
-def _chain(first: list[Trajectory], rest: Iterator[list[Trajectory]]) -> Iterator[list[Trajectory]]:
+def _batches(items: Iterator[_Item], size: int) -> Iterator[list[_Item]]:
+    batch: list[_Item] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _chain(first: list[_Item], rest: Iterator[list[_Item]]) -> Iterator[list[_Item]]:
     yield first
     yield from rest

@@ -124,6 +124,23 @@ def test_output_is_deterministic(fx: Fixture, tmp_path: Path) -> None:
     assert sessions == [fx.run_a, fx.run_b, fx.run_c]  # creation order
 
 
+@pytest.mark.slow
+def test_worker_processes_write_the_same_bytes(fx: Fixture, tmp_path: Path) -> None:
+    store = open_store(fx.db, readonly=True)
+    for fmt, parquet in [(ExportFormat.RL, True), (ExportFormat.ATIF, False)]:
+        one, two = tmp_path / f"{fmt.value}-1", tmp_path / f"{fmt.value}-2"
+        export_dataset(store, fmt, one, parquet=parquet)
+        summary = export_dataset(store, fmt, two, parquet=parquet, jobs=2)
+        assert one.read_bytes() == two.read_bytes(), fmt
+        assert summary.runs_in_store == 3 and summary.skipped == (
+            {"no steps recorded": 1} if fmt is ExportFormat.RL else {}
+        )
+    with pytest.raises(UserError, match="nothing to export: 0 of 3"):
+        export_dataset(
+            store, ExportFormat.RL, tmp_path / "none", flt=ExportFilter(tasks=["x"]), jobs=2
+        )
+
+
 def _export_cli(fx: Fixture, out: Path, *args: str) -> Any:
     return CliRunner().invoke(
         app, ["--db", str(fx.db), "export", "--out", str(out), *args, "--json"]
@@ -207,16 +224,16 @@ def test_failure_midway_leaves_previous_output_and_no_temp_file(
     (tmp_path / "exports").mkdir()
     out = tmp_path / "exports" / "data"
     out.write_text("previous export\n")
-    real_rows = export_module._rows
+    real_write = export_module._write_batch
     calls = {"n": 0}
 
-    def failing_rows(*args: Any) -> Any:
+    def failing_write(*args: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 2:  # the first batch was already written to the temporary file
             raise error
-        return real_rows(*args)
+        return real_write(*args)
 
-    monkeypatch.setattr(export_module, "_rows", failing_rows)
+    monkeypatch.setattr(export_module, "_write_batch", failing_write)
     with pytest.raises(type(error)):
         export_dataset(
             open_store(fx.db, readonly=True), ExportFormat.RL, out, parquet=parquet, batch_rows=1
@@ -240,7 +257,7 @@ def test_invalid_row_is_refused_before_writing(
     out = tmp_path / "exports" / "sft.jsonl"
     with pytest.raises(ValueError, match="role"):
         export_dataset(open_store(fx.db, readonly=True), ExportFormat.OPENAI_SFT, out)
-    assert list(out.parent.iterdir()) == []
+    assert not out.parent.exists()
 
 
 def test_out_is_a_directory(fx: Fixture, tmp_path: Path) -> None:
