@@ -134,6 +134,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=10_000, help="Synthetic trajectories.")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the store and outputs here.")
+    parser.add_argument(
+        "--jobs", type=int, default=4, help="Worker processes for the parallel run."
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
@@ -150,13 +153,23 @@ def main() -> None:
         for fmt in ExportFormat:
             for parquet in (False, True):
                 out = root / f"{fmt.value}.{'parquet' if parquet else 'jsonl'}"
-                summary, secs = timed(
-                    lambda: export_dataset(store, fmt, out, parquet=parquet, redactor=redactor)
-                )  # noqa: B023
+                start = time.perf_counter()
+                summary = export_dataset(store, fmt, out, parquet=parquet, redactor=redactor)
+                secs = time.perf_counter() - start
                 print(f"  {fmt.value:10s} {'parquet' if parquet else 'jsonl':8s} {summary.rows / secs:8.0f} rows/s"
                       f"  ({secs:6.2f} s, {summary.bytes / 1e6:6.1f} MB)")  # fmt: skip
 
-        print("\nstages of the rl/parquet export:")
+        out = root / "rl-jobs.parquet"
+        summary, secs = timed(
+            lambda: export_dataset(
+                store, ExportFormat.RL, out, parquet=True, redactor=redactor, jobs=args.jobs
+            )
+        )
+        print(
+            f"  rl         parquet  {summary.rows / secs:8.0f} rows/s  ({secs:6.2f} s) with --jobs {args.jobs}"
+        )
+
+        print("\nstages of the rl/parquet export (one process):")
         runs = list(store.iter_runs())
         bundles, t_load = timed(lambda: [load_run(store, r) for r in runs])
         trajs, t_build = timed(lambda: [build_trajectory(b, redactor=redactor) for b in bundles])
