@@ -274,3 +274,22 @@ def test_filter_object_api(fx: Fixture, tmp_path: Path) -> None:
     assert summary.rows == 1 and summary.runs_matched == 1
     assert summary.verdict_counts.REJECTED == 1
     assert "1 rows of openai-sft (jsonl)" in summary.render()
+
+
+def test_entry_point_prints_one_line_and_exits_non_zero(fx: Fixture, tmp_path: Path) -> None:
+    from support import run_cli
+
+    out = tmp_path / "exports" / "x.jsonl"
+    bad = run_cli(
+        "--db", str(fx.db), "export", "--format", "rl", "--out", str(out), "--min-reward", "100"
+    )
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        "error: nothing to export: 0 of 3 runs in the store match the filters"
+    ]
+    assert not out.parent.exists()
+    good = run_cli("--db", str(fx.db), "export", "-f", "rl", "-o", str(out), "--json")
+    assert good.returncode == 0, good.stderr
+    summary = json.loads(good.stdout)
+    assert summary["rows"] == 2 and summary["skipped"] == {"no steps recorded": 1}
+    assert len(out.read_text().splitlines()) == 2
