@@ -234,7 +234,8 @@ class Outcome(_Strict):
     best_speedup_ci_high: float | None
     best_patch_id: str | None
     accuracy_outcome: Literal["passed", "failed", "not_measured"]
-    """Correctness of the best candidate, or 'failed' when no candidate passed and one failed."""
+    """Correctness of the best candidate; without one, 'failed' if any experiment failed its
+    correctness checks, else 'passed' if any passed, else 'not_measured'."""
     verdict_counts: VerdictCounts
     suspicious: int
     """Experiments flagged suspicious."""
