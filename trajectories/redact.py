@@ -21,7 +21,9 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 REDACTED = "[REDACTED]"
 
@@ -233,3 +235,14 @@ def redact_text(text: str, redactor: Redactor | None = None) -> str:
     `redactor`, the default secret-env globs over `os.environ` are used.
     """
     return (redactor or default_redactor()).text(text)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def redact_record(record: M, redactor: Redactor | None = None) -> M:
+    """A copy of a typed record (an ExperimentRecord with its log tail, a DecisionRecord with its
+    comment, a StepRecord) with every string redacted, for writers to call before storing it.
+    Not for PatchRecord: its id is the hash of the content it would change."""
+    r = redactor or default_redactor()
+    return type(record).model_validate_json(r.json(record.model_dump(mode="json")))

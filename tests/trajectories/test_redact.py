@@ -104,3 +104,24 @@ def test_redacting_a_json_document_keeps_it_json_and_matches_per_string(text: st
         "n": 3,
     }
     assert REDACTED in fast["content"]
+
+
+def test_redact_record_for_store_writers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra_agent.experiments.verdict import Evidence, ExperimentResult, Verdict
+    from infra_agent.store.records import DecisionAction, DecisionRecord, ExperimentRecord
+    from infra_agent.trajectories.redact import redact_record
+
+    monkeypatch.setenv("VENDOR_TOKEN", "tok-0000-plain-1111")
+    result = ExperimentResult(
+        task="t", patch_id="p", verdict=Verdict.FAILED, reasons=["crashed: tok-0000-plain-1111"],
+        evidence=Evidence(log_tail="HTTP 401 Authorization: Bearer abcdefghijklmnopq", extra={"note": "x"}),
+    )  # fmt: skip
+    exp = redact_record(ExperimentRecord(task="t", patch_id="p", result=result))
+    assert (
+        exp.result.reasons == [f"crashed: {REDACTED}"]
+        and "abcdefghijklmnopq" not in exp.result.evidence.log_tail
+    )
+    assert exp.result.evidence.extra == {"note": "x"} and exp.patch_id == "p"
+    decision = DecisionRecord(proposal_id="x", reviewer="r", action=DecisionAction.REJECT, patch_hash="h",
+                              comment="my key is sk-proj-4f9Qm2LxZr7TbN1vW8yKc3Hd")  # fmt: skip
+    assert redact_record(decision).comment == f"my key is {REDACTED}"
