@@ -16,6 +16,8 @@ each frame is an 8-byte big-endian length and a payload.
   bytes cannot run code in the harness (and it is faster than torch.save / torch.load).
 """
 
+from __future__ import annotations
+
 import importlib
 import json
 import os
@@ -23,6 +25,7 @@ import pickle
 import struct
 import sys
 import traceback
+from typing import Any, BinaryIO
 
 HEADER = struct.Struct(">Q")
 BLOCKED = ("infra_agent", "harness")
@@ -31,7 +34,7 @@ BLOCKED = ("infra_agent", "harness")
 class _Blocker:
     """Meta-path finder that refuses the package and the harness."""
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if name.split(".")[0] in BLOCKED:
             if GUARD.active:
                 GUARD.violations.append(f"importing {name} (the package or the harness)")
@@ -39,7 +42,7 @@ class _Blocker:
         return None
 
 
-def _hide_package():
+def _hide_package() -> None:
     sys.meta_path[:] = [
         f for f in sys.meta_path if "editable" not in type(f).__module__ + repr(f).lower()
     ]
@@ -59,7 +62,7 @@ AUDIT_EVENTS = {
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
-def _under(path, roots):
+def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
@@ -68,13 +71,15 @@ class Guard:
     raise PermissionError and are recorded, so the call is reported as a rule violation even if
     the candidate swallows the exception. It backs up the static rules against obfuscation."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.active = False
-        self.events = {}
-        self.forbidden, self.exempt, self.writable = [], [], []
-        self.violations = []
+        self.events: dict[str, str] = {}
+        self.forbidden: list[str] = []
+        self.exempt: list[str] = []
+        self.writable: list[str] = []
+        self.violations: list[str] = []
 
-    def configure(self, config):
+    def configure(self, config: dict[str, list[str]]) -> None:
         for group in config.get("deny", []):
             for event in AUDIT_EVENTS.get(group, ()):
                 self.events[event] = group
@@ -82,11 +87,11 @@ class Guard:
         self.exempt = [os.path.realpath(p) for p in config.get("exempt", [])]
         self.writable = [os.path.realpath(p) for p in config.get("writable", [])]
 
-    def _deny(self, what):
+    def _deny(self, what: str) -> None:
         self.violations.append(what)
         raise PermissionError(f"infra-agent sandbox: {what} is not allowed")
 
-    def __call__(self, event, args):
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
         if not self.active:
             return
         group = self.events.get(event)
@@ -109,8 +114,8 @@ class Guard:
 GUARD = Guard()
 
 
-def _read_exact(stream, n):
-    chunks = []
+def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
+    chunks: list[bytes] = []
     while n:
         chunk = stream.read(n)
         if not chunk:
@@ -120,7 +125,7 @@ def _read_exact(stream, n):
     return b"".join(chunks)
 
 
-def _self_report():
+def _self_report() -> tuple[int, int]:
     """Threads of this process and live child processes (a secondary signal: the harness also
     inspects /proc from outside when it can see the worker)."""
     threads = children = 0
@@ -137,7 +142,7 @@ def _self_report():
     return threads, children
 
 
-def _plain(value, buffers, depth=0):
+def _plain(value: Any, buffers: list[bytes], depth: int = 0) -> Any:
     """JSON-able structure; tensors become {"__tensor__": index, dtype, shape} + a raw buffer."""
     if depth > 64:
         raise ValueError("result nests too deeply")
@@ -160,9 +165,9 @@ def _plain(value, buffers, depth=0):
     raise TypeError(f"cannot return a {type(value).__name__}")
 
 
-def _encode(message):
+def _encode(message: dict[str, Any]) -> bytes:
     """b"R" + 8-byte header length + JSON header + 8-byte length and bytes of each buffer."""
-    buffers = []
+    buffers: list[bytes] = []
     header = json.dumps({"message": _plain(message, buffers)}).encode()
     parts = [b"R", HEADER.pack(len(header)), header]
     for buf in buffers:
@@ -170,13 +175,13 @@ def _encode(message):
     return b"".join(parts)
 
 
-def _resolve(value, arena):
+def _resolve(value: Any, arena: dict[str, Any]) -> Any:
     if isinstance(value, dict) and set(value) == {"__arena__"}:
         return arena[value["__arena__"]]
     return value
 
 
-def _handle(request, arena):
+def _handle(request: dict[str, Any], arena: dict[str, Any]) -> dict[str, Any]:
     op = request["op"]
     if op == "ping":
         GUARD.configure(request.get("guard", {}))
@@ -212,7 +217,7 @@ def _handle(request, arena):
     raise ValueError(f"unknown op {op!r}")
 
 
-def main():
+def main() -> None:
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
     proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -222,12 +227,15 @@ def main():
     sys.path.insert(0, os.getcwd())
     _hide_package()
     sys.addaudithook(GUARD)
-    arena = {}
+    arena: dict[str, Any] = {}
     while True:
         header = _read_exact(proto_in, HEADER.size)
         if header is None:
             return
-        request = pickle.loads(_read_exact(proto_in, HEADER.unpack(header)[0]))
+        body = _read_exact(proto_in, HEADER.unpack(header)[0])
+        if body is None:
+            return
+        request = pickle.loads(body)
         if request["op"] == "exit":
             return
         try:
