@@ -144,7 +144,8 @@ def _set_limits(folder: Path, controller: str, memory_mb: int, max_processes: in
 
 
 def _sweep(parent: Path) -> None:
-    """Remove empty cgroups of sandboxes whose process died without cleaning up."""
+    """Kill what is left in cgroups of sandboxes whose owner died without cleaning up (SIGKILL,
+    or a process that escaped PR_SET_PDEATHSIG by racing its parent's death), remove them."""
     try:
         entries = list(parent.iterdir())
     except OSError:
@@ -152,7 +153,4 @@ def _sweep(parent: Path) -> None:
     for entry in entries:
         match = _NAME.match(entry.name)
         if match and not Path(f"/proc/{match.group(1)}").exists():
-            try:
-                entry.rmdir()
-            except OSError:
-                pass
+            Cgroup([entry], []).remove()

@@ -13,6 +13,7 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -42,6 +43,7 @@ class LocalSandbox(Sandbox):
         self._counter = itertools.count(1)
         self._spawned: list[SandboxProcess] = []
         self._markers: dict[int, str] = {}
+        self._confinements: dict[Path, confinement.Confinement] = {}
         self._closed = False
         self.uid = confinement.allocate_uid()
         self._copy = PrivateCopy(workspace.resolve(), owner_uid=self.uid)
@@ -99,14 +101,25 @@ class LocalSandbox(Sandbox):
                 stderr=err,
                 pass_fds=(c.fileno(),) if counting else (),
             )
-            timed_out = False
+            # A timer kills at the deadline, so the wait itself blocks in waitpid (no polling
+            # latency, unlike communicate(timeout=...)).
+            expired = threading.Event()
+
+            def expire() -> None:
+                expired.set()
+                self._kill_process_tree(proc.pid, n)
+
+            timer = threading.Timer(timeout_s, expire)
+            timer.start()
             try:
-                proc.communicate(input=stdin, timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                proc.communicate(input=stdin)
             finally:
+                timer.cancel()
+                # Even in a pid namespace: bubblewrap may return before the kernel has finished
+                # killing the namespace's other processes.
                 leftover = self._kill_process_tree(proc.pid, n)
                 proc.wait()
+            timed_out = expired.is_set()
         duration = time.monotonic() - started
         returncode = -9 if timed_out else _signed(proc.returncode)
         counted = count_path.read_text().strip() if count_path.exists() else ""
@@ -140,10 +153,11 @@ class LocalSandbox(Sandbox):
         proc = process.handle
         assert isinstance(proc, subprocess.Popen)
         marker = self._markers.pop(proc.pid, "")
-        alive = len(processes.marked_pids(processes.PROCESS_VAR, marker)) if marker else 0
+        among = self._cgroup.pids if self._cgroup else None
+        alive = len(processes.marked_pids(processes.PROCESS_VAR, marker, among)) if marker else 0
         processes.kill_group(proc.pid)
         if marker:
-            processes.kill_marked(processes.PROCESS_VAR, marker)
+            processes.kill_marked(processes.PROCESS_VAR, marker, among=among)
         proc.wait()
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
@@ -187,6 +201,11 @@ class LocalSandbox(Sandbox):
         return "none"
 
     def _confinement(self, cwd: Path) -> confinement.Confinement:
+        if cwd not in self._confinements:
+            self._confinements[cwd] = self._build_confinement(cwd)
+        return self._confinements[cwd]
+
+    def _build_confinement(self, cwd: Path) -> confinement.Confinement:
         if self._mode == "bwrap":
             return confinement.bubblewrap(
                 self.spec,
@@ -251,7 +270,8 @@ class LocalSandbox(Sandbox):
     def _kill_process_tree(self, pgid: int, n: int) -> int:
         """Kill the command's group and anything carrying its marker; how many were found."""
         processes.kill_group(pgid)
-        return processes.kill_marked(processes.PROCESS_VAR, self._process_marker(n))
+        among = self._cgroup.pids if self._cgroup else None
+        return processes.kill_marked(processes.PROCESS_VAR, self._process_marker(n), among=among)
 
 
 def _signed(returncode: int) -> int:
