@@ -70,6 +70,21 @@ class Served:
     agent: AgentRun
 
 
+def _matmul_copy(root: Path, name: str) -> Path:
+    """The bundled example-matmul task under another name, with a small measuring budget (its
+    speedup is several-fold, so a few samples per arm decide it)."""
+    from infra_agent.tasks.registry import find_task
+
+    shutil.copytree(find_task("example-matmul").root, root / name)
+    toml = (root / name / "task.toml").read_text()
+    toml = toml.replace('name = "example-matmul"', f'name = "{name}"')
+    toml = re.sub(r"min_samples = \d+", "min_samples = 4", toml)
+    toml = re.sub(r"max_samples = \d+", "max_samples = 6", toml)
+    toml = re.sub(r"measure_budget_s = [\d.]+", "measure_budget_s = 2.0", toml)
+    (root / name / "task.toml").write_text(toml)
+    return root / name
+
+
 def _start_agent_run(root: Path) -> AgentRun:
     """`optimize` on the bundled example-matmul task with a scripted model that proposes the
     matmul fix, verifies it and finishes: the run submits its proposal and waits for review."""
@@ -78,7 +93,10 @@ def _start_agent_run(root: Path) -> AgentRun:
     from infra_agent.config import load_settings
     from infra_agent.tasks.registry import find_task
 
-    diff = find_task("example-matmul").reference_patch.read_text()  # type: ignore[union-attr]
+    # The bundled task with its own measuring budget: the verdict must be IMPROVED even on a
+    # loaded machine, so the run reaches the review interrupt.
+    task_root = find_task("example-matmul").root
+    diff = (task_root / "reference.patch").read_text()
     script = [
         {"content": "The projection builds an m x k x n temporary; a BLAS product should be far faster.",
          "tool_calls": [{"name": "propose_patch", "arguments": {"diff": diff, "rationale": "Use x @ w instead of broadcast-and-sum."}}]},
@@ -88,7 +106,7 @@ def _start_agent_run(root: Path) -> AgentRun:
     (root / "script.json").write_text(json.dumps(script))
     settings = load_settings(overrides={"store.db": str(root / "runs.db")}, cwd=root)
     config = RunConfig(
-        task="example-matmul",
+        task=str(task_root),
         objective="latency",
         policy="scripted",
         script=str(root / "script.json"),
@@ -195,21 +213,12 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
         rationale="knobs: bigger batches", run_id=None,
     ).id  # fmt: skip
 
-    # A copy of the bundled example task with a small measuring budget: its evidence goes stale
-    # when its workspace changes upstream, and re-verification runs a real experiment on it.
+    # A copy of the bundled example task: its evidence goes stale when its workspace changes
+    # upstream, and re-verification runs a real experiment on it.
     from infra_agent.tasks.manifest import load_task
-    from infra_agent.tasks.registry import find_task
 
-    matmul = find_task("example-matmul")
-    shutil.copytree(matmul.root, root / "matmul-copy")
-    toml = (root / "matmul-copy" / "task.toml").read_text()
-    toml = toml.replace('name = "example-matmul"', 'name = "matmul-copy"')
-    toml = re.sub(r"min_samples = \d+", "min_samples = 4", toml)
-    toml = re.sub(r"max_samples = \d+", "max_samples = 6", toml)
-    toml = re.sub(r"measure_budget_s = [\d.]+", "measure_budget_s = 2.0", toml)
-    (root / "matmul-copy" / "task.toml").write_text(toml)
-    stale_task = load_task(root / "matmul-copy")
-    reference = matmul.reference_patch.read_text()  # type: ignore[union-attr]
+    stale_task = load_task(_matmul_copy(root, "matmul-copy"))
+    reference = (stale_task.root / "reference.patch").read_text()
     propose("stale", reference, run_id=None, speedup=1.4, on=stale_task)
     projection = stale_task.workspace / "projection.py"
     projection.write_text("# upstream: reviewed 2026-11\n" + projection.read_text())
@@ -560,7 +569,13 @@ def test_agent_run_waiting_for_review_resumes_and_applies(page, server: Served) 
     assert "x @ w" in page.inner_text("#diff")
     assert "IMPROVED" in page.inner_text("#verdict")
     assert "latency_ms median (ms)" in page.inner_text("#comparison")
-    assert page.locator("#samples-plot svg circle").count() > 10
+    store = open_store(server.store_path, readonly=True)
+    perf = store.get_experiment(
+        store.get_proposal(pid).experiment_ids[-1]
+    ).result.evidence.performance
+    store.close()
+    n_points = len(perf.baseline_samples) + len(perf.candidate_samples)
+    assert n_points >= 8 and page.locator("#samples-plot svg circle").count() == n_points + 2
     assert "error vs float64" in page.inner_text("#comparison")
     assert "propose_patch" in page.inner_text("#trajectory")
     assert "waiting review" in page.inner_text("section.head")
