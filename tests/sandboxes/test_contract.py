@@ -118,6 +118,25 @@ def test_no_network(make_sandbox) -> None:
         server.close()
 
 
+def test_network_true_reaches_host_loopback(make_sandbox) -> None:
+    """Serving targets: spec.network=True lets the sandbox talk to 127.0.0.1 on the host, and
+    the sandbox records that its network is not isolated."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        sb = make_sandbox(network=True)
+        probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=10); print('CONNECTED')"
+        r = sb.exec(["python", "-c", probe], timeout_s=60)
+        assert r.stdout == "CONNECTED\n", r.stderr
+        in_force, _missing = sb.isolation()
+        assert any(item.startswith("net:host") for item in in_force)
+        assert not any(item.startswith("netns:") for item in in_force)
+    finally:
+        server.close()
+
+
 def test_secrets_and_proxies_are_scrubbed(make_sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_API_KEY", "leak-me-4471")
     monkeypatch.setenv("GITHUB_TOKEN", "leak-me-4472")
