@@ -9,7 +9,8 @@ to this process, where the instruments of `feedback/` turn them into a verdict a
   gives the speedup with a 95% CI.
 - `accuracy_diff`: two (or three, with a float64 reference) expressions evaluated to tensors or
   dicts of named tensors; `feedback.accuracy.compare_paths` finds where they part ways.
-- `profile`: `torch.profiler` over a statement: the operators that take the time.
+- `profile`: a `torch.profiler` timeline of a statement, summarized by `feedback.timeline`: time
+  by op class, the top ops, launch gaps, and overlaps between op groups.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ with profile(activities=[ProfilerActivity.CPU]) as prof:
     for _ in range(REPEAT):
         f()
 wall = (time.perf_counter() - t0) / REPEAT
-table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=ROWS)
-open(RESULT, "w").write(json.dumps({"wall_s": wall, "table": table}))
+prof.export_chrome_trace(RESULT)
+open(RESULT + ".wall", "w").write(str(wall))
 """
 )
 
@@ -98,9 +99,16 @@ def _script(template: str, **values: Any) -> str:
     return header + f"RESULT = {json.dumps(RESULT_FILE)}\n" + template
 
 
-def run_in_sandbox(ctx: ToolContext, script: str, patch_id: str | None, timeout_s: float) -> bytes:
+def run_in_sandbox(
+    ctx: ToolContext,
+    script: str,
+    patch_id: str | None,
+    timeout_s: float,
+    extra: list[str] | None = None,
+) -> Any:
     """Run `script` in a sandboxed workspace copy (patched if asked); return its result file's
-    bytes. Raises UserError with the script's error when it fails."""
+    bytes (a tuple with the `extra` files' bytes when asked). Raises UserError with the script's
+    error when it fails."""
     import sys
 
     from infra_agent.experiments.arms import sandbox_spec
@@ -117,6 +125,8 @@ def run_in_sandbox(ctx: ToolContext, script: str, patch_id: str | None, timeout_
         if result.returncode != 0:
             tail = "\n".join(result.stderr.strip().splitlines()[-6:])
             raise UserError(f"the instrument script failed (exit {result.returncode}):\n{tail}")
+        if extra:
+            return (box.read_file(RESULT_FILE), *(box.read_file(name) for name in extra))
         return box.read_file(RESULT_FILE)
 
 
@@ -212,25 +222,39 @@ class Profile(BaseModel):
     code: str = Field(description="Expression to profile, e.g. 'attention(q, k, v)'.")
     patch_id: str | None = Field(None, description="Apply this patch to the workspace copy first.")
     repeat: int = Field(5, ge=1, le=100)
-    rows: int = Field(12, ge=3, le=40, description="Operators shown, by self CPU time.")
+    overlaps: list[tuple[str, str]] = Field(
+        default_factory=list,
+        description="Pairs of op-name regexes [A, B]: how much of A's time overlaps B.",
+    )
 
 
 @tool(
     "profile",
-    "Profile an expression with torch.profiler: where the time goes, by operator.",
+    "Profile an expression (torch.profiler timeline): time by op class, top ops, gaps, overlaps.",
     Profile,
 )
 def profile(p: Profile, ctx: ToolContext) -> ToolResult:
+    import tempfile
+    from pathlib import Path
+
+    from infra_agent.feedback.timeline import load_trace, summarize
+
     _compile_check(p.setup, "exec", "setup")
     _compile_check(p.code, "eval", "code")
-    script = _script(
-        _PROFILE, SETUP=textwrap.dedent(p.setup), STMT=p.code, REPEAT=p.repeat, ROWS=p.rows
+    script = _script(_PROFILE, SETUP=textwrap.dedent(p.setup), STMT=p.code, REPEAT=p.repeat)
+    trace, wall = run_in_sandbox(
+        ctx, script, p.patch_id, timeout_s=120, extra=[RESULT_FILE + ".wall"]
     )
-    out = run_in_sandbox(ctx, script, p.patch_id, timeout_s=120)
-    data = json.loads(out)
+    with tempfile.TemporaryDirectory(prefix="infra-agent-trace-") as tmp:
+        path = Path(tmp) / "trace.json"
+        path.write_bytes(trace)
+        summary = summarize(
+            load_trace(path), overlaps=p.overlaps, source="torch.profiler (sandbox)"
+        )
+    wall_ms = float(wall) * 1e3
     return ToolResult(
-        content=f"wall time per call {data['wall_s'] * 1e3:.3f} ms\n{data['table']}",
-        data={"wall_s": data["wall_s"]},
+        content=f"wall time per call {wall_ms:.3f} ms\n{summary.render()}",
+        data={"wall_ms": wall_ms, "summary": summary.model_dump(mode="json")},
     )
 
 

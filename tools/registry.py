@@ -11,6 +11,7 @@ from infra_agent.tools.patching import (
     propose_patch,
     run_experiment,
 )
+from infra_agent.tools.serving import serving_workload
 from infra_agent.tools.skeletons import lookup_skeletons
 from infra_agent.tools.workspace import list_files, read_file, search_files
 
@@ -21,6 +22,7 @@ AGENT_TOOLS: list[Tool] = [  # type: ignore[type-arg]
     search_files,
     lookup_skeletons,
     *INSTRUMENT_TOOLS,
+    serving_workload,
     propose_patch,
     propose_knobs,
     run_experiment,

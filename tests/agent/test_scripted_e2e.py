@@ -52,7 +52,7 @@ def conversation(diff: str) -> list[dict[str, object]]:
                         "setup": SETUP,
                         "code": "split_decode_attention(q, k, v, num_splits=4)",
                         "repeat": 2,
-                        "rows": 5,
+                        "overlaps": [["aten::bmm", "aten::exp"]],
                     },
                 }
             ],
@@ -116,7 +116,8 @@ def test_scripted_run_waits_for_review_and_an_approval_from_another_process_appl
     store = open_store(db)
     steps = store.steps(outcome.run_id)
     tool_steps = {s.name: s for s in steps if s.role == "tool"}
-    assert "aten::" in tool_steps["profile"].content  # the real profiler ran in the sandbox
+    assert "top host ops" in tool_steps["profile"].content  # a real timeline from the sandbox
+    assert "aten::bmm" in tool_steps["profile"].content
     assert "hoist-invariant-normalization" in tool_steps["lookup_skeletons"].content
     assert any(s.error and "not valid JSON" in s.error for s in steps if s.name == "propose_patch")
     assert "IMPROVED" in tool_steps["run_experiment"].content

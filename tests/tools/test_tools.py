@@ -127,3 +127,45 @@ def test_skeleton_lookup_finds_the_pattern_for_the_symptom(ctx: ToolContext) -> 
         "lookup_skeletons", json.dumps({"query": "GIL starvation thread"}), ctx
     )
     assert gil.content.startswith("## release-gil")
+
+
+@pytest.mark.slow
+def test_instruments_run_the_models_code_in_a_sandbox_and_report_with_statistics(
+    ctx: ToolContext,
+) -> None:
+    setup = (
+        "import torch\nfrom attention import split_decode_attention\ntorch.manual_seed(0)\n"
+        "q = torch.randn(1, 2, 32); k = torch.randn(1, 2, 256, 32); v = torch.randn(1, 2, 256, 32)"
+    )
+    reg = default_registry()
+    bench = reg.call(
+        "microbench",
+        json.dumps({"setup": setup, "baseline": "split_decode_attention(q, k, v, num_splits=8)",
+                    "candidate": "split_decode_attention(q, k, v, num_splits=1)", "seconds": 0.5}),
+        ctx,
+    )  # fmt: skip
+    assert bench.error is None and bench.data is not None
+    assert (
+        bench.data["verdict"] in ("FASTER", "SLOWER", "SAME", "AMBIGUOUS")
+        and bench.data["n_baseline"] >= 5
+    )
+    assert "95% CI" in bench.content
+    diff = reg.call(
+        "accuracy_diff",
+        json.dumps({"setup": setup, "baseline": "split_decode_attention(q, k, v)",
+                    "candidate": "split_decode_attention(q.half().float(), k, v)",
+                    "reference": "split_decode_attention(q.double(), k.double(), v.double())"}),
+        ctx,
+    )  # fmt: skip
+    assert (
+        diff.error is None
+        and diff.data is not None
+        and diff.data["verdict"] in ("FAIL", "PASS", "PRECISION_FLOOR")
+    )
+    assert diff.data["verdict"] == "FAIL"  # rounding q to half precision is visible against float64
+    escape = reg.call(
+        "microbench",
+        json.dumps({"setup": "import socket", "baseline": "socket.create_connection(('1.1.1.1', 53), 1)", "candidate": "1"}),
+        ctx,
+    )  # fmt: skip
+    assert escape.error and "failed" in escape.error  # no network in the sandbox
