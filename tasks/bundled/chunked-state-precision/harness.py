@@ -14,7 +14,7 @@ SANITY_REL_ERR = 1e-2
 
 def make_inputs(params: dict[str, Any], length: int, seed: int) -> tuple[torch.Tensor, ...]:
     """q, k, v [batch, heads, length, head_dim] float32; q and k scaled by 1/sqrt(head_dim)."""
-    gen = torch.Generator().manual_seed(seed * 7919 + length)
+    gen = torch.Generator().manual_seed((seed * 7919 + length) % (1 << 63))
     shape = (params["batch"], params["heads"], length, params["head_dim"])
     scale = params["head_dim"] ** -0.5
     q = torch.randn(shape, generator=gen) * scale

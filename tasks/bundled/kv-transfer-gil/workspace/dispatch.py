@@ -7,10 +7,9 @@ libc's `usleep` standing in for that wait, called through ctypes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 # The intra-node path's native library (libc stands in for the communication library).
-_intranode = ctypes.PyDLL(ctypes.util.find_library("c"))
+_intranode = ctypes.PyDLL("libc.so.6")
 _intranode.usleep.argtypes = [ctypes.c_uint]
 
 
