@@ -9,6 +9,8 @@ User code is named `package.module:function` or `path/to/file.py:function`.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -53,6 +55,19 @@ def _finish(
     emit(record, render, as_json=as_json)
 
 
+@contextmanager
+def _user_code(what: str) -> Iterator[None]:
+    """A failure inside the user's code becomes a one-line error naming it."""
+    try:
+        yield
+    except (UserError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise UserError(
+            f"{what} raised {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        ) from exc
+
+
 def _paths_or_code(arg: str) -> dict[str, Any]:
     """A dump directory, or user code run under `capture()` (its dict result, else its probes)."""
     from infra_agent.feedback.accuracy import capture, load_dump
@@ -61,7 +76,7 @@ def _paths_or_code(arg: str) -> dict[str, Any]:
     if Path(arg).is_dir():
         return load_dump(arg)
     fn = load_callable(arg)
-    with capture() as probes:
+    with capture() as probes, _user_code(arg):
         result = fn()
     if isinstance(result, dict) and result:
         return result
@@ -104,7 +119,8 @@ def accuracy(
             size_list = [int(s) for s in sizes.split(",") if s.strip()]
         except ValueError as exc:
             raise UserError(f"--sizes must be comma-separated integers, got {sizes!r}") from exc
-        growth = error_sweep(load_callable(sweep), size_list)
+        with _user_code(sweep):
+            growth = error_sweep(load_callable(sweep), size_list)
         _finish("accuracy", growth, growth.render(), as_json=as_json, run_id=run_id)
         return
     if baseline is None or candidate is None:
@@ -140,7 +156,8 @@ def _timeline_events(target: list[str], repeat: int) -> tuple[list[Any], str]:
         return load_trace(path), str(path)
     if ":" in first and not path.is_file():
         fn = load_callable(first)
-        return profile_callable(fn, repeat=repeat), first
+        with _user_code(first):
+            return profile_callable(fn, repeat=repeat), first
     if first.endswith(".py"):
         with tempfile.TemporaryDirectory(prefix="infra-agent-trace-") as tmp:
             return profile_script(target, Path(tmp) / "trace.json"), " ".join(target)
@@ -247,17 +264,18 @@ def bench(
         for arm in arms:
             arm.close()
         raise
-    result = run_bench(
-        arms[0],
-        arms[1],
-        min_sample_s=min_sample_ms / 1e3,
-        ci_width=ci_width,
-        equivalence=equivalence,
-        budget_s=budget_s,
-        seed=seed,
-        with_counters=counters,
-        names=(baseline, candidate),
-    )
+    with _user_code("benchmarked code"):
+        result = run_bench(
+            arms[0],
+            arms[1],
+            min_sample_s=min_sample_ms / 1e3,
+            ci_width=ci_width,
+            equivalence=equivalence,
+            budget_s=budget_s,
+            seed=seed,
+            with_counters=counters,
+            names=(baseline, candidate),
+        )
     _finish("bench", result, result.render(), as_json=as_json, run_id=run_id)
 
 
@@ -269,7 +287,12 @@ def gil(
     ] = None,
     pid: Annotated[int | None, typer.Option("--pid", help="Attach to a running process.")] = None,
     duration_s: Annotated[float, typer.Option(help="Sampling time, seconds.")] = 5.0,
-    interval_s: Annotated[float, typer.Option(help="Time between snapshots, seconds.")] = 0.1,
+    interval_s: Annotated[
+        float, typer.Option(help="Time between snapshots, seconds (each pauses the target).")
+    ] = 1.0,
+    native: Annotated[
+        bool, typer.Option("--native/--no-native", help="Native frames (needed to see GIL waits).")
+    ] = True,
     startup_s: Annotated[float, typer.Option(help="Wait before sampling a started command.")] = 0.5,
     as_json: JsonOpt = False,
     run_id: RunIdOpt = None,
@@ -280,10 +303,14 @@ def gil(
     if (pid is None) == (not command):
         raise UserError("give either --pid PID or a COMMAND to start, not both")
     if pid is not None:
-        report = trace_pid(pid, duration_s=duration_s, interval_s=interval_s)
+        report = trace_pid(pid, duration_s=duration_s, interval_s=interval_s, native=native)
     else:
         assert command is not None
         report = trace_command(
-            command, duration_s=duration_s, interval_s=interval_s, startup_s=startup_s
+            command,
+            duration_s=duration_s,
+            interval_s=interval_s,
+            startup_s=startup_s,
+            native=native,
         )
     _finish("gil", report, report.render(), as_json=as_json, run_id=run_id)

@@ -68,10 +68,17 @@ class TensorDiff(BaseModel):
 
 
 class _Sums:
-    def __init__(self) -> None:
+    """Running totals, plus chunk-sized scratch buffers reused across chunks (allocating fresh
+    16 MB tensors per chunk costs page faults on every chunk)."""
+
+    def __init__(self, chunk: int, work: torch.dtype, atol: float) -> None:
         self.aa = self.bb = self.dd = self.abs = 0.0
         self.max_abs, self.max_at = -1.0, 0
         self.violations = self.nonfinite = 0
+        self.d = torch.empty(chunk, dtype=work)
+        self.tol = torch.empty(chunk, dtype=work)
+        self.mask = torch.empty(chunk, dtype=torch.bool)
+        self.atol = torch.tensor(atol, dtype=work)
 
 
 def _work_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
@@ -90,10 +97,11 @@ def _accumulate(
     16-bit inputs: b - a of two nearby floats is exact, Sterbenz) with accurate reductions
     (BLAS dot, cascade sum); chunk results are accumulated across chunks in float64.
     """
-    work = _work_dtype(a_in, b_in)
+    work = t.d.dtype
+    n = a_in.numel()
     a, b = a_in.to(work), b_in.to(work)
     aa, bb = float(torch.dot(a, a)), float(torch.dot(b, b))
-    d = torch.sub(b, a)
+    d = torch.sub(b, a, out=t.d[:n])
     dd = float(torch.dot(d, d))
     if not all(math.isfinite(x) for x in (aa, bb, dd)):
         # Slow path, only for chunks holding NaN/inf (or float32 overflow): equal infinities
@@ -120,9 +128,12 @@ def _accumulate(
     m = float(d.max())
     if m > t.max_abs:
         t.max_abs, t.max_at = m, offset + int(torch.argmax(d))
-    if m > atol:  # otherwise nothing can be out of tolerance
-        tol = torch.abs(a).mul_(rtol).add_(atol)
-        t.violations += int(torch.count_nonzero(d > tol))
+    if m > atol and a.dtype != work:  # slow path: float64 copies
+        t.violations += int(torch.count_nonzero(d > a.abs().mul_(rtol).add_(atol)))
+    elif m > atol:  # otherwise nothing can be out of tolerance
+        tol = torch.abs(a, out=t.tol[:n])
+        torch.add(t.atol, tol, alpha=rtol, out=tol)  # atol + rtol·|a| in one pass
+        t.violations += int(torch.count_nonzero(torch.gt(d, tol, out=t.mask[:n])))
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
@@ -152,7 +163,7 @@ def tensor_diff(
     a_flat = baseline.detach().reshape(-1)
     b_flat = candidate.detach().reshape(-1)
     n = a_flat.numel()
-    totals = _Sums()
+    totals = _Sums(min(chunk, max(n, 1)), _work_dtype(baseline, candidate), atol)
     for start in range(0, n, chunk):
         _accumulate(
             totals, a_flat[start : start + chunk], b_flat[start : start + chunk], start, rtol, atol

@@ -1,8 +1,8 @@
 """GIL and stack tracer: which threads hold the GIL, which wait for it, and who is to blame.
 
 Python API (stable):
-- `trace_pid(pid, duration_s=5, interval_s=0.1) -> GilReport` — attach with py-spy
-  (`dump --json --native`, repeated);
+- `trace_pid(pid, duration_s=5, interval_s=1.0, native=True) -> GilReport` — attach with
+  py-spy (`dump --json --native`, repeated; each dump pauses the target briefly);
 - `trace_command(argv, duration_s=5, startup_s=0.5) -> GilReport` — start a command, sample it,
   stop it; for a Python script whose process py-spy cannot attach to, falls back to in-process
   sampling (marked `gil_visible=False`);

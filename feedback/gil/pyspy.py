@@ -1,8 +1,10 @@
 """Sample a running Python process with py-spy: repeated `py-spy dump --json --native`.
 
 `sample_pid(pid, duration_s, interval_s)` returns snapshots (every thread, innermost frame
-first) with py-spy's `owns_gil` flag. Each dump pauses the target briefly while its stacks are
-read (pass `nonblocking=True` to avoid the pause at the cost of torn stacks). Needs ptrace
+first) with py-spy's `owns_gil` flag. Each dump pauses the target while its threads are unwound
+(tens of ms with native frames on a quiet machine, more under load), so the default rate is one
+snapshot per second (`DEFAULT_INTERVAL_S`); `native=False` pauses less but cannot tell a GIL wait
+from native work; `nonblocking=True` does not pause at all (Python frames only, may be torn). Needs ptrace
 permission on the target (root, same user with kernel.yama.ptrace_scope=0, or CAP_SYS_PTRACE).
 """
 
@@ -18,6 +20,9 @@ from typing import Any
 
 from infra_agent.errors import UserError
 from infra_agent.feedback.gil.analysis import Frame, ThreadSample
+
+DEFAULT_INTERVAL_S = 1.0
+"""Seconds between snapshots: bounds the tracer's pauses to a few % of the target's time."""
 
 
 class PySpyUnavailable(UserError):
@@ -66,7 +71,7 @@ def parse_dump(doc: Any) -> list[ThreadSample]:
 def dump_once(pid: int, *, native: bool = True, nonblocking: bool = False) -> list[ThreadSample]:
     """One snapshot of every thread of `pid`."""
     cmd = [find_py_spy(), "dump", "--pid", str(pid), "--json"]
-    if native:
+    if native and not nonblocking:  # py-spy cannot unwind native stacks without pausing
         cmd.append("--native")
     if nonblocking:
         cmd.append("--nonblocking")
@@ -87,7 +92,7 @@ def sample_pid(
     pid: int,
     *,
     duration_s: float = 5.0,
-    interval_s: float = 0.1,
+    interval_s: float = DEFAULT_INTERVAL_S,
     max_snapshots: int = 200,
     native: bool = True,
     nonblocking: bool = False,

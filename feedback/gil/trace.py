@@ -16,7 +16,7 @@ from pathlib import Path
 from infra_agent.errors import UserError
 from infra_agent.feedback.gil.analysis import GilReport, ThreadSample, analyze
 from infra_agent.feedback.gil.inprocess import METHOD as INPROCESS_METHOD
-from infra_agent.feedback.gil.pyspy import PySpyUnavailable, sample_pid
+from infra_agent.feedback.gil.pyspy import DEFAULT_INTERVAL_S, PySpyUnavailable, sample_pid
 
 PYSPY_METHOD = "py-spy dump --json --native, repeated"
 
@@ -25,7 +25,8 @@ def trace_pid(
     pid: int,
     *,
     duration_s: float = 5.0,
-    interval_s: float = 0.1,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    native: bool = True,
     nonblocking: bool = False,
     blame_threshold: float = 0.2,
 ) -> GilReport:
@@ -33,13 +34,20 @@ def trace_pid(
     if pid <= 0:
         raise UserError(f"bad pid {pid}")
     snapshots, elapsed = sample_pid(
-        pid, duration_s=duration_s, interval_s=interval_s, nonblocking=nonblocking
+        pid, duration_s=duration_s, interval_s=interval_s, native=native, nonblocking=nonblocking
     )
     if not snapshots:
         raise UserError(f"no samples of pid {pid} (did it exit?)")
-    return analyze(
-        snapshots, method=PYSPY_METHOD, duration_s=elapsed, pid=pid, blame_threshold=blame_threshold
+    with_native = native and not nonblocking
+    method = PYSPY_METHOD if with_native else "py-spy dump --json, repeated (no native frames)"
+    report = analyze(
+        snapshots, method=method, duration_s=elapsed, pid=pid, blame_threshold=blame_threshold
     )
+    if not with_native:
+        report.warnings.append(
+            "no native frames: a thread waiting for the GIL counts as running or idle"
+        )
+    return report
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -69,7 +77,8 @@ def trace_command(
     *,
     duration_s: float = 5.0,
     startup_s: float = 0.5,
-    interval_s: float = 0.1,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    native: bool = True,
     blame_threshold: float = 0.2,
 ) -> GilReport:
     """Start `command` (a script.py runs with this interpreter), sample it after `startup_s`,

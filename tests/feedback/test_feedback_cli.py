@@ -133,7 +133,9 @@ def test_gil_on_a_started_script(tmp_path: Path) -> None:
         pytest.skip(f"py-spy cannot attach here: {why}")
     script = tmp_path / "two_threads.py"
     script.write_text(PROGRAM)
-    doc = _json(["feedback", "gil", str(script), "--duration-s", "2", "--json"])
+    doc = _json(
+        ["feedback", "gil", str(script), "--duration-s", "2", "--interval-s", "0.1", "--json"]
+    )
     assert doc["gil_visible"] is True
     assert {t["thread"] for t in doc["threads"]} >= {"spinner", "io", "MainThread"}
     assert doc["blame"][0]["waiter"] == "io"
@@ -144,3 +146,14 @@ def test_bad_input_is_one_line_error_and_no_stdout(tmp_path: Path) -> None:
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().startswith("error: cannot import module 'no_such_module_xyz'")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_user_code_failure_is_a_one_line_error(tmp_path: Path) -> None:
+    from infra_agent.errors import UserError
+
+    code = tmp_path / "broken.py"
+    code.write_text("def path():\n    raise ValueError('shape is wrong')\n")
+    with pytest.raises(UserError, match="broken.py:path raised ValueError: shape is wrong"):
+        runner.invoke(
+            app, ["feedback", "accuracy", f"{code}:path", f"{code}:path"], catch_exceptions=False
+        )

@@ -56,7 +56,7 @@ def test_names_the_thread_and_function_holding_the_gil(tmp_path: Path) -> None:
         pytest.skip(f"py-spy cannot attach here: {why}")
     script = tmp_path / "two_threads.py"
     script.write_text(PROGRAM)
-    report = trace_command([str(script)], duration_s=3.0, startup_s=0.5)
+    report = trace_command([str(script)], duration_s=3.0, startup_s=0.5, interval_s=0.1)
     assert report.gil_visible and report.snapshots >= 3
     blame = report.blame[0]
     assert blame.waiter == "io"
