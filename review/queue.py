@@ -312,7 +312,7 @@ def decide(
     UserError for an unknown proposal/action, a forbidden approval or a comment-less request.
     """
     try:
-        action = DecisionAction(action)
+        action = DecisionAction(action.replace("-", "_") if isinstance(action, str) else action)
     except ValueError:
         raise UserError(f"unknown action '{action}' (approve, reject, request_changes)") from None
     if action not in _HUMAN_ACTIONS:

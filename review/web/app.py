@@ -29,7 +29,7 @@ from infra_agent.review.apply import after_decision, apply_approved
 from infra_agent.review.queue import ReviewConflict, StaleProposal, decide, list_queue, reverify
 from infra_agent.review.risk import RiskPolicy
 from infra_agent.review.web.auth import SESSION_COOKIE, ReviewerAuth, Session
-from infra_agent.review.web.views import diff_css, experiment_view, fmt, proposal_view, raw_json
+from infra_agent.review.web.views import diff_css, fmt, latest_result, proposal_view, raw_json
 from infra_agent.store import RunStore, open_store
 from infra_agent.store.records import DecisionAction, ProposalStatus, RiskLevel
 from infra_agent.store.records import now as utc_now
@@ -208,10 +208,7 @@ def create_app(server: ReviewServer) -> FastAPI:
         proposals = list_queue(
             server.store, status=status_filter, task=task or None, risk=risk_filter
         )
-        rows = [
-            (p, experiment_view(server.store, p.experiment_ids[-1]) if p.experiment_ids else None)
-            for p in proposals
-        ]
+        rows = [(p, latest_result(server.store, p)) for p in proposals]
         tasks = sorted({p.task for p in server.store.proposals()})
         return page(
             request, "queue.html", session=session, rows=rows, tasks=tasks,

@@ -226,6 +226,17 @@ def _accuracy(name: str, value: Any) -> AccuracySection | None:
     return section
 
 
+def latest_result(store: RunStore, proposal: ProposalRecord) -> ExperimentResult | None:
+    """The newest experiment's result of a proposal, None if missing or unreadable."""
+    if not proposal.experiment_ids:
+        return None
+    try:
+        record = store.get_experiment(proposal.experiment_ids[-1])
+    except StoreError:
+        return None
+    return record.result if record is not None else None
+
+
 def experiment_view(store: RunStore, experiment_id: str) -> ExperimentView:
     try:
         record = store.get_experiment(experiment_id)
