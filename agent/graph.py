@@ -256,6 +256,7 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
                 params=ctx.config.params or None,
                 store=ctx.store,
                 run_id=state.run_id,
+                progress=lambda stage: ctx.on_event(f"experiment on {patch_id[:12]}: {stage}"),
                 seed=ctx.config.seed + len(state.experiments),
             )
     except UserError as exc:
@@ -294,7 +295,7 @@ def reflect(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
         if best is not None and best.ci_low is not None and best.ci_high is not None
         else "no IMPROVED result yet"
     )
-    if reason or state.experiments:
+    if reason or state.phase == "experiment":  # after each experiment, and when stopping
         decision = f"stop: {reason}" if reason else "continue"
         ctx.log.harness(
             f"decision: {decision}; {best_text}; {state.usage.left(ctx.budget(state))}",

@@ -46,6 +46,9 @@ def report(db: Path, run_id: str, wall_s: float | None) -> None:
             f"{totals['performance'] / grand:.0%} of experiment time; harness overhead "
             f"(sandbox + prepare + correctness + health) {1 - totals['performance'] / grand:.0%}"
         )
+    run = store.get_run(run_id)
+    if wall_s is None and run is not None:
+        wall_s = (run.updated_at - run.created_at).total_seconds()  # first write to last
     if wall_s:
         print(
             f"run wall {wall_s:.1f} s; outside experiments (agent loop) {(wall_s - grand) / wall_s:.1%}"
