@@ -49,11 +49,29 @@ ROOT_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
-def python_paths() -> list[Path]:
-    """Folders the project's interpreter needs: its prefixes (base and virtual environment)."""
+def python_paths(extra: list[Path] | None = None) -> list[Path]:
+    """Folders the interpreters need: this process's prefixes (base and virtual environment),
+    and for each folder in `extra` that is a virtual environment (has pyvenv.cfg, e.g. the
+    SGLang environment passed as a read-only path), the base installation it was made from."""
     paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
     paths.add(Path(os.path.realpath(sys.executable)).parent.parent)
+    for folder in extra or []:
+        base = _venv_base(Path(folder))
+        if base is not None:
+            paths.add(base)
     return sorted(paths)
+
+
+def _venv_base(folder: Path) -> Path | None:
+    try:
+        lines = (folder / "pyvenv.cfg").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip():
+            return Path(value.strip()).resolve().parent  # home is the base's bin/ folder
+    return None
 
 
 def bwrap_binary() -> str | None:
@@ -126,7 +144,7 @@ def bubblewrap(
     for path in ETC_FILES:
         if os.path.exists(path):
             tree.mount("--ro-bind", Path(path))
-    visible = [*python_paths(), *spec.readonly_paths]
+    visible = [*python_paths(spec.readonly_paths), *spec.readonly_paths]
     for path in visible:
         if os.path.exists(path):
             tree.mount("--ro-bind", Path(path))

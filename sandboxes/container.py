@@ -230,7 +230,11 @@ class DockerSandbox(Sandbox):
         s = self.spec
         Mount = docker.types.Mount
         mounts: list[Any] = []
-        readonly = ["/usr", *confinement.ETC_FILES, *map(str, confinement.python_paths())]
+        readonly = [
+            "/usr",
+            *confinement.ETC_FILES,
+            *map(str, confinement.python_paths(s.readonly_paths)),
+        ]
         for path in dict.fromkeys([*readonly, *map(str, s.readonly_paths)]):
             if os.path.exists(path) and not os.path.islink(path):
                 mounts.append(Mount(path, path, type="bind", read_only=True))

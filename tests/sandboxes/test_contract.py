@@ -282,7 +282,8 @@ def test_cleanup_is_complete_and_idempotent(make_sandbox, backend: str) -> None:
         import docker
         from infra_agent.sandboxes.docker_engine import LABEL
 
-        assert docker.from_env().containers.list(all=True, filters={"label": LABEL}) == []
+        mine = {"label": f"{LABEL}={sb.id}"}  # type: ignore[attr-defined]
+        assert docker.from_env().containers.list(all=True, filters=mine) == []
     with pytest.raises(RuntimeError):
         sb.exec(["true"], timeout_s=5)
 
@@ -324,7 +325,8 @@ def test_interrupted_process_leaves_nothing_behind(
         import docker
         from infra_agent.sandboxes.docker_engine import LABEL
 
-        assert docker.from_env().containers.list(all=True, filters={"label": LABEL}) == []
+        mine = {"label": f"{LABEL}={sandbox_id}"}
+        assert docker.from_env().containers.list(all=True, filters=mine) == []
 
 
 def test_sigkilled_owner_leaves_nothing_after_the_next_sandbox(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,16 @@ def test_available_backends_names_each_backend() -> None:
     backends = available_backends()
     assert set(backends) == {"local", "docker"}
     assert all(reason is None or isinstance(reason, str) for reason in backends.values())
+
+
+def test_a_read_only_virtual_environment_brings_its_base_interpreter(tmp_path: Path) -> None:
+    from infra_agent.sandboxes.confinement import python_paths
+
+    base = tmp_path / "pythons" / "3.12"
+    (base / "bin").mkdir(parents=True)
+    venv = tmp_path / "sglang-env"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text(f"home = {base / 'bin'}\nversion = 3.12.1\n")
+    paths = python_paths([venv, tmp_path / "models"])
+    assert base.resolve() in paths
+    assert Path(sys.prefix).resolve() in paths and Path(sys.base_prefix).resolve() in paths
