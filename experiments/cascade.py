@@ -304,6 +304,10 @@ class Experiment:
                         pass
             self.arms.close()
         self.evidence.log_tail = self.log_tail[-4000:]
+        self.evidence.extra["fresh_input_seeds"] = len(self.seeds.used)
+        self.evidence.extra["static_rules_allowed"] = sorted(
+            rules.normalize_allow(self.manifest.allow)
+        )
         return ExperimentResult(
             task=self.task.name,
             patch_id=self.patch.hash,

@@ -171,9 +171,9 @@ def decide(
         f"{metric.name} median {c.baseline_median:.4g} -> {c.candidate_median:.4g} {metric.unit}"
     )
     if lo > 1.0 and sp > 1.0 + effect:
-        verdict, reasons = Verdict.IMPROVED, [f"faster with confidence: {numbers}"]
+        verdict, reasons = Verdict.IMPROVED, [f"better with confidence: {numbers}"]
     elif hi < 1.0 and sp < 1.0 / (1.0 + effect):
-        verdict, reasons = Verdict.REGRESSED, [f"slower with confidence: {numbers}"]
+        verdict, reasons = Verdict.REGRESSED, [f"worse with confidence: {numbers}"]
     elif lo <= 1.0 <= hi:
         verdict, reasons = (
             Verdict.NO_CHANGE,
@@ -207,12 +207,24 @@ def decide(
             )
             continue
         bm, km = _median(b), _median(k)
-        ratio = bm / km if constraint.higher_is_better else km / bm
-        if ratio > constraint.max_ratio:
+        n = min(len(b), len(k))
+        # "ratio" grows as the candidate gets worse; broken only if its whole interval is
+        # above the limit (a noisy secondary metric must not decide on one unlucky median).
+        comp = compare_samples(
+            b[:n], k[:n], higher_is_better=constraint.higher_is_better, paired=True
+        )
+        ratio, ratio_low, ratio_high = 1 / comp.speedup, 1 / comp.ci_high, 1 / comp.ci_low
+        if ratio_low > constraint.max_ratio:
             verdict = Verdict.REGRESSED if verdict != Verdict.FAILED else verdict
             reasons.append(
                 f"constraint broken: {constraint.metric} median {bm:.4g} -> {km:.4g} "
-                f"(ratio {ratio:.3f} > allowed {constraint.max_ratio:g})"
+                f"(ratio {ratio:.3f}, 95% CI {ratio_low:.3f}-{ratio_high:.3f}, "
+                f"above the allowed {constraint.max_ratio:g})"
+            )
+        elif ratio_high > constraint.max_ratio:
+            reasons.append(
+                f"constraint {constraint.metric} not shown broken: ratio {ratio:.3f} "
+                f"(95% CI {ratio_low:.3f}-{ratio_high:.3f}) against the allowed {constraint.max_ratio:g}"
             )
     return verdict, reasons, flags, medians
 
