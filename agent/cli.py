@@ -141,9 +141,16 @@ def register(app: typer.Typer) -> None:
             chosen, reason = resolve_policy(policy, settings.llm, script)  # type: ignore[arg-type]
             the_task = find_run_task(RunConfig(task=task or settings.tasks.default))
             objective = target or the_task.manifest.objective
-            if objective not in the_task.manifest.objectives:
+            m = the_task.manifest
+            if objective != m.objective:
+                why = (
+                    "experiments measure only its primary objective's metric so far"
+                    if objective in m.objectives
+                    else f"it has no '{objective}' objective"
+                )
                 raise UserError(
-                    f"--target {objective}: task {the_task.name} optimizes {', '.join(the_task.manifest.objectives)}"
+                    f"--target {objective}: task {the_task.name} optimizes {m.objective} "
+                    f"(metric {m.metric.name}); {why}"
                 )
             run_budget = Budget(**parse_budget(budget))
             config = RunConfig(
