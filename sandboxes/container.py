@@ -2,9 +2,11 @@
 
 The container (from the locally built busybox image, see docker_engine.py) has no network, a
 read-only root with a private /tmp tmpfs, memory/pids/CPU limits, all capabilities dropped,
-no-new-privileges, and runs as uid 65534. The host's /usr, interpreter prefix, virtual
-environment and the caller's read-only paths are bind-mounted read-only at their host paths;
-the workspace copy read-write at its host path, so paths mean the same inside and out.
+no-new-privileges, and runs as an unprivileged uid of its own (confinement.allocate_uid). The
+host's /usr, interpreter prefixes, virtual environment and the caller's read-only paths are
+bind-mounted read-only at their host paths, the workspace copy read-write at its host path, so
+paths mean the same inside and out. Memory: the cgroup limit (resident) plus RLIMIT_DATA (heap
+and anonymous maps; docker has no RLIMIT_AS).
 
 Each exec carries a marker variable; since the engine runs on this host, its processes are
 visible in /proc, so a timeout kills exactly that command's process tree (setsid included), and
@@ -17,21 +19,25 @@ from __future__ import annotations
 import io
 import itertools
 import os
-import select
 import socket
-import struct
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from infra_agent.sandboxes import cleanup, confinement, processes
 from infra_agent.sandboxes.base import ExecResult, Sandbox, SandboxProcess, SandboxSpec
 from infra_agent.sandboxes.docker_engine import LABEL, OWNER_LABEL, default_image
+from infra_agent.sandboxes.docker_streams import (
+    DemuxReader,
+    ExecHandle,
+    SocketWriter,
+    drain,
+    send_all,
+)
 from infra_agent.sandboxes.environment import scrubbed_environment
-from infra_agent.sandboxes.local import MAX_OUTPUT_BYTES, _signed
+from infra_agent.sandboxes.limits import MAX_OUTPUT_BYTES, signed_status
 from infra_agent.sandboxes.workspace import PrivateCopy
 
 
@@ -132,17 +138,17 @@ class DockerSandbox(Sandbox):
         timed_out = False
         try:
             if stdin is not None:
-                _send_all(sock, stdin, deadline=started + timeout_s)
+                send_all(sock, stdin, deadline=started + timeout_s)
                 sock.shutdown(socket.SHUT_WR)
             deadline = started + timeout_s
-            timed_out = not _drain(sock, out, err, deadline=deadline, idle=reap_strays_once_exited)
+            timed_out = not drain(sock, out, err, deadline=deadline, idle=reap_strays_once_exited)
         finally:
             sock.close()
             leftover = processes.kill_marked(processes.PROCESS_VAR, marker, among=self._members)
         duration = time.monotonic() - started
         info = self._client.api.exec_inspect(exec_id)
         code = info.get("ExitCode")
-        returncode = -9 if timed_out or code is None else _signed(int(code))
+        returncode = -9 if timed_out or code is None else signed_status(int(code))
         return ExecResult(
             returncode=returncode,
             stdout=bytes(out[:MAX_OUTPUT_BYTES]).decode("utf-8", errors="replace"),
@@ -159,8 +165,8 @@ class DockerSandbox(Sandbox):
         marker = f"{self.id}-{n}"
         exec_id, sock = self._start_exec(argv, marker, cwd, stdin=True)
         err_path = self._copy.state / f"{n}.spawn.e"
-        stdout = io.BufferedReader(_DemuxReader(sock, err_path))
-        stdin = io.BufferedWriter(_SocketWriter(sock))
+        stdout = io.BufferedReader(DemuxReader(sock, err_path))
+        stdin = io.BufferedWriter(SocketWriter(sock))
         handle = ExecHandle(self._client.api, exec_id, marker, sock)
         process = SandboxProcess(
             pid=handle.host_pid(), stdin=stdin, stdout=stdout, stderr_path=err_path, handle=handle
@@ -401,145 +407,3 @@ def _remove_orphans(client: Any) -> int:
             except Exception:  # another process removed it first
                 pass
     return removed
-
-
-class ExecHandle:
-    """A spawned exec: its id, marker and stream; `wait`/`poll` like subprocess.Popen."""
-
-    def __init__(self, api: Any, exec_id: str, marker: str, sock: socket.socket) -> None:
-        self.api, self.id, self.marker, self.sock = api, exec_id, marker, sock
-
-    def host_pid(self, *, within_s: float = 10.0) -> int:
-        """The process's host pid (the engine reports it once the exec has started)."""
-        deadline = time.monotonic() + within_s
-        while True:
-            pid = int(self.api.exec_inspect(self.id).get("Pid") or 0)
-            if pid or time.monotonic() > deadline:
-                return pid
-            time.sleep(0.02)
-
-    def poll(self) -> int | None:
-        info = self.api.exec_inspect(self.id)
-        if info.get("Running") or info.get("ExitCode") is None:
-            return None
-        return _signed(int(info["ExitCode"]))
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"exec {self.id[:12]} still running")
-            time.sleep(0.05)
-        return code
-
-
-def _send_all(sock: socket.socket, data: bytes, *, deadline: float) -> None:
-    view = memoryview(data)
-    while view:
-        _, writable, _ = select.select([], [sock], [], max(0.0, deadline - time.monotonic()))
-        if not writable:
-            return
-        view = view[sock.send(view[:65536]) :]
-
-
-def _drain(
-    sock: socket.socket,
-    out: bytearray,
-    err: bytearray,
-    *,
-    deadline: float,
-    idle: Callable[[], None],
-) -> bool:
-    """Read docker's multiplexed stream (8-byte headers) until EOF; `idle()` runs whenever
-    nothing arrived for 0.2 s. False on deadline."""
-    buf = bytearray()
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        readable, _, _ = select.select([sock], [], [], min(remaining, 0.2))
-        if not readable:
-            idle()
-            continue
-        chunk = sock.recv(65536)
-        if not chunk:
-            return True
-        buf += chunk
-        while len(buf) >= 8:
-            stream, size = buf[0], struct.unpack(">I", buf[4:8])[0]
-            if len(buf) < 8 + size:
-                break
-            target = err if stream == 2 else out
-            if len(target) < MAX_OUTPUT_BYTES:
-                target += buf[8 : 8 + size]
-            del buf[: 8 + size]
-
-
-class _DemuxReader(io.RawIOBase):
-    """The stdout of an attached exec as a plain byte stream; stderr frames go to a file."""
-
-    def __init__(self, sock: socket.socket, stderr_path: Path) -> None:
-        self._sock = sock
-        self._stderr = open(stderr_path, "ab")
-        self._pending = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            header = self._exactly(8)
-            if header is None:
-                return 0
-            stream, size = header[0], struct.unpack(">I", header[4:8])[0]
-            payload = self._exactly(size) or b""
-            if stream == 2:
-                self._stderr.write(payload)
-                self._stderr.flush()
-            else:
-                self._pending = payload
-        n = min(len(buffer), len(self._pending))
-        buffer[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
-        return n
-
-    def _exactly(self, size: int) -> bytes | None:
-        data = bytearray()
-        while len(data) < size:
-            chunk = self._sock.recv(size - len(data))
-            if not chunk:
-                return None
-            data += chunk
-        return bytes(data)
-
-    def close(self) -> None:
-        self._stderr.close()
-        super().close()
-
-
-class _SocketWriter(io.RawIOBase):
-    """The stdin of an attached exec; closing it sends EOF (half-close)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-
-    def writable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
-    def write(self, data: Any) -> int:
-        self._sock.sendall(data)
-        return len(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            try:
-                self._sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-        super().close()

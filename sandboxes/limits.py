@@ -21,6 +21,8 @@ from collections.abc import Callable
 from infra_agent.sandboxes.base import SandboxSpec
 
 MIB = 1024 * 1024
+MAX_OUTPUT_BYTES = 16 * MIB
+"""stdout/stderr kept per `exec`; the rest is dropped (the file-size rlimit caps the files)."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -80,3 +82,8 @@ def killed_reason(returncode: int) -> str | None:
     if returncode == -signal.SIGXFSZ:
         return "file_size"
     return None
+
+
+def signed_status(returncode: int) -> int:
+    """Shell-style 128+N exit statuses back to -N (a signal), as subprocess reports them."""
+    return -(returncode - 128) if 128 < returncode < 160 else returncode

@@ -30,8 +30,6 @@ _COUNTING_SHELL = (
     'b=0; for p in /proc/[0-9]*; do b=$((b+1)); done; "$@" {fd}>&-; rc=$?; '
     "a=0; for p in /proc/[0-9]*; do a=$((a+1)); done; echo $((a-b)) >&{fd}; exit $rc"
 )
-MAX_OUTPUT_BYTES = 16 * 1024 * 1024
-"""stdout/stderr kept per command; the rest is dropped (the file-size rlimit caps the files)."""
 
 
 class LocalSandbox(Sandbox):
@@ -121,7 +119,7 @@ class LocalSandbox(Sandbox):
                 proc.wait()
             timed_out = expired.is_set()
         duration = time.monotonic() - started
-        returncode = -9 if timed_out else _signed(proc.returncode)
+        returncode = -9 if timed_out else limits.signed_status(proc.returncode)
         counted = count_path.read_text().strip() if count_path.exists() else ""
         strays = int(counted) if counted.lstrip("-").isdigit() else leftover
         return ExecResult(
@@ -274,12 +272,7 @@ class LocalSandbox(Sandbox):
         return processes.kill_marked(processes.PROCESS_VAR, self._process_marker(n), among=among)
 
 
-def _signed(returncode: int) -> int:
-    """Shell-style 128+N exit statuses back to -N (a signal), as subprocess reports them."""
-    return -(returncode - 128) if 128 < returncode < 160 else returncode
-
-
 def _read_capped(path: Path) -> str:
     with open(path, "rb") as f:
-        data = f.read(MAX_OUTPUT_BYTES)
+        data = f.read(limits.MAX_OUTPUT_BYTES)
     return data.decode("utf-8", errors="replace")
