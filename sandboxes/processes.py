@@ -27,6 +27,16 @@ PROCESS_VAR = "INFRA_AGENT_SANDBOX_PROC"
 _launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-launcher")
 
 
+def _new_launcher_after_fork() -> None:
+    # A forked child has no launcher thread, but the inherited executor believes it has an
+    # idle one: submitting would wait forever.
+    global _launcher
+    _launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-launcher")
+
+
+os.register_at_fork(after_in_child=_new_launcher_after_fork)
+
+
 def launch(argv: list[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
     """`subprocess.Popen(argv, **popen_kwargs)` from the launcher thread."""
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from infra_agent.sandboxes import Sandbox, SandboxSpec, create_sandbox
 from infra_agent.sandboxes.docker_engine import EngineHandle, ensure_engine
 from infra_agent.sandboxes.workspace import PREFIX

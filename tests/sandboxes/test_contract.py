@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from infra_agent.sandboxes import processes
 
 alive_with = processes.pids_with_cmdline
@@ -280,6 +281,7 @@ def test_cleanup_is_complete_and_idempotent(make_sandbox, backend: str) -> None:
     assert processes.marked_pids(processes.SANDBOX_VAR, sb.id) == []  # type: ignore[attr-defined]
     if backend == "docker":
         import docker
+
         from infra_agent.sandboxes.docker_engine import LABEL
 
         mine = {"label": f"{LABEL}={sb.id}"}  # type: ignore[attr-defined]
@@ -323,6 +325,7 @@ def test_interrupted_process_leaves_nothing_behind(
     assert processes.marked_pids(processes.SANDBOX_VAR, sandbox_id) == []
     if backend == "docker":
         import docker
+
         from infra_agent.sandboxes.docker_engine import LABEL
 
         mine = {"label": f"{LABEL}={sandbox_id}"}
@@ -352,6 +355,7 @@ def test_sigkilled_owner_leaves_nothing_after_the_next_sandbox(
     assert gone_within(token, 10.0)  # processes die with the parent, containers on the sweep
     if backend == "docker":
         import docker
+
         from infra_agent.sandboxes.docker_engine import LABEL
 
         orphans = docker.from_env().containers.list(

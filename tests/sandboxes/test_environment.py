@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from infra_agent.errors import UserError
 from infra_agent.sandboxes import available_backends, create_sandbox
 from infra_agent.sandboxes.environment import is_secret, scrubbed_environment

@@ -1,17 +1,18 @@
-"""The local backend without bubblewrap: `unshare` namespaces (root), and what it records."""
+"""Local-backend specifics: the `unshare` fallback without bubblewrap (root) and what it
+records, and sandboxes made in a forked child."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import socket
 from pathlib import Path
 
 import pytest
+
 from infra_agent.sandboxes import SandboxSpec, confinement, create_sandbox
 from infra_agent.sandboxes.processes import pids_with_cmdline
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the unshare fallback needs root")
 
 
 @pytest.fixture
@@ -19,6 +20,7 @@ def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(confinement, "bwrap_binary", lambda: None)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the unshare fallback needs root")
 def test_unshare_fallback_isolates_network_and_processes(no_bwrap: None, tmp_path: Path) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -43,3 +45,24 @@ def test_unshare_fallback_isolates_network_and_processes(no_bwrap: None, tmp_pat
         r = sb.exec(["sh", "-c", f"(setsid sleep {token} &); sleep {token}"], timeout_s=1)
         assert r.timed_out
     assert pids_with_cmdline(token) == []
+
+
+def _run_in_child(workspace: str, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    with create_sandbox("local", Path(workspace), SandboxSpec()) as sb:
+        queue.put(sb.exec(["echo", "from-child"], timeout_s=30).stdout)
+
+
+def test_a_forked_child_can_make_sandboxes(tmp_path: Path) -> None:
+    """The launcher thread does not survive fork(); the child must get a new one, not hang."""
+    with create_sandbox("local", tmp_path, SandboxSpec()) as sb:
+        assert sb.exec(["echo", "parent"], timeout_s=30).stdout == "parent\n"
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_run_in_child, args=(str(tmp_path), queue))
+        child.start()
+        try:
+            assert queue.get(timeout=60) == "from-child\n"
+        finally:
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
