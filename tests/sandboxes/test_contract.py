@@ -107,11 +107,18 @@ def test_no_network(make_sandbox) -> None:
             print("routes", len(routes))
             links = [l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]]
             print("links", ",".join(sorted(links)))
+            if not routes:  # only then: with a route, a lookup could leave this machine
+                try:
+                    socket.getaddrinfo("infra-agent-probe.invalid", 80)
+                    print("RESOLVED")
+                except OSError as exc:
+                    print("dns failed", type(exc).__name__)
         """)
         r = sb.exec(["python", "-c", probe], timeout_s=60)
         assert r.returncode == 0, r.stderr
         assert "CONNECTED" not in r.stdout
         assert "routes 0" in r.stdout  # no route anywhere: no DNS, no outside host
+        assert "dns failed" in r.stdout
         assert "links lo\n" in r.stdout
         in_force, _missing = sb.isolation()
         assert any(item.startswith("netns:") for item in in_force)
