@@ -9,13 +9,15 @@ Prints, in one run, rows/s of
 
 so the writing stage can be compared with what Arrow alone costs. Usage:
 
-    .venv/bin/python benchmarks/bench_export.py [--n 10000] [--keep DIR]
+    .venv/bin/python benchmarks/bench_export.py [--n 10000] [--jobs N] [--all-formats] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -48,9 +50,9 @@ from infra_agent.store.records import (
 )
 from infra_agent.trajectories.build import build_trajectory, load_run
 from infra_agent.trajectories.export import export_dataset
-from infra_agent.trajectories.formats import ROW_MODELS, ExportFormat, rl_row
+from infra_agent.trajectories.formats import ARROW_SCHEMAS, ExportFormat, rl_row
 from infra_agent.trajectories.redact import Redactor
-from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file
+from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
 VERDICTS = [
     Verdict.IMPROVED,
@@ -124,10 +126,16 @@ def populate(db: Path, n: int) -> None:
     store.close()
 
 
-def timed(fn: Any) -> tuple[Any, float]:
-    start = time.perf_counter()
+def timed(fn: Any) -> tuple[Any, float, float]:
+    """(value, wall seconds, CPU seconds of this process)."""
+    wall, cpu = time.perf_counter(), time.process_time()
     value = fn()
-    return value, time.perf_counter() - start
+    return value, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def line(label: str, n: int, wall: float, cpu: float | None, note: str = "") -> str:
+    cpu_part = f"{n / cpu:8.0f} rows/CPU-s" if cpu else " " * 17
+    return f"  {label:22s} {n / wall:8.0f} rows/s  {cpu_part}  ({wall:6.2f} s)  {note}"
 
 
 def main() -> None:
@@ -135,7 +143,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=10_000, help="Synthetic trajectories.")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the store and outputs here.")
     parser.add_argument(
-        "--jobs", type=int, default=4, help="Worker processes for the parallel run."
+        "--jobs", type=int, default=os.cpu_count() or 1, help="Workers, parallel run."
+    )
+    parser.add_argument(
+        "--all-formats", action="store_true", help="Full export in all six formats."
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,47 +155,63 @@ def main() -> None:
         db = root / "runs.db"
         if db.exists():
             db.unlink()
-        _, t_pop = timed(lambda: populate(db, args.n))
+        _, t_pop, _ = timed(lambda: populate(db, args.n))
         print(f"store: {args.n} runs written in {t_pop:.1f} s ({db.stat().st_size / 1e6:.0f} MB)")
         store = open_store(db, readonly=True)
         redactor = Redactor.from_environment()
 
         print(f"\nfull export, {args.n} trajectories (store -> validated rows -> file):")
-        for fmt in ExportFormat:
-            for parquet in (False, True):
-                out = root / f"{fmt.value}.{'parquet' if parquet else 'jsonl'}"
-                start = time.perf_counter()
-                summary = export_dataset(store, fmt, out, parquet=parquet, redactor=redactor)
-                secs = time.perf_counter() - start
-                print(f"  {fmt.value:10s} {'parquet' if parquet else 'jsonl':8s} {summary.rows / secs:8.0f} rows/s"
-                      f"  ({secs:6.2f} s, {summary.bytes / 1e6:6.1f} MB)")  # fmt: skip
-
-        out = root / "rl-jobs.parquet"
-        summary, secs = timed(
-            lambda: export_dataset(
-                store, ExportFormat.RL, out, parquet=True, redactor=redactor, jobs=args.jobs
+        kinds = (
+            [(f, p) for f in ExportFormat for p in (False, True)]
+            if args.all_formats
+            else [(ExportFormat.RL, True)]
+        )
+        for fmt, parquet in kinds:
+            out = root / f"{fmt.value}.{'parquet' if parquet else 'jsonl'}"
+            job = functools.partial(
+                export_dataset, store, fmt, out, parquet=parquet, redactor=redactor
             )
-        )
-        print(
-            f"  rl         parquet  {summary.rows / secs:8.0f} rows/s  ({secs:6.2f} s) with --jobs {args.jobs}"
-        )
+            summary, wall, cpu = timed(job)
+            label = f"{fmt.value} {'parquet' if parquet else 'jsonl'}"
+            print(line(label, summary.rows, wall, cpu, f"{summary.bytes / 1e6:.1f} MB"))
+        if args.jobs > 1:
+            out = root / "rl-jobs.parquet"
+            summary, wall, _ = timed(
+                lambda: export_dataset(
+                    store, ExportFormat.RL, out, parquet=True, redactor=redactor, jobs=args.jobs
+                )
+            )
+            print(
+                line(
+                    f"rl parquet --jobs {args.jobs}",
+                    summary.rows,
+                    wall,
+                    None,
+                    "(workers' CPU not counted)",
+                )
+            )
 
         print("\nstages of the rl/parquet export (one process):")
-        runs = list(store.iter_runs())
-        bundles, t_load = timed(lambda: [load_run(store, r) for r in runs])
-        trajs, t_build = timed(lambda: [build_trajectory(b, redactor=redactor) for b in bundles])
-        rows, t_rows = timed(lambda: [rl_row(t) for t in trajs])
+        t_load = t_build = t_rows = c_load = c_build = c_rows = 0.0
+        rows = []
+        for run in store.iter_runs():
+            bundle, w, c = timed(lambda: load_run(store, run))  # noqa: B023
+            t_load, c_load = t_load + w, c_load + c
+            traj, w, c = timed(lambda: build_trajectory(bundle, redactor=redactor))  # noqa: B023
+            t_build, c_build = t_build + w, c_build + c
+            row, w, c = timed(lambda: rl_row(traj))  # noqa: B023
+            t_rows, c_rows = t_rows + w, c_rows + c
+            rows.append(row)
         n = len(rows)
         ours_path, plain_path = root / "stage-ours.parquet", root / "stage-plain.parquet"
-        adapter = __import__("pydantic").TypeAdapter(list[ROW_MODELS[ExportFormat.RL]])
 
         def ours() -> None:
             with atomic_file(ours_path) as f:
-                sink = ParquetSink(f, arrow_table(ExportFormat.RL, rows[:1]).schema)
+                sink = ParquetSink(f, ARROW_SCHEMAS[ExportFormat.RL])
                 for start in range(0, n, 512):
-                    batch = rows[start : start + 512]
-                    adapter.validate_python(batch)
-                    sink.write(arrow_table(ExportFormat.RL, batch))
+                    table = arrow_table(ExportFormat.RL, rows[start : start + 512])
+                    check_table(ExportFormat.RL, table)
+                    sink.write(table)
                 sink.close()
 
         flat = [
@@ -198,25 +225,34 @@ def main() -> None:
         # Interleave the two writers and keep the best of 3 each (the machine is shared).
         t_ours, t_plain = [], []
         for _ in range(3):
-            t_ours.append(timed(ours)[1])
-            t_plain.append(timed(plain)[1])
-        best_ours, best_plain = min(t_ours), min(t_plain)
-        print(f"  read store            {n / t_load:8.0f} rows/s ({t_load:6.2f} s)")
+            t_ours.append(timed(ours)[1:])
+            t_plain.append(timed(plain)[1:])
+        (w_ours, c_ours), (w_plain, c_plain) = min(t_ours), min(t_plain)
+        print(line("read store", n, t_load, c_load))
         print(
-            f"  build trajectories    {n / t_build:8.0f} rows/s ({t_build:6.2f} s)  redaction, rewards, validation"
+            line("build trajectories", n, t_build, c_build, "redaction, rewards, schema validation")
         )
-        print(f"  trajectories -> rows  {n / t_rows:8.0f} rows/s ({t_rows:6.2f} s)")
+        print(line("trajectories -> rows", n, t_rows, c_rows))
         print(
-            f"  write rows (ours)     {n / best_ours:8.0f} rows/s ({best_ours:6.2f} s)  validation + columns + zstd Parquet"
+            line(
+                "write rows (ours)",
+                n,
+                w_ours,
+                c_ours,
+                "typed columns + column checks + zstd Parquet",
+            )
         )
         print(
-            f"  write rows (plain)    {n / best_plain:8.0f} rows/s ({best_plain:6.2f} s)  Table.from_pylist + write_table"
+            line(
+                "write rows (plain)", n, w_plain, c_plain, "Table.from_pylist + write_table (zstd)"
+            )
         )
-        print(f"  ours / plain write time: {best_ours / best_plain:.2f}x")
-        total = t_load + t_build + t_rows + best_ours
         print(
-            f"  share of export time in writing (ours): {best_ours / total:.0%}; in building: {t_build / total:.0%}"
+            f"  ours / plain write time: {w_ours / w_plain:.2f}x wall, {c_ours / c_plain:.2f}x CPU"
         )
+        total = c_load + c_build + c_rows + c_ours
+        print(f"  CPU share of a one-process export: read {c_load / total:.0%}, build {c_build / total:.0%}, "
+              f"rows {c_rows / total:.0%}, write {c_ours / total:.0%}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -38,7 +38,13 @@ from infra_agent.trajectories.formats import (
 )
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
-from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, jsonl_lines
+from infra_agent.trajectories.writers import (
+    ParquetSink,
+    arrow_table,
+    atomic_file,
+    check_table,
+    jsonl_lines,
+)
 
 BATCH_ROWS = 512
 """Rows written per batch (one Parquet row group)."""
@@ -163,12 +169,15 @@ class _Producer:
 
 
 def _payload(fmt: ExportFormat, parquet: bool, t: Trajectory) -> bytes | dict[str, Any]:
-    """The row of `t` in `fmt`, validated against the format's model."""
+    """The row of `t` in `fmt`. A JSONL row is validated here against the format's model; a
+    Parquet row is validated with its batch, column-wise (`writers.check_table`)."""
     if fmt is ExportFormat.ATIF:
         return atif_parquet_row(t) if parquet else (t.model_dump_json() + "\n").encode()
     row = sft_row(t) if fmt is ExportFormat.OPENAI_SFT else rl_row(t)
+    if parquet:
+        return row
     ROW_MODELS[fmt].model_validate(row)
-    return row if parquet else jsonl_lines([row])
+    return jsonl_lines([row])
 
 
 def _produce_chunk(db: str, runs: list[RunRecord], producer: _Producer) -> list[Outcome]:
@@ -207,7 +216,9 @@ def _write_batch(
     f: IO[bytes], sink: ParquetSink | None, fmt: ExportFormat, items: list[_Item]
 ) -> None:
     if sink is not None:
-        sink.write(arrow_table(fmt, [i.payload for i in items]))  # type: ignore[misc]
+        table = arrow_table(fmt, [i.payload for i in items])  # type: ignore[misc]
+        check_table(fmt, table)
+        sink.write(table)
     else:
         f.write(b"".join(i.payload for i in items))  # type: ignore[misc]
 

@@ -168,11 +168,14 @@ def tool_specs(t: Trajectory) -> list[dict[str, Any]]:
     known = {spec["function"]["name"] for spec in registry}
     if not known & set(called):  # not an agent-registry run: describe only what was called
         registry = []
-    return registry + [
+    unknown = [n for n in called if n not in known or not registry]
+    if not unknown:
+        return registry  # the same list object for every row: writers encode it once
+    minimal = [
         {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
-        for n in called
-        if n not in known or not registry
+        for n in unknown
     ]
+    return registry + minimal
 
 
 @functools.lru_cache(maxsize=1)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from infra_agent.trajectories.formats import ARROW_SCHEMAS, JSON_TEXT_COLUMNS, ExportFormat
@@ -50,13 +51,73 @@ def arrow_table(fmt: ExportFormat, rows: list[dict[str, Any]]) -> pa.Table:
         name = field.name
         source = name[: -len("_json")] if name.endswith("_json") else None
         if source in as_text:
-            column: list[Any] = [
-                json.dumps(r[source], ensure_ascii=False, sort_keys=True) for r in rows
-            ]
+            column: list[Any] = _json_texts([r[source] for r in rows])
         else:
             column = [r.get(name) for r in rows]
         arrays.append(pa.array(column, type=field.type))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+MESSAGE_COLUMNS: dict[ExportFormat, tuple[str, ...]] = {
+    ExportFormat.OPENAI_SFT: ("messages",),
+    ExportFormat.RL: ("prompt", "completion"),
+    ExportFormat.ATIF: (),
+}
+OPTIONAL_COLUMNS = {"notes"}
+_ROLES = pa.array(["system", "user", "assistant", "tool"])
+
+
+def check_table(fmt: ExportFormat, table: pa.Table) -> None:
+    """What the typed Arrow schema cannot say, checked column-wise (no Python loop over rows):
+    required columns and fields are not null, message roles are chat roles, tool calls are
+    functions with an id, a name and arguments. Raises ValueError naming the first violation."""
+    if table.schema != ARROW_SCHEMAS[fmt]:
+        raise ValueError(f"{fmt.value}: table schema differs from the format's schema")
+    for name in table.column_names:
+        if name not in OPTIONAL_COLUMNS and table.column(name).null_count:
+            raise ValueError(
+                f"{fmt.value}: column '{name}' has {table.column(name).null_count} nulls"
+            )
+    if fmt is ExportFormat.ATIF:
+        _expect_all(table.column("schema_version"), pa.array(["ATIF-v1.4"]), "schema_version")
+    for name in MESSAGE_COLUMNS[fmt]:
+        messages = pc.list_flatten(table.column(name))
+        _expect_all(pc.struct_field(messages, "role"), _ROLES, f"{name}.role")
+        calls = pc.list_flatten(pc.struct_field(messages, "tool_calls"))
+        _expect_all(
+            pc.struct_field(calls, "type"), pa.array(["function"]), f"{name}.tool_calls.type"
+        )
+        function = pc.struct_field(calls, "function")
+        for field, values in [
+            ("id", pc.struct_field(calls, "id")),
+            ("function.name", pc.struct_field(function, "name")),
+            ("function.arguments", pc.struct_field(function, "arguments")),
+        ]:
+            if values.null_count:
+                raise ValueError(
+                    f"{fmt.value}: {name}.tool_calls.{field} has {values.null_count} nulls"
+                )
+
+
+def _expect_all(values: pa.Array | pa.ChunkedArray, allowed: pa.Array, where: str) -> None:
+    if len(values) == 0:
+        return
+    wrong = pc.invert(pc.fill_null(pc.is_in(values, value_set=allowed), False))
+    if pc.any(wrong).as_py():
+        bad = pc.filter(values, wrong)[0].as_py()
+        raise ValueError(f"{where}: {bad!r} is not one of {allowed.to_pylist()}")
+
+
+def _json_texts(values: list[Any]) -> list[str]:
+    """JSON text of each value; a value shared by many rows (the tool list) is encoded once."""
+    cache: dict[int, str] = {}
+    out = []
+    for value in values:
+        key = id(value)
+        if key not in cache:
+            cache[key] = json.dumps(value, ensure_ascii=False, sort_keys=True)
+        out.append(cache[key])
+    return out
 
 
 class ParquetSink:

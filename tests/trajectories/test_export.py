@@ -243,8 +243,9 @@ def test_failure_midway_leaves_previous_output_and_no_temp_file(
     assert [p.name for p in out.parent.iterdir()] == ["data"]
 
 
+@pytest.mark.parametrize("parquet", [False, True])
 def test_invalid_row_is_refused_before_writing(
-    fx: Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fx: Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parquet: bool
 ) -> None:
     real = export_module.sft_row
 
@@ -254,10 +255,36 @@ def test_invalid_row_is_refused_before_writing(
         return row
 
     monkeypatch.setattr(export_module, "sft_row", robot_row)
-    out = tmp_path / "exports" / "sft.jsonl"
-    with pytest.raises(ValueError, match="role"):
-        export_dataset(open_store(fx.db, readonly=True), ExportFormat.OPENAI_SFT, out)
-    assert not out.parent.exists()
+    out = tmp_path / "exports" / "sft"
+    with pytest.raises(ValueError, match="robot"):
+        export_dataset(
+            open_store(fx.db, readonly=True), ExportFormat.OPENAI_SFT, out, parquet=parquet
+        )
+    assert not out.exists() and (not out.parent.exists() or list(out.parent.iterdir()) == [])
+
+
+@pytest.mark.parametrize(
+    "fmt, column, bad",
+    [
+        (ExportFormat.RL, "reward", None),
+        (ExportFormat.ATIF, "schema_version", "ATIF-v9"),
+    ],
+)
+def test_column_checks_catch_nulls_and_bad_values(
+    fmt: ExportFormat, column: str, bad: Any, fx: Fixture
+) -> None:
+    from infra_agent.trajectories.build import build_trajectory, load_run
+    from infra_agent.trajectories.formats import atif_parquet_row, rl_row
+    from infra_agent.trajectories.writers import arrow_table, check_table
+
+    store = open_store(fx.db, readonly=True)
+    run = store.get_run(fx.run_a)
+    assert run is not None
+    t = build_trajectory(load_run(store, run), redactor=Redactor())
+    row = rl_row(t) if fmt is ExportFormat.RL else atif_parquet_row(t)
+    check_table(fmt, arrow_table(fmt, [row]))  # the real row passes
+    with pytest.raises(ValueError, match=column):
+        check_table(fmt, arrow_table(fmt, [row | {column: bad}]))
 
 
 def test_out_is_a_directory(fx: Fixture, tmp_path: Path) -> None:
