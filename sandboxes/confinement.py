@@ -152,6 +152,7 @@ def bubblewrap(
         gpu_nodes = [*GPU_DEVICES, *(f"/dev/nvidia{i}" for i in spec.gpus)]
         for node in gpu_nodes:
             args += ["--dev-bind-try", node, node]
+        args += ["--ro-bind-try", "/sys", "/sys"]  # the CUDA driver reads PCI topology there
         c.in_force.append(f"gpu:devices={','.join(map(str, spec.gpus))}")
     tree.mount("--bind", workspace)
     shadowed = 0

@@ -44,6 +44,8 @@ def describe(spec: SandboxSpec, *, uid: int) -> tuple[list[str], list[str]]:
         f"rlimit:fsize={spec.file_size_mb}MiB",
     ]
     missing: list[str] = []
+    if spec.cpus is not None:
+        in_force.append(f"cpuset:{','.join(map(str, spec.cpus))} (affinity)")
     if uid == 0:
         missing.append("rlimit:nproc (not enforced for root)")
     else:
@@ -53,9 +55,11 @@ def describe(spec: SandboxSpec, *, uid: int) -> tuple[list[str], list[str]]:
 
 def child_setup(spec: SandboxSpec, cgroup_procs: list[str] | None = None) -> Callable[[], None]:
     """A `preexec_fn`: join the sandbox's cgroup (its `cgroup.procs` files), apply the limits,
-    and die with the parent (PR_SET_PDEATHSIG=SIGKILL). Small work only: no big allocations.
+    pin to `spec.cpus` (inherited by everything it starts), and die with the parent
+    (PR_SET_PDEATHSIG=SIGKILL). Small work only: no big allocations.
     """
     procs = list(cgroup_procs or [])
+    cpus = set(spec.cpus or [])
     limits = list(rlimits(spec).items())
     libc = ctypes.CDLL(None, use_errno=True)
 
@@ -71,6 +75,8 @@ def child_setup(spec: SandboxSpec, cgroup_procs: list[str] | None = None) -> Cal
                 value = min(value, hard)
             resource.setrlimit(res, (value, value))
         os.umask(0o022)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
 
     return setup
 

@@ -66,6 +66,13 @@ def test_exec_reports_exit_status_stdin_and_cwd(make_sandbox) -> None:
     assert not r.timed_out and r.killed_reason is None
 
 
+def test_cpu_pinning(make_sandbox) -> None:
+    sb = make_sandbox(cpus=[0])
+    r = sb.exec(["python", "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], timeout_s=60)
+    assert r.stdout == "[0]\n", r.stderr
+    assert any(item.startswith("cpuset:0") for item in sb.isolation()[0])
+
+
 def test_timeout_kills_the_whole_tree(make_sandbox) -> None:
     sb = make_sandbox()
     token = unique_sleep()
