@@ -237,7 +237,7 @@ def _kill_mentioning(*paths: Path) -> None:
     """SIGKILL processes whose command line mentions one of `paths` (containerd, its shims)."""
     needles = [str(p).encode() for p in paths]
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
