@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+
 from infra_agent.errors import UserError
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -100,6 +101,12 @@ def register(app: typer.Typer) -> None:
             "coordinate", "--search-strategy", help="coordinate | random (search policy)."
         ),
         batch: int = typer.Option(1, "--batch", help="Configurations per search step."),
+        executor: str = typer.Option(
+            None, "--executor", help="local | ray: run a step's experiments in parallel."
+        ),
+        parallel: int = typer.Option(
+            2, "--parallel", help="Experiments at once with --executor local."
+        ),
         param: list[str] = typer.Option(
             [], "--param", help="Task scale parameter NAME=VALUE (repeatable)."
         ),
@@ -136,6 +143,8 @@ def register(app: typer.Typer) -> None:
         else:
             if policy not in ("auto", "llm", "search", "scripted"):
                 raise UserError(f"--policy: '{policy}' is not one of auto, llm, search, scripted")
+            if executor not in (None, "local", "ray"):
+                raise UserError(f"--executor: '{executor}' is not local or ray")
             if strategy not in ("coordinate", "random"):
                 raise UserError(f"--search-strategy: '{strategy}' is not coordinate or random")
             chosen, reason = resolve_policy(policy, settings.llm, script)  # type: ignore[arg-type]
@@ -165,6 +174,8 @@ def register(app: typer.Typer) -> None:
                 script=str(script.resolve()) if script else None,
                 search_strategy=strategy,  # type: ignore[arg-type]
                 search_batch=batch,
+                executor=executor,  # type: ignore[arg-type]
+                parallel=parallel,
                 seed=seed,
             )
             err_console.print(reason)
@@ -237,10 +248,11 @@ def save_from_proposal(
     title: str = typer.Option(..., "--title", help="One line: the pattern."),
 ) -> None:
     """Save a reviewed, proven patch as a new skeleton the agent can look up in later runs."""
+    from pydantic import ValidationError
+
     from infra_agent.agent.knowledge import save_skeleton, skeleton_from_proposal
     from infra_agent.context import current
     from infra_agent.store.records import ProposalStatus
-    from pydantic import ValidationError
 
     store = current().store(readonly=True)
     proposal = store.get_proposal(proposal_id)

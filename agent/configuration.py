@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, Field
+
 from infra_agent.agent.state import Budget
 from infra_agent.config import LLMSettings
 from infra_agent.errors import UserError
 from infra_agent.tasks.manifest import Task
-from pydantic import BaseModel, Field
 
 PolicyName = Literal["auto", "llm", "search", "scripted"]
 
@@ -37,6 +38,11 @@ class RunConfig(BaseModel):
     search_strategy: Literal["coordinate", "random"] = "coordinate"
     search_batch: int = 1
     """Configurations the search policy proposes per turn (a parallel executor runs them at once)."""
+    executor: Literal["local", "ray"] | None = None
+    """Run the experiments of one reply as a parallel batch on this executor (None: one at a
+    time in this process)."""
+    parallel: int = 1
+    """Experiments at once on the executor."""
     seed: int = 0
     max_invalid_replies: int = 5
     """Consecutive replies without a valid tool call before the run stops."""

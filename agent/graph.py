@@ -20,6 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import interrupt
+
 from infra_agent.agent.configuration import RunConfig
 from infra_agent.agent.prompts import SYSTEM_PROMPT, task_message
 from infra_agent.agent.runlog import RunLog
@@ -30,9 +34,6 @@ from infra_agent.store.records import ExperimentRecord, ProposalStatus, RunStatu
 from infra_agent.tasks.manifest import Task
 from infra_agent.tools.base import ToolRegistry, ToolResult
 from infra_agent.tools.context import ToolContext
-from langgraph.graph import END, START, StateGraph
-from langgraph.runtime import Runtime
-from langgraph.types import interrupt
 
 EXPERIMENT_TOOL = "run_experiment"
 FINISH_TOOL = "finish"
@@ -51,6 +52,8 @@ class AgentContext:
     log: RunLog
     run_experiment: Callable[..., ExperimentRecord]
     """`infra_agent.experiments.run_experiment` or a parallel executor with its signature."""
+    executor: Any = None
+    """An `experiments.executors.Executor` running a reply's experiments as a batch, or None."""
     fingerprint: str = ""
     on_event: Callable[[str], None] = field(default=lambda text: None)
     """Progress text for the live view (current step)."""
@@ -222,8 +225,11 @@ def _outcome(record: ExperimentRecord, ctx: AgentContext, reused: bool) -> Exper
 
 
 def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    """Run the first pending experiment (one per step, so each is checkpointed when done)."""
+    """Run the first pending experiment (one per step, so each is checkpointed when done), or,
+    with an executor, all pending ones as one parallel batch."""
     ctx, started = _ctx(runtime), time.monotonic()
+    if ctx.executor is not None and len(state.pending) > 1:
+        return _timed(experiment_batch(state, ctx), state, started)
     call, rest = state.pending[0], state.pending[1:]
     update: dict[str, Any] = {"phase": "experiment", "pending": rest}
     patch_id = json.loads(call.arguments).get("patch_id", "")
@@ -277,6 +283,78 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
         messages=[*state.messages, _answer(ctx, call, result)],
     )
     return _timed(update, state, started)
+
+
+def experiment_batch(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
+    """Run every pending experiment on the executor at once (within the experiment budget)."""
+    from infra_agent.experiments.executors import ExperimentRequest, run_batch
+
+    messages, outcomes = list(state.messages), list(state.experiments)
+    usage = state.usage.model_copy()
+    budget = ctx.budget(state)
+    measured = {e.patch_id for e in outcomes}
+    stored = {e.patch_id: e for e in ctx.store.experiments(state.run_id)}
+    batch: list[tuple[ToolCall, Any]] = []
+    for call in state.pending:
+        patch_id = json.loads(call.arguments).get("patch_id", "")
+        if patch_id in measured:
+            messages.append(
+                _answer(
+                    ctx,
+                    call,
+                    ToolResult(
+                        content=f"already measured in this run; not re-run ({patch_id[:12]})"
+                    ),
+                )
+            )
+            continue
+        if usage.experiments + len(batch) >= budget.experiments:
+            messages.append(
+                _answer(ctx, call, ToolResult.failure("not run: experiment budget used"))
+            )
+            continue
+        try:
+            batch.append((call, ctx.tool_context.patch(patch_id)))
+        except UserError as exc:
+            messages.append(_answer(ctx, call, ToolResult.failure(str(exc))))
+        measured.add(patch_id)
+    todo = [(c, p) for c, p in batch if p.hash not in stored]
+    ctx.on_event(f"{len(todo)} experiments in parallel on the {ctx.config.executor} executor")
+    for _, patch in todo:
+        ctx.log.harness(f"experiment started on patch {patch.hash}", name="experiment")
+    requests = [
+        ExperimentRequest(
+            id=call.id,
+            task=str(ctx.task.root),
+            patch=patch,
+            sandbox=ctx.config.sandbox,
+            params=ctx.config.params,
+            seed=ctx.config.seed + len(outcomes) + i,
+            run_id=state.run_id,
+        )  # fmt: skip
+        for i, (call, patch) in enumerate(todo)
+    ]
+    records = (
+        {o.request_id: o.record for o in run_batch(ctx.executor, requests)} if requests else {}
+    )
+    for call, patch in batch:
+        record = records.get(call.id) or stored[patch.hash]
+        if call.id in records:
+            ctx.store.put_experiment(record)
+        outcome = _outcome(record, ctx, reused=call.id not in records)
+        usage.experiments += 1
+        outcomes.append(outcome)
+        text = f"experiment {record.id} on patch {patch.hash[:12]}: {record.result.render()}"
+        messages.append(
+            _answer(ctx, call, ToolResult(content=f"{text}\n[budget: {usage.left(budget)}]"))
+        )
+    return {
+        "phase": "experiment",
+        "pending": [],
+        "messages": messages,
+        "experiments": outcomes,
+        "usage": usage,
+    }
 
 
 def best_improved(state: AgentState) -> ExperimentOutcome | None:

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
+from pydantic import BaseModel, Field, ValidationError
+
 from infra_agent.config import default_data_dir
 from infra_agent.errors import UserError
-from pydantic import BaseModel, Field, ValidationError
 
 BUNDLED_DIR = Path(__file__).parent / "skeletons"
 

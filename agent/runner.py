@@ -14,6 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command
+from pydantic import BaseModel, Field
+
 from infra_agent.agent.configuration import RunConfig, build_policy
 from infra_agent.agent.graph import AgentContext, best_improved, builder
 from infra_agent.agent.runlog import RunLog
@@ -25,12 +32,6 @@ from infra_agent.store.records import RunRecord, RunStatus
 from infra_agent.tasks.manifest import Task
 from infra_agent.tools.context import ToolContext
 from infra_agent.tools.registry import default_registry
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.checkpoint.sqlite import SqliteSaver
-from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import Command
-from pydantic import BaseModel, Field
 
 _STATE_TYPES = [
     ("infra_agent.agent.state", name)
@@ -128,9 +129,19 @@ def _context(
         tool_context=tool_context,
         log=RunLog(store, run.id),
         run_experiment=_experiment_runner(),
+        executor=_executor(config),
         fingerprint=fingerprint(task),
         on_event=on_event,
     )
+
+
+def _executor(config: RunConfig) -> Any:
+    if config.executor is None:
+        return None
+    from infra_agent.experiments.executors import create_executor
+
+    options = {"parallel": config.parallel} if config.executor == "local" else {}
+    return create_executor(config.executor, **options)
 
 
 def _drive(
@@ -165,6 +176,9 @@ def _drive(
                 store, run.id, RunStatus.FAILED, f"failed: {type(exc).__name__}: {exc}"[:300]
             )
             raise
+        finally:
+            if context.executor is not None:
+                context.executor.shutdown()
         snapshot = graph.get_state(thread)
     values = snapshot.values if isinstance(snapshot.values, dict) else {}
     if snapshot.interrupts:

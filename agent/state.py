@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from infra_agent.store.records import ToolCall
 from pydantic import BaseModel, Field
+
+from infra_agent.store.records import ToolCall
 
 
 class Message(BaseModel):

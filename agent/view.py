@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra_agent.agent.state import Budget, ExperimentOutcome, Usage
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
+
+from infra_agent.agent.state import Budget, ExperimentOutcome, Usage
 
 
 def _speedup(e: ExperimentOutcome) -> str:

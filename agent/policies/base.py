@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from infra_agent.agent.state import AgentState, Message
 from pydantic import BaseModel, Field
+
+from infra_agent.agent.state import AgentState, Message
 
 
 class ModelError(BaseModel):

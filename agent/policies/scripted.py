@@ -17,11 +17,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field, ValidationError
+
 from infra_agent.agent.policies.base import ModelTurn
 from infra_agent.agent.state import AgentState, Message
 from infra_agent.errors import UserError
 from infra_agent.store.records import ToolCall
-from pydantic import BaseModel, Field, ValidationError
 
 
 class ScriptedCall(BaseModel):
