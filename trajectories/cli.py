@@ -76,6 +76,9 @@ def register(app: typer.Typer) -> None:
         weight: list[str] = typer.Option(
             [], "--weight", help="Reward weight NAME=NUMBER (repeatable)."
         ),
+        strict_openai: bool = typer.Option(
+            False, "--strict-openai", help="openai-sft: only keys OpenAI's fine-tuning API accepts."
+        ),
         jobs: int = typer.Option(
             1, "--jobs", "-j", help="Worker processes that build trajectories."
         ),
@@ -121,6 +124,7 @@ def register(app: typer.Typer) -> None:
             redactor=redactor,
             weights=weights,
             jobs=jobs,
+            strict_openai=strict_openai,
         )
 
         def render(console: Console) -> None:

@@ -32,9 +32,11 @@ from infra_agent.trajectories.formats import (
     ARROW_SCHEMAS,
     ROW_MODELS,
     ExportFormat,
+    OpenAIChatRow,
     atif_parquet_row,
     rl_row,
     sft_row,
+    strict_openai_row,
 )
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
@@ -143,6 +145,7 @@ class _Producer:
     flt: ExportFilter
     redactor: Redactor
     weights: RewardWeights
+    strict_openai: bool = False
 
     def run(self, store: RunStore, run: RunRecord) -> Outcome:
         if not self.flt.admits_run(run):
@@ -162,13 +165,15 @@ class _Producer:
             if not any(s.role == "assistant" for s in bundle.steps):
                 return "no assistant message"
         return _Item(
-            payload=_payload(self.fmt, self.parquet, trajectory),
+            payload=_payload(self.fmt, self.parquet, trajectory, self.strict_openai),
             reward=trajectory.final_metrics.extra.reward,
             verdicts=[v.value for v in trajectory.verdicts()],
         )
 
 
-def _payload(fmt: ExportFormat, parquet: bool, t: Trajectory) -> bytes | dict[str, Any]:
+def _payload(
+    fmt: ExportFormat, parquet: bool, t: Trajectory, strict_openai: bool = False
+) -> bytes | dict[str, Any]:
     """The row of `t` in `fmt`. A JSONL row is validated here against the format's model; a
     Parquet row is validated with its batch, column-wise (`writers.check_table`)."""
     if fmt is ExportFormat.ATIF:
@@ -176,7 +181,11 @@ def _payload(fmt: ExportFormat, parquet: bool, t: Trajectory) -> bytes | dict[st
     row = sft_row(t) if fmt is ExportFormat.OPENAI_SFT else rl_row(t)
     if parquet:
         return row
-    ROW_MODELS[fmt].model_validate(row)
+    if strict_openai:
+        row = strict_openai_row(row)
+        OpenAIChatRow.model_validate(row)
+    else:
+        ROW_MODELS[fmt].model_validate(row)
     return jsonl_lines([row])
 
 
@@ -234,18 +243,22 @@ def export_dataset(
     weights: RewardWeights | None = None,
     batch_rows: int = BATCH_ROWS,
     jobs: int = 1,
+    strict_openai: bool = False,
 ) -> ExportSummary:
     """Write the selected runs to `out` as one JSONL or Parquet file, atomically.
 
     With `jobs` > 1, trajectories are built and validated in that many worker processes (each
     with its own read-only connection to a SQLite store), while this process writes, in the same
-    order as with one job. Raises UserError (nothing written) when no run matches, when `out` is
+    order as with one job. `strict_openai` (openai-sft JSONL only) writes only the keys OpenAI's
+    fine-tuning API accepts (no `metadata`, no `reasoning_content`). Raises UserError (nothing written) when no run matches, when `out` is
     a directory, or when a run cannot be represented in the schema.
     """
     if out.is_dir():
         raise UserError(f"--out {out}: is a directory; give a file path")
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: must be at least 1")
+    if strict_openai and (fmt is not ExportFormat.OPENAI_SFT or parquet):
+        raise UserError("--strict-openai applies to --format openai-sft as JSONL only")
     started = time.perf_counter()
     producer = _Producer(
         fmt,
@@ -253,6 +266,7 @@ def export_dataset(
         flt or ExportFilter(),
         redactor or Redactor.from_environment(),
         weights or RewardWeights(),
+        strict_openai,
     )
     runs = _Counted(store.iter_runs())
     db = getattr(store, "path", None)

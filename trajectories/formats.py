@@ -72,6 +72,28 @@ class SftRow(_Strict):
     metadata: SftMetadata
 
 
+class OpenAIMessage(_Strict):
+    """A chat message with only the keys OpenAI's fine-tuning API accepts."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class OpenAIChatRow(_Strict):
+    """One line of OpenAI's chat fine-tuning file (`--strict-openai`): no metadata, no reasoning."""
+
+    messages: list[OpenAIMessage]
+    tools: list[dict[str, Any]]
+
+
+def strict_openai_row(row: dict[str, Any]) -> dict[str, Any]:
+    """An `openai-sft` row cut down to what OpenAI's fine-tuning API accepts."""
+    messages = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in row["messages"]]
+    return {"messages": messages, "tools": row["tools"]}
+
+
 class RlMetrics(_Strict):
     # Optional fields default to None: JSONL rows omit nulls and must validate again when read.
     best_speedup: float | None = None

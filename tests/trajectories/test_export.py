@@ -320,3 +320,16 @@ def test_entry_point_prints_one_line_and_exits_non_zero(fx: Fixture, tmp_path: P
     summary = json.loads(good.stdout)
     assert summary["rows"] == 2 and summary["skipped"] == {"no steps recorded": 1}
     assert len(out.read_text().splitlines()) == 2
+
+
+def test_strict_openai_rows_carry_only_keys_openai_accepts(fx: Fixture, tmp_path: Path) -> None:
+    out = tmp_path / "openai.jsonl"
+    result = _export_cli(fx, out, "--format", "openai-sft", "--strict-openai")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [sorted(r) for r in rows] == [["messages", "tools"]] * 2
+    keys = {k for r in rows for m in r["messages"] for k in m}
+    assert keys <= {"role", "content", "tool_calls", "tool_call_id"}
+    assert len(rows[0]["messages"]) == fx.a_visible
+    bad = _export_cli(fx, tmp_path / "x.parquet", "--format", "rl", "--strict-openai")
+    assert isinstance(bad.exception, UserError) and "--strict-openai" in str(bad.exception)
