@@ -67,6 +67,7 @@ def main() -> None:
         report(args.db, args.run, None)
         return
     from bench_search import quick_copy  # type: ignore[import-not-found]
+
     from infra_agent.agent.configuration import RunConfig
     from infra_agent.agent.runner import start_run
     from infra_agent.agent.state import Budget

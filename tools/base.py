@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from infra_agent.errors import UserError
 from pydantic import BaseModel, ValidationError
+
+from infra_agent.errors import UserError
 
 P = TypeVar("P", bound=BaseModel)
 

@@ -20,10 +20,11 @@ import json
 import textwrap
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from infra_agent.errors import UserError
 from infra_agent.tools.base import Tool, ToolResult, tool
 from infra_agent.tools.context import ToolContext
-from pydantic import BaseModel, Field
 
 RESULT_FILE = ".infra_agent_instrument.out"
 
@@ -190,6 +191,7 @@ class AccuracyDiff(BaseModel):
 )
 def accuracy_diff(p: AccuracyDiff, ctx: ToolContext) -> ToolResult:
     import torch
+
     from infra_agent.feedback.accuracy import compare_paths
 
     _compile_check(p.setup, "exec", "setup")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
-from pydantic import BaseModel, Field
 
 
 def describe_knobs(ctx: ToolContext) -> list[str]:

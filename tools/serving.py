@@ -11,10 +11,11 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from pydantic import BaseModel, Field
+
 from infra_agent.errors import UserError
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
-from pydantic import BaseModel, Field
 
 
 class ServingWorkload(BaseModel):

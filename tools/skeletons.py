@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel, Field
+
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
-from pydantic import BaseModel, Field
 
 
 class LookupSkeletons(BaseModel):

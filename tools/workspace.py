@@ -10,10 +10,11 @@ import fnmatch
 import re
 from pathlib import Path
 
+from pydantic import BaseModel, Field
+
 from infra_agent.errors import UserError
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
-from pydantic import BaseModel, Field
 
 MAX_FILES = 200
 

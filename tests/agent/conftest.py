@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from infra_agent.tasks.registry import find_task
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from infra_agent.agent.cli import parse_budget
 from infra_agent.agent.configuration import resolve_policy
 from infra_agent.agent.knowledge import knob_advice, load_skeletons

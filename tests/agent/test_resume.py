@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from infra_agent.store import open_store
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from infra_agent.agent.configuration import RunConfig
 from infra_agent.agent.runner import start_run
 from infra_agent.agent.state import Budget

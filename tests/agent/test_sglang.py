@@ -3,7 +3,8 @@
 - the llm policy pointed at SGLang's own `/v1/chat/completions`: every reply is noise, so this
   exercises the transport, streaming and logprobs for real, and the handling of replies that are
   not tool calls; the run must end cleanly within its budget;
-- the search policy on `sglang-cpu-tiny` (the embedded default) finds an IMPROVED configuration.
+- `infra-agent optimize --target throughput` with no endpoint configured runs the search policy on
+  `sglang-cpu-tiny` (the embedded default) and finds an IMPROVED configuration (CI above 1).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from infra_agent.agent.configuration import RunConfig
 from infra_agent.agent.runner import start_run
 from infra_agent.agent.state import Budget
@@ -18,6 +20,7 @@ from infra_agent.config import load_settings
 from infra_agent.store import open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
+
 
 # The tiny model's tokenizer has no chat template; this one renders messages and tool schemas.
 CHAT_TEMPLATE = (
@@ -54,6 +57,7 @@ def test_llm_policy_against_a_real_sglang_endpoint(tmp_path: Path) -> None:
     if reason:
         pytest.skip(reason)
     import openai
+
     from infra_agent.serving.deployment import load_deployment
     from infra_agent.serving.server import Server
     from infra_agent.tasks.registry import find_task
@@ -92,13 +96,26 @@ def test_llm_policy_against_a_real_sglang_endpoint(tmp_path: Path) -> None:
     assert all("tool" in (s.error or "") for s in answered)
 
 
-def test_search_finds_a_proven_improvement_on_the_embedded_default(tmp_path: Path) -> None:
+@pytest.mark.timeout(3600)  # two real servers per arm start on a 2-core machine
+def test_optimize_without_an_endpoint_finds_a_proven_improvement_on_the_embedded_default(
+    tmp_path: Path,
+) -> None:
     reason = _sglang_ready()
     if reason:
         pytest.skip(reason)
-    settings = load_settings(overrides={"store.db": str(tmp_path / "runs.db")})
-    config = RunConfig(task="sglang-cpu-tiny", policy="search", budget=Budget(experiments=2))
-    outcome = start_run(config, settings)
-    assert outcome.best is not None, outcome.experiments
-    assert outcome.best.verdict == "IMPROVED"
-    assert outcome.best.ci_low is not None and outcome.best.ci_low > 1.0
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "infra_agent.cli", "--db", str(tmp_path / "runs.db"),
+         "optimize", "--target", "throughput", "--budget", "1", "--json"],
+        capture_output=True, text=True, timeout=3500,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "search policy: no LLM endpoint is configured" in done.stderr
+    outcome = json.loads(done.stdout)
+    assert outcome["task"] == "sglang-cpu-tiny" and outcome["policy"] == "search"
+    best = outcome["best"]
+    assert best is not None, outcome["experiments"]
+    assert best["verdict"] == "IMPROVED" and best["ci_low"] > 1.0

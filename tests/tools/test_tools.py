@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
+
 from infra_agent.store import open_store
 from infra_agent.tasks.registry import find_task
 from infra_agent.tools.base import ToolRegistry, ToolResult, tool
 from infra_agent.tools.context import ToolContext
 from infra_agent.tools.registry import default_registry
-from pydantic import BaseModel
 
 
 @pytest.fixture
