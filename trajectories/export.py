@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from itertools import chain, repeat
 from datetime import UTC, datetime
+from itertools import chain, repeat
 from pathlib import Path
 from typing import IO, Any
 

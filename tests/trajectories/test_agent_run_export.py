@@ -106,6 +106,7 @@ def test_real_scripted_run_exports_in_every_format(
     reward = None
     for fmt in ExportFormat:
         for parquet in (False, True):
+            where = f"{fmt.value} parquet={parquet}"
             out = tmp_path / "export" / f"{fmt.value}.{'parquet' if parquet else 'jsonl'}"
             summary = export_dataset(store, fmt, out, parquet=parquet, redactor=redactor)
             assert summary.rows == 1
@@ -144,7 +145,6 @@ def test_real_scripted_run_exports_in_every_format(
                 assert {"describe_task", "propose_patch", "run_experiment", "finish"} <= names, (
                     where
                 )
-            where = f"{fmt.value} parquet={parquet}"
             assert n == len(steps), where
             assert calls == [c.id for c in raw_calls], where
             assert got_verdicts == verdicts, where
