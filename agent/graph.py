@@ -125,7 +125,7 @@ def propose(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
             error=err.message,
             name="model",
         )
-    update: dict[str, Any] = {"phase": "propose", "pending": []}
+    update: dict[str, Any] = {"phase": "propose", "pending": [], "usage": usage}
     if turn.message is None:
         failures = state.model_failures + 1
         update["model_failures"] = failures
