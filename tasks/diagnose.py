@@ -21,8 +21,9 @@ import time
 from typing import Any
 
 import typer
-from infra_agent.errors import UserError
 from pydantic import BaseModel, Field
+
+from infra_agent.errors import UserError
 
 DIAGNOSIS_SCHEMA_VERSION = 1
 DIAGNOSE_SEED = 20260
@@ -178,6 +179,7 @@ def register(app: typer.Typer) -> None:
         """Reproduce a task's symptom and localize it with the instruments, changing no code."""
         from infra_agent.output import emit, status_console
 
+        params = _parse_params(param)
         status_console(as_json).print(f"diagnosing {task} (reproduce, then localize)...")
-        result = run_diagnosis(task, _parse_params(param), sandbox=sandbox)
+        result = run_diagnosis(task, params, sandbox=sandbox)
         emit(result, lambda console: console.print(result.render(), markup=False), as_json=as_json)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from infra_agent.experiments import run_experiment
 from infra_agent.experiments.verdict import ExperimentResult, Verdict
 from infra_agent.tasks.patch import load_patch

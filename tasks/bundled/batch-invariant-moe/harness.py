@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 FLOAT32_FLOOR = 1e-6

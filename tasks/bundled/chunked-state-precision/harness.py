@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 SANITY_REL_ERR = 1e-2

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import torch
+
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 BENCH_SEED = 0x5EED_D1
@@ -86,3 +87,51 @@ class TaskHarness(Harness):
         if not result.passed:
             raise IncorrectOutput(f"timed decode output wrong: {result.detail}")
         return {"step_time_ms": 1e3 * seconds / self.params["steps"]}
+
+    def diagnose(self, arm: Arm) -> Any:
+        """Step time against the number of splits: work that grows with splits is redundant."""
+        import statistics
+
+        from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
+
+        k, v = self._load(arm, BENCH_SEED)
+        q = make_queries(self.params, DIAGNOSE_SEED)
+        knobs = self._knobs(arm)
+        times: dict[int, float] = {}
+        for splits in (1, 2, 4, 8):
+            runs = []
+            for _ in range(3):
+                out, seconds = arm.worker.timed_call(
+                    "decode_server:decode", q, timeout_s=60, **{**knobs, "num_splits": splits}
+                )
+                if not self._compare(out, q, k, v).passed:
+                    raise IncorrectOutput(f"decode output wrong at num_splits={splits}")
+                runs.append(1e3 * seconds / self.params["steps"])
+            times[splits] = statistics.median(runs)
+        xs = list(times)
+        mean_x, mean_y = statistics.mean(xs), statistics.mean(times.values())
+        slope = sum((x - mean_x) * (times[x] - mean_y) for x in xs) / sum(
+            (x - mean_x) ** 2 for x in xs
+        )
+        default = knobs["num_splits"]
+        at_default = times.get(default) or (times[1] + slope * (default - 1))
+        redundant = max(0.0, slope * default / at_default)
+        return Diagnosis(
+            reproduced=redundant > 0.25,
+            symptom=f"decode step {at_default:.2f} ms at num_splits={default}; every extra split "
+            f"adds {slope:.2f} ms, about {redundant:.0%} of the step grows with the split count",
+            measured={f"step_time_ms_splits{s}": t for s, t in times.items()}
+            | {"ms_per_split": slope, "split_dependent_share": redundant},
+            localization=Localization(
+                stage="per-split softmax normalization",
+                function="attention.py:split_decode_attention",
+                detail="time grows linearly with num_splits although the keys and values read are "
+                "the same: each split repeats a pass over the whole sequence",
+            ),
+            evidence=[
+                "step time by num_splits: "
+                + ", ".join(f"{s}: {t:.2f} ms" for s, t in times.items()),
+                f"linear fit: {slope:.2f} ms per split",
+            ],
+            instruments=["harness timing (timed_call, median of 3)"],
+        )

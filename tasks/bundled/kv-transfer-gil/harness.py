@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 from pydantic import BaseModel
+
+from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 
 def make_kv(params: dict[str, Any], seed: int) -> torch.Tensor:
@@ -232,7 +233,10 @@ def sample_threads(pid: int, samples: int, interval_s: float) -> list[list[dict[
     dumps = []
     for _ in range(samples):
         done = subprocess.run(
-            [exe, "dump", "--pid", str(pid), "--json", "--nonblocking"], capture_output=True, text=True, timeout=30
+            [exe, "dump", "--pid", str(pid), "--json", "--nonblocking"],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         if done.returncode == 0 and done.stdout.strip():
             dumps.append(json.loads(done.stdout))

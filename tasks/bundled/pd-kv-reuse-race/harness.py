@@ -9,6 +9,7 @@ import random
 from typing import Any
 
 import torch
+
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 LOAD_KEYS = (
@@ -121,3 +122,39 @@ class TaskHarness(Harness):
             f"{k} of {candidate['requests']} requests decoded another request's KV under load "
             f"(baseline {baseline.get('corruptions')}); the task requires zero"
         ]
+
+    def diagnose(self, arm: Arm) -> Any:
+        """The corruption rate under load, and two differential runs of the same seeded load:
+        with stalls removed, and with a timeout no stall reaches (no aborts)."""
+        from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
+
+        n = self.params["health_requests"]
+        load = self.run(arm, n, DIAGNOSE_SEED)
+        no_abort = self.run(arm, n, DIAGNOSE_SEED, timeout_ms=self.params["stall_max_ms"] * 5)
+        rate = 1e4 * load["corruptions"] / n
+        return Diagnosis(
+            reproduced=load["corruptions"] > 0,
+            symptom=f"{load['corruptions']} of {n} requests ({rate:.1f} per 10k) decoded another "
+            f"request's KV under load; {load['aborts']} transfers timed out and were aborted",
+            measured={
+                "corruptions_per_10k": rate,
+                "corruption_ucb_per_10k": 1e4 * poisson_upper(load["corruptions"]) / n,
+                "aborts": float(load["aborts"]),
+                "corruptions_without_aborts": float(no_abort["corruptions"]),
+            },
+            localization=Localization(
+                stage="abort path (slot reuse after a decode-side timeout)",
+                function="decode.py:DecodeScheduler.abort",
+                detail="corruption needs an abort: the same load with a timeout no write exceeds "
+                f"gives {no_abort['corruptions']} corruptions; aborted requests' slots are reused "
+                "while their prefill write is still in flight",
+            ),
+            evidence=[
+                f"same seeded load, timeout {self.params['timeout_ms']:g} ms: "
+                f"{load['corruptions']} corrupted, {load['aborts']} aborts",
+                f"same load, timeout {self.params['stall_max_ms'] * 5:g} ms: "
+                f"{no_abort['corruptions']} corrupted, {no_abort['aborts']} aborts",
+                f"first corrupted requests: {load['corrupted'][:8]}",
+            ],
+            instruments=["harness stress run (every output checked)", "differential run"],
+        )

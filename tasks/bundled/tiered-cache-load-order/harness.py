@@ -9,6 +9,7 @@ import random
 from typing import Any
 
 import torch
+
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
 LOAD_KEYS = (
@@ -155,3 +156,49 @@ class TaskHarness(Harness):
             f"{k} of {candidate['requests']} requests read a layer before it was loaded "
             f"(baseline {baseline.get('read_before_ready')}); the task requires zero"
         ]
+
+    def diagnose(self, arm: Arm) -> Any:
+        """The read-before-ready rate with overlap, the same load without overlap, and the
+        load/compute overlap from the timeline instrument."""
+        from infra_agent.feedback.timeline import TraceEvent, summarize
+        from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
+
+        n = self.params["health_requests"]
+        load = self.run(arm, n, DIAGNOSE_SEED)
+        serial = self.run(arm, n, DIAGNOSE_SEED, overlap=False)
+        events = [
+            TraceEvent(
+                name=str(name),
+                category="span",
+                start_us=start / 1e3,
+                dur_us=(end - start) / 1e3,
+                track="load" if str(name).startswith("load.") else "forward",
+            )  # fmt: skip
+            for name, start, end in load["spans"]
+        ]
+        timeline = summarize(events, classes={}, overlaps=[(r"^load\.", r"^compute\.")])
+        overlap = timeline.overlaps[0]
+        rate = 1e4 * load["read_before_ready"] / n
+        return Diagnosis(
+            reproduced=load["read_before_ready"] > 0,
+            symptom=f"{load['read_before_ready']} of {n} requests ({rate:.1f} per 10k) computed "
+            "with a layer's indexer buffer before that layer was loaded",
+            measured={
+                "read_before_ready_per_10k": rate,
+                "read_before_ready_without_overlap": float(serial["read_before_ready"]),
+                "overlap_ratio": overlap.ratio or 0.0,
+            },
+            localization=Localization(
+                stage="layer-wise load vs forward ordering (a reader that skips the per-layer wait)",
+                detail=f"with the load finished before each forward the same requests give "
+                f"{serial['read_before_ready']} wrong outputs: the race is between the load "
+                "thread and a reader of the device buffers",
+            ),
+            evidence=[
+                f"overlap (timeline): time(load ∩ compute)/time(load) = {overlap.ratio:.3f}, "
+                f"exposed load {overlap.exposed_a_us / 1e3:.1f} ms of {overlap.time_a_us / 1e3:.1f} ms",
+                f"with overlap: {load['read_before_ready']} wrong; without: {serial['read_before_ready']} wrong",
+                f"first wrong requests: {load['corrupted'][:8]}",
+            ],
+            instruments=["harness stress run (every output checked)", "timeline.summarize overlap"],
+        )
