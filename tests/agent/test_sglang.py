@@ -93,7 +93,7 @@ def test_llm_policy_against_a_real_sglang_endpoint(tmp_path: Path) -> None:
     assert all(s.logprobs and s.completion_tokens for s in replies)  # streamed with logprobs
     answered = [s for s in steps if s.error and s.role in ("user", "tool")]
     assert len(answered) >= 3  # every noise reply got a precise error back
-    assert all("tool" in (s.error or "") for s in answered)
+    assert any("called no tool" in (s.error or "") for s in answered)
 
 
 @pytest.mark.timeout(3600)  # two real servers per arm start on a 2-core machine
