@@ -7,6 +7,9 @@ from pathlib import Path
 from types import FrameType
 
 import typer
+from pydantic import BaseModel, Field
+from rich.console import Console
+
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import (
     CorrectnessEvidence,
@@ -16,8 +19,6 @@ from infra_agent.experiments.verdict import (
     Verdict,
 )
 from infra_agent.store.records import ExperimentRecord
-from pydantic import BaseModel, Field
-from rich.console import Console
 
 
 class PerformanceSummary(BaseModel):

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from infra_agent.output import emit
-from infra_agent.tasks.manifest import Task, TaskManifest
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
+
+from infra_agent.output import emit
+from infra_agent.tasks.manifest import Task, TaskManifest
 
 tasks_app = typer.Typer(help="List and show optimization tasks (bundled, search path, plugins).")
 

@@ -22,10 +22,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import tomllib
+from pydantic import BaseModel, Field
+
 from infra_agent.errors import UserError
 from infra_agent.store.records import PatchKind, PatchRecord
 from infra_agent.tasks.manifest import Task, TaskManifest
-from pydantic import BaseModel, Field
 
 DEFAULT_MAX_PATCH_BYTES = 1_000_000
 _FILE_MODES = {"100644", "100755"}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from infra_agent.experiments import rules
 from infra_agent.tasks.manifest import Task, load_task
 from infra_agent.tasks.patch import Patch, parse_diff

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from infra_agent.errors import UserError
 from infra_agent.experiments import run_experiment
 from infra_agent.experiments.arms import ArmSet, SeedSource, load_harness, sandbox_spec

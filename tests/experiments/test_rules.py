@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from infra_agent.experiments.rules import new_violations, scan_source
 
 

@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 import torch
+
 from infra_agent.experiments.worker import RpcWorker, _load_response, ref
 from infra_agent.sandboxes import SandboxSpec, create_sandbox
 from infra_agent.tasks.harness import CandidateFailure

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from infra_agent.errors import UserError
 from infra_agent.tasks.manifest import Task, load_task
 from infra_agent.tasks.patch import (

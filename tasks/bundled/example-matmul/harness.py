@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from infra_agent.experiments.worker import ref
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
