@@ -114,7 +114,7 @@ class Harness(abc.ABC):
         self.manifest = manifest
         self.params = params
 
-    def prepare(self, arm: Arm) -> None:
+    def prepare(self, arm: Arm) -> None:  # noqa: B027 - optional hook
         """Called once per arm before anything else (start a server, warm up). Default: nothing."""
 
     @abc.abstractmethod
@@ -139,5 +139,5 @@ class Harness(abc.ABC):
         """Reasons the candidate is less healthy than baseline (each names the rule). Default: []."""
         return []
 
-    def finish(self, arm: Arm) -> None:
+    def finish(self, arm: Arm) -> None:  # noqa: B027 - optional hook
         """Called once per arm at the end, even after failures. Default: nothing."""

@@ -12,10 +12,10 @@ A task is a folder a user can write without touching this package:
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infra_agent.errors import UserError
