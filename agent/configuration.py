@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -84,6 +85,22 @@ def resolve_policy(requested: PolicyName, llm: LLMSettings, script: Path | None)
         "search policy: no LLM endpoint is configured (set OPENAI_BASE_URL or llm.profile to use "
         "a model), so the built-in knob search runs"
     )
+
+
+class DeferredPolicy:
+    """A policy built on its first use: a run resumed only to apply a review decision never needs
+    its model endpoint or script."""
+
+    def __init__(self, build: Callable[[], Any], name: str, model: str | None) -> None:
+        self._build = build
+        self._policy: Any = None
+        self.name = name
+        self.model = model
+
+    def next_turn(self, state: Any, tools: list[dict[str, Any]]) -> Any:
+        if self._policy is None:
+            self._policy = self._build()
+        return self._policy.next_turn(state, tools)
 
 
 def build_policy(config: RunConfig, llm: LLMSettings, task: Task) -> Any:

@@ -21,7 +21,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 from pydantic import BaseModel, Field
 
-from infra_agent.agent.configuration import RunConfig, build_policy
+from infra_agent.agent.configuration import DeferredPolicy, RunConfig, build_policy
 from infra_agent.agent.graph import AgentContext, best_improved, builder
 from infra_agent.agent.runlog import RunLog
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Usage
@@ -111,7 +111,9 @@ def _context(
     on_event: Callable[[str], None],
 ) -> AgentContext:
     task = find_run_task(config)
-    policy = build_policy(config, settings.llm, task)
+    policy = DeferredPolicy(
+        lambda: build_policy(config, settings.llm, task), config.policy, run.model
+    )
     tool_context = ToolContext(
         task=task,
         store=store,
