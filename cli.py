@@ -71,7 +71,12 @@ def main() -> None:
     """Entry point: run the CLI, turning UserError into a one-line message and a non-zero exit."""
     debug = "--debug" in sys.argv
     try:
-        app(standalone_mode=False)
+        # Without standalone mode, typer returns an exit code (130 after Ctrl-C) instead of exiting.
+        rc = app(standalone_mode=False)
+        if isinstance(rc, int) and rc != 0:
+            if rc == 130:
+                typer.echo("interrupted", err=True)
+            sys.exit(rc)
     except UserError as exc:
         if debug:
             raise
