@@ -21,8 +21,9 @@ import random
 from typing import Any
 
 import httpx
-from infra_agent.serving.datasets import FIRST_ID
 from pydantic import BaseModel, Field
+
+from infra_agent.serving.datasets import FIRST_ID
 
 
 class GateConfig(BaseModel):

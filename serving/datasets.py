@@ -19,8 +19,9 @@ import json
 import random
 from pathlib import Path
 
-from infra_agent.errors import UserError
 from pydantic import BaseModel, Field
+
+from infra_agent.errors import UserError
 
 FIRST_ID = 3
 """Ids below this are special tokens (unk, bos, eos in the tiny model)."""

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Literal
 
 import tomllib
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from infra_agent.errors import UserError
 from infra_agent.serving.env import SGLANG_VERSION
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ArgValue = str | int | float | bool
 

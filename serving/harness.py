@@ -37,7 +37,7 @@ from infra_agent.serving.datasets import random_sessions
 from infra_agent.serving.deployment import DeploymentSpec, load_deployment
 from infra_agent.serving.metrics import summarize
 from infra_agent.serving.overlay import build_overlay
-from infra_agent.serving.server import Server, has_gpu
+from infra_agent.serving.server import Server, ServerFailed, gpu_count, has_gpu
 from infra_agent.serving.tiny_model import VOCAB_SIZE
 from infra_agent.serving.workload import LoadSpec, RequestRecord, run_workload
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
@@ -94,6 +94,12 @@ class ServingHarness(Harness):
         )
 
     def prepare(self, arm: Arm) -> None:
+        if self.deployment.gpus > gpu_count():
+            raise ServerFailed(
+                f"deployment needs {self.deployment.gpus} GPU(s), this machine has {gpu_count()}: "
+                "GPU-only deployment skipped",
+                kind="crash",
+            )
         args = self.server_args(arm)
         workdir = Path(tempfile.mkdtemp(prefix=f"infra-agent-serve-{arm.name}-"))
         arm.state["workdir"] = workdir
@@ -134,8 +140,6 @@ class ServingHarness(Harness):
         if server is None:
             raise RuntimeError(f"{arm.name}: no server (prepare was not run)")
         if not server.alive():
-            from infra_agent.serving.server import ServerFailed
-
             raise ServerFailed(
                 f"{arm.name}: the server died", kind="crash", log_tail=server.log_tail()
             )

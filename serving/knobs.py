@@ -121,11 +121,23 @@ def task_knobs(names: list[str], **defaults: Any) -> dict[str, Knob]:
     return out
 
 
-def help_flags(version: str = SGLANG_VERSION) -> set[str]:
-    """Flags (without dashes) that `sglang.launch_server --help` lists; cached per version."""
+def parse_help(text: str) -> dict[str, list[str] | None]:
+    """{flag without dashes: its choices or None} from argparse `--help` output."""
+    flags: dict[str, list[str] | None] = {}
+    for name, choices in re.findall(r"(?<![\w-])--([a-z0-9][a-z0-9-]*)(?: \{([^}]*)\})?", text):
+        if choices:
+            flags[name] = choices.split(",")
+        else:
+            flags.setdefault(name, None)
+    return flags
+
+
+def help_flags(version: str = SGLANG_VERSION) -> dict[str, list[str] | None]:
+    """Flags (without dashes) that `sglang.launch_server --help` lists, with their choices;
+    cached per version in the infra-agent home (reading --help imports SGLang: a minute)."""
     cache = home() / f"sglang-{version}-flags.json"
     if cache.is_file():
-        return set(json.loads(cache.read_text()))
+        return dict(json.loads(cache.read_text()))
     python = env_python(ensure_sglang_env(version))
     proc = subprocess.run(
         [str(python), "-m", "sglang.launch_server", "--help"],
@@ -134,21 +146,31 @@ def help_flags(version: str = SGLANG_VERSION) -> set[str]:
         timeout=300,
         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
     )
-    flags = set(re.findall(r"(?<![\w-])--([a-z0-9][a-z0-9-]*)", proc.stdout))
+    flags = parse_help(proc.stdout)
     if proc.returncode != 0 or len(flags) < 20:
         raise UserError(f"could not read SGLang {version}'s flags: {proc.stderr.strip()[-300:]}")
-    cache.write_text(json.dumps(sorted(flags)))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(flags, sort_keys=True))
     return flags
 
 
 def check_flags(
-    knobs: dict[str, Any], version: str = SGLANG_VERSION, flags: set[str] | None = None
+    knobs: dict[str, Any],
+    version: str = SGLANG_VERSION,
+    flags: dict[str, list[str] | None] | None = None,
 ) -> None:
-    """UserError naming every knob that the installed SGLang has no flag for."""
+    """UserError naming every knob the installed SGLang has no flag for, or whose value is not
+    one of the flag's choices."""
     flags = flags if flags is not None else help_flags(version)
     unknown = sorted(k for k in knobs if k.replace("_", "-") not in flags)
     if unknown:
         raise UserError(f"SGLang {version} has no server argument --{', --'.join(unknown)}")
+    for name, value in knobs.items():
+        choices = flags[name.replace("_", "-")]
+        if choices is not None and not isinstance(value, bool) and str(value) not in choices:
+            raise UserError(
+                f"SGLang {version}: --{name} {value} is not one of {', '.join(choices)}"
+            )
 
 
 def check_device(knobs: dict[str, Any], known: dict[str, Knob], *, gpu: bool) -> None:

@@ -9,8 +9,9 @@ flat {metric: value} dict a harness returns per repetition. Objectives map to me
 from __future__ import annotations
 
 import numpy as np
-from infra_agent.serving.workload import WorkloadResult
 from pydantic import BaseModel
+
+from infra_agent.serving.workload import WorkloadResult
 
 OBJECTIVE_METRICS: dict[str, tuple[str, str, bool]] = {
     "throughput": ("output_throughput", "tok/s", True),

@@ -5,7 +5,8 @@ A serving task's workspace may hold copies of SGLang modules at their package pa
 edits those copies like any workspace file. When an arm's server starts, `build_overlay` compares
 each such file with the installed SGLang's; if any differs it copies the installed `sglang`
 package into a private folder of that arm, writes the changed modules over it, and returns the
-folder, which the server gets first on its PYTHONPATH (every SGLang process, spawned children
+folder (hard links to the installed files, real files for the changed modules), which the
+server gets first on its PYTHONPATH (every SGLang process, spawned children
 included, imports the patched package). The installed SGLang is never modified and each arm has
 its own copy, so two candidates never see each other's change.
 

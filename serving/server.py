@@ -11,11 +11,13 @@ is alive. A broken flag, a crash during start or a server that is not ready in t
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,11 +26,13 @@ from types import TracebackType
 from typing import Any
 
 from infra_agent.errors import UserError
+from infra_agent.sandboxes import cleanup as cleanup_registry
 from infra_agent.serving.deployment import ArgValue, DeploymentSpec, args_to_argv
 from infra_agent.serving.env import ensure_sglang_env, env_python
 from infra_agent.serving.tiny_model import write_tiny_model
 from infra_agent.tasks.harness import CandidateFailure
 
+PR_SET_PDEATHSIG = 1
 SHIM_DIR = Path(__file__).parent / "kernel_shim"
 """Holds the `sgl_kernel` CPU compatibility module (first on PYTHONPATH when no GPU is present)."""
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
@@ -46,9 +50,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def gpu_count() -> int:
+    """NVIDIA GPUs visible on this machine (device nodes /dev/nvidiaN)."""
+    return sum(1 for p in Path("/dev").glob("nvidia[0-9]*") if p.name[6:].isdigit())
+
+
 def has_gpu() -> bool:
-    """True when an NVIDIA device node is present (the CPU shim is used only without one)."""
-    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
+    """True when an NVIDIA GPU is present (the CPU shim is used only without one)."""
+    return gpu_count() > 0
 
 
 def model_path(spec: DeploymentSpec, cache: Path) -> str:
@@ -97,6 +106,12 @@ def launch_command(
         env["PYTHONPATH"] = os.pathsep.join(path)
     env.update(spec.env)
     return prefix + args_to_argv(args), env
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL me if the process that started me dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _children_map() -> dict[int, list[int]]:
@@ -200,7 +215,18 @@ class Server:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # PDEATHSIG fires when the spawning *thread* ends: only safe from the main thread.
+                preexec_fn=_die_with_parent
+                if threading.current_thread() is threading.main_thread()
+                else None,
             )
+        # Normal exit, exceptions, Ctrl-C and SIGTERM/SIGHUP of this process stop the server
+        # (SGLang's own children die with their parent when this one is SIGKILLed).
+        cleanup_registry.register(self)
+
+    def cleanup(self) -> None:
+        """Alias of stop() for the process-wide cleanup registry."""
+        self.stop()
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -276,6 +302,7 @@ class Server:
         while any(_alive(p) for p in stubborn) and time.monotonic() < deadline:
             time.sleep(0.1)
         self.proc = None
+        cleanup_registry.unregister(self)
         return len(stubborn)
 
     @staticmethod

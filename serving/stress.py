@@ -18,10 +18,11 @@ import random
 from collections import Counter
 
 import httpx
+from pydantic import BaseModel, Field
+
 from infra_agent.feedback.health import check_output
 from infra_agent.serving.datasets import FIRST_ID, random_sessions
 from infra_agent.serving.workload import LoadSpec, RequestRecord, _send
-from pydantic import BaseModel, Field
 
 
 class StressSpec(BaseModel):

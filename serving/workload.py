@@ -22,9 +22,10 @@ import time
 from typing import Any, Literal
 
 import httpx
+from pydantic import BaseModel, Field
+
 from infra_agent.feedback.health import StreamGuard
 from infra_agent.serving.datasets import Session, Turn
-from pydantic import BaseModel, Field
 
 
 class LoadSpec(BaseModel):

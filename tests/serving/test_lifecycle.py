@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from infra_agent.errors import UserError
 from infra_agent.serving.deployment import DeploymentSpec, args_to_argv, load_deployment
 from infra_agent.serving.server import Server, ServerFailed, _alive, descendants
@@ -116,3 +117,35 @@ def test_args_to_argv_and_spec_errors(tmp_path: Path) -> None:
 
     with pytest.raises(UserError, match="needs a non-empty 'command'"):
         launch_command(load_deployment(bad), port=1, model_cache=tmp_path)
+
+
+def test_sigterm_of_the_owner_stops_the_server(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    s = spec(tmp_path, "ok")
+    owner = tmp_path / "owner.py"
+    owner.write_text(
+        textwrap.dedent(
+            f"""
+            import time
+            from pathlib import Path
+            from infra_agent.serving.deployment import DeploymentSpec
+            from infra_agent.serving.server import Server
+            spec = DeploymentSpec.model_validate_json({s.model_dump_json()!r})
+            server = Server.start(spec, Path({str(tmp_path)!r}))
+            print(server.proc.pid, flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(owner)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pid = int(proc.stdout.readline())
+    tree = descendants(pid) | {pid}
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in tree)

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from infra_agent.errors import UserError
 from infra_agent.serving.accuracy import Answer, GateConfig, compare_answers, tv_distance
 from infra_agent.serving.datasets import (
@@ -109,9 +110,12 @@ def test_accuracy_gate_allows_near_tie_flips_only() -> None:
 
 
 def test_knob_checks() -> None:
-    check_flags({"chunked-prefill-size": 64}, flags={"chunked-prefill-size", "port"})
+    flags = {"chunked-prefill-size": None, "schedule-policy": ["lpm", "fcfs"]}
+    check_flags({"chunked-prefill-size": 64, "schedule-policy": "lpm"}, flags=flags)
+    with pytest.raises(UserError, match="not one of lpm, fcfs"):
+        check_flags({"schedule-policy": "dfs"}, flags=flags)
     with pytest.raises(UserError, match="--no-such-knob"):
-        check_flags({"no-such-knob": 1}, flags={"chunked-prefill-size"})
+        check_flags({"no-such-knob": 1}, flags=flags)
     check_device({"attention-backend": "flashinfer"}, CATALOGUE, gpu=False)  # default: fine
     with pytest.raises(UserError, match="enable-hierarchical-cache needs a GPU"):
         check_device({"enable-hierarchical-cache": True}, CATALOGUE, gpu=False)
