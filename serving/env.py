@@ -6,8 +6,9 @@ install: infra-agent drives it through its command line and HTTP API, as a real 
     ensure_sglang_env() -> Path      # the venv folder; created on first use (~4.5 min, 11 GB)
     python -m infra_agent.serving.env --ensure     # the same, for `make test` / CI, idempotent
 
-The location is `$INFRA_AGENT_HOME/sglang-<version>-venv` (default home:
-`~/.cache/infra-agent`). A venv is complete only once the marker file is written after a
+The location is `$INFRA_AGENT_CACHE/sglang-<version>-venv` (default `~/.cache/infra-agent`). It
+is deliberately not under `$INFRA_AGENT_HOME` (the run store's folder, which tests point at a
+fresh temporary folder): an 11 GB environment is a machine-wide cache. A venv is complete only once the marker file is written after a
 successful install, so an interrupted install is redone rather than used half-built.
 """
 
@@ -28,8 +29,8 @@ INSTALL_TIMEOUT_S = 3600.0
 
 
 def home() -> Path:
-    """infra-agent's cache folder: `$INFRA_AGENT_HOME` or `~/.cache/infra-agent`."""
-    return Path(os.environ.get("INFRA_AGENT_HOME") or Path.home() / ".cache" / "infra-agent")
+    """infra-agent's machine-wide cache folder: `$INFRA_AGENT_CACHE` or `~/.cache/infra-agent`."""
+    return Path(os.environ.get("INFRA_AGENT_CACHE") or Path.home() / ".cache" / "infra-agent")
 
 
 def sglang_env_path(version: str = SGLANG_VERSION) -> Path:
