@@ -14,6 +14,7 @@ import statistics
 import time
 
 import torch
+
 from infra_agent.feedback.accuracy import tensor_diff
 
 

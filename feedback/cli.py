@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from infra_agent.context import current
-from infra_agent.errors import UserError
-from infra_agent.output import emit, err_console
 from pydantic import BaseModel
 from rich.console import Console
 from rich.panel import Panel
+
+from infra_agent.context import current
+from infra_agent.errors import UserError
+from infra_agent.output import emit, err_console
 
 app = typer.Typer(
     help="Dense-feedback instruments: accuracy diff, timeline, microbenchmark, GIL.",

@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 
 import torch
-from infra_agent.errors import UserError
 from pydantic import BaseModel, Field
+
+from infra_agent.errors import UserError
 
 CHUNK = 1 << 22
 """Elements per chunk (4M: 16 MB per float32 temporary). Smaller chunks are much slower on a

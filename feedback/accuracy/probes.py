@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from infra_agent.errors import UserError
 
 _active: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar(

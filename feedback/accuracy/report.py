@@ -23,9 +23,10 @@ from collections.abc import Callable
 from typing import Literal
 
 import torch
+from pydantic import BaseModel, Field
+
 from infra_agent.errors import UserError
 from infra_agent.feedback.accuracy.metrics import TensorDiff, tensor_diff, worst_positions
-from pydantic import BaseModel, Field
 
 AccuracyVerdict = Literal["PASS", "FAIL", "PRECISION_FLOOR"]
 DYNAMO_MULTIPLIER = 2.0

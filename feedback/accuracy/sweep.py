@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
+from pydantic import BaseModel, Field
+
 from infra_agent.errors import UserError
 from infra_agent.feedback.accuracy.metrics import tensor_diff
-from pydantic import BaseModel, Field
 
 Growth = Literal["super-linear", "linear", "sub-linear", "flat"]
 

@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
-from infra_agent.errors import UserError
 from pydantic import BaseModel, Field
+
+from infra_agent.errors import UserError
 
 BenchVerdict = Literal["FASTER", "SLOWER", "SAME", "AMBIGUOUS"]
 

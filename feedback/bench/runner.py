@@ -21,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, Field
+
 from infra_agent.errors import UserError
 from infra_agent.feedback.bench.compare import Comparison, compare_samples
 from infra_agent.feedback.bench.counters import HardwareCounters, hardware_counters
 from infra_agent.feedback.bench.targets import CallableTarget, CudaTarget, Target
-from pydantic import BaseModel, Field
 
 StopReason = Literal["ci_width", "decided", "budget", "max_samples"]
 
@@ -208,7 +209,6 @@ def run_bench(
                     seed=seed,
                     paired=True,
                     equivalence=equivalence,
-                    resamples=1000,
                 )
                 if (comparison.ci_high - comparison.ci_low) / comparison.speedup < ci_width:
                     stopped = "ci_width"
@@ -222,15 +222,16 @@ def run_bench(
             if time.perf_counter() - started > budget_s and rounds >= 3:
                 stopped = "budget"
                 break
-        comparison = compare_samples(
-            samples[0],
-            samples[1],
-            higher_is_better=False,
-            confidence=confidence,
-            seed=seed,
-            paired=True,
-            equivalence=equivalence,
-        )
+        if stopped not in ("ci_width", "decided") or comparison is None:
+            comparison = compare_samples(
+                samples[0],
+                samples[1],
+                higher_is_better=False,
+                confidence=confidence,
+                seed=seed,
+                paired=True,
+                equivalence=equivalence,
+            )
         extra = _cpu_flags(cpu_before, _cpu_state())
         short = min(min(s) for s in samples) * iterations
         if short < min_sample_s / 2:

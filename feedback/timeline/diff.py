@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from infra_agent.feedback.timeline.summary import TimelineSummary
 from pydantic import BaseModel, Field
+
+from infra_agent.feedback.timeline.summary import TimelineSummary
 
 
 class OpChange(BaseModel):

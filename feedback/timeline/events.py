@@ -15,8 +15,9 @@ import json
 import sqlite3
 from pathlib import Path
 
-from infra_agent.errors import UserError
 from pydantic import BaseModel
+
+from infra_agent.errors import UserError
 
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
 

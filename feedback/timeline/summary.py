@@ -22,10 +22,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
+from pydantic import BaseModel, Field
+
 from infra_agent.errors import UserError
 from infra_agent.feedback.timeline.events import TraceEvent
 from infra_agent.feedback.timeline.intervals import intersection_length, total, union
-from pydantic import BaseModel, Field
 
 DEFAULT_CLASSES: dict[str, str] = {
     "comm": r"nccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|c10d|"

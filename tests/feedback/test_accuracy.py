@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from infra_agent.errors import UserError
 from infra_agent.feedback.accuracy import (
     capture,

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from infra_agent.errors import UserError
 from infra_agent.feedback.bench import compare_samples
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
+
 from infra_agent.cli import app
 from infra_agent.feedback.accuracy import save_dump
 from infra_agent.store import open_store
-from typer.testing import CliRunner
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from support import run_cli  # noqa: E402

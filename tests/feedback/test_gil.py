@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from infra_agent.feedback.gil import (
     Frame,
     InProcessSampler,

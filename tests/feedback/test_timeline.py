@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.profiler import record_function
+
 from infra_agent.errors import UserError
 from infra_agent.feedback.timeline import (
     diff_summaries,
@@ -15,7 +17,6 @@ from infra_agent.feedback.timeline import (
     profile_callable,
     summarize,
 )
-from torch.profiler import record_function
 
 
 def _x(name: str, ts: float, dur: float, tid: int, cat: str = "user_annotation") -> dict:
