@@ -1,0 +1,163 @@
+"""The real SGLang server on the CPU (tiny generated model): start, workloads, accuracy gate,
+health guard, stress, stop with nothing left; a broken flag; and two experiments through the
+verification cascade: a knob change (CIs from >= 3 repetitions per arm) and a degenerate source
+patch to SGLang's sampler (loops, less work) that must not be IMPROVED.
+
+Needs the SGLang environment (`python -m infra_agent.serving.env --ensure`, run by `make setup`).
+Server starts dominate the time (20-60 s each on an idle 2-core machine): one module-scoped
+server, one failed start, and two per experiment.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from infra_agent.errors import UserError
+from infra_agent.experiments.verdict import Flag, Verdict
+from infra_agent.serving.accuracy import GateConfig, answer, compare_answers, gate_prompts
+from infra_agent.serving.datasets import coding_agent_sessions, random_sessions
+from infra_agent.serving.deployment import load_deployment
+from infra_agent.serving.env import find_sglang_env
+from infra_agent.serving.harness import ServingHarness
+from infra_agent.serving.knobs import check_flags
+from infra_agent.serving.metrics import summarize
+from infra_agent.serving.server import Server, ServerFailed, _alive, descendants
+from infra_agent.serving.stress import StressSpec, run_stress
+from infra_agent.serving.workload import LoadSpec, run_workload
+from infra_agent.tasks.patch import knob_patch, load_patch
+from infra_agent.tasks.registry import find_task
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.sglang,
+    pytest.mark.skipif(
+        find_sglang_env() is None,
+        reason="SGLang environment not created (python -m infra_agent.serving.env --ensure)",
+    ),
+]
+TASK = find_task("sglang-cpu-tiny")
+SMALL = {
+    "num_prompts": 48,
+    "output_len": 16,
+    "health_prompts": 16,
+    "health_output_len": 96,
+    "gate_prompts": 4,
+    "gate_output_len": 12,
+}
+"""Test-sized workload: the ranking of arms needs repetitions, not long runs."""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    spec = load_deployment(TASK.root / "deployment.toml")
+    srv = Server.start(spec, tmp_path_factory.mktemp("sglang"))
+    print(f"SGLang server ready in {srv.ready_s:.1f} s")
+    yield srv
+    srv.stop()
+
+
+def test_workloads_on_the_real_server(server: Server) -> None:
+    result = run_workload(
+        server.url, random_sessions(24, 48, 12, vocab_size=1024, seed=3), LoadSpec(seed=3)
+    )
+    metrics = summarize(result)
+    print(metrics.render())
+    assert metrics.completed == 24 and metrics.output_throughput > 0
+    for rec in result.records:
+        assert rec.ttft_s is not None and rec.ttft_s <= rec.latency_s
+        assert rec.output_tokens == len(rec.output_ids or []) == rec.meta["completion_tokens"]
+        assert len(rec.itl_s) == rec.output_tokens - 1  # one chunk per token (stream interval 1)
+    # OpenAI API, and the multi-turn coding-agent shape reusing the shared prefix.
+    openai = run_workload(
+        server.url, random_sessions(4, 32, 8, vocab_size=1024, seed=4), LoadSpec(api="completions")
+    )
+    assert all(r.success and r.meta["completion_tokens"] == r.output_tokens for r in openai.records)
+    agent = run_workload(
+        server.url,
+        coding_agent_sessions(
+            3,
+            vocab_size=1024,
+            shared_prefix_len=256,
+            context_len=64,
+            turns=2,
+            user_len=16,
+            output_len=8,
+        ),
+        LoadSpec(max_concurrency=2),
+    )
+    assert len(agent.records) == 6 and all(r.success for r in agent.records)
+    second_turns = [r for r in agent.records if r.turn == 1]
+    assert all(r.meta["cached_tokens"] >= 256 for r in second_turns)  # prefix cache reused
+
+
+def test_gate_health_and_stress_on_the_real_server(server: Server) -> None:
+    cfg = GateConfig(prompts=4, output_len=12)
+    prompts = gate_prompts(cfg, vocab_size=1024, seed=5)
+    a, b = answer(server.url, prompts, cfg), answer(server.url, prompts, cfg)
+    gate = compare_answers(a, b, cfg)
+    assert gate.passed and gate.positions > 0, gate.render()
+    run = run_workload(
+        server.url, random_sessions(8, 32, 96, range_ratio=0, vocab_size=1024, seed=6), LoadSpec()
+    )
+    report = ServingHarness.score(run.records)
+    assert report.outputs == 8 and report.unhealthy == 0, report.render()
+    stress = run_stress(server.url, StressSpec(repeats=12, probe_concurrency=3, background_concurrency=2,
+                                                background_input_len=64, background_output_len=16, output_len=12))  # fmt: skip
+    print(stress.render())
+    assert stress.completed == 12 and stress.background_requests > 0
+
+
+def test_stop_leaves_nothing_running(server: Server) -> None:
+    assert server.proc is not None
+    tree = descendants(server.proc.pid) | {server.proc.pid}
+    assert len(tree) >= 3  # launcher, scheduler, detokenizer
+    server.stop()
+    assert not any(_alive(p) for p in tree)
+
+
+def test_broken_flag_fails_with_the_log_tail(tmp_path: Path) -> None:
+    spec = load_deployment(TASK.root / "deployment.toml")
+    with pytest.raises(UserError, match="not one of"):
+        check_flags({"schedule-policy": "no-such-policy"})  # refused before any start
+    with pytest.raises(ServerFailed) as err:
+        Server.start(spec, tmp_path, knobs={"schedule-policy": "no-such-policy"})
+    assert "invalid choice" in err.value.log_tail
+
+
+def test_knob_experiment_has_cis_from_repetitions() -> None:
+    from infra_agent.experiments import run_experiment
+
+    patch = load_patch(TASK.root / "knobs.toml")
+    record = run_experiment(TASK, patch, params=SMALL)
+    result = record.result
+    print(result.render())
+    assert result.verdict in (Verdict.IMPROVED, Verdict.NO_CHANGE, Verdict.REGRESSED), (
+        result.reasons
+    )
+    perf = result.evidence.performance
+    assert perf is not None and perf.n_samples >= 3
+    assert len(perf.baseline_samples) >= 3 and len(perf.candidate_samples) >= 3
+    assert perf.ci_low <= perf.speedup <= perf.ci_high
+    assert result.evidence.correctness is not None and result.evidence.correctness.passed
+
+
+def test_degenerate_sampler_patch_is_not_improved() -> None:
+    from infra_agent.experiments import run_experiment
+
+    patch = load_patch(TASK.root / "degenerate.patch")
+    record = run_experiment(TASK, patch, params=SMALL)
+    result = record.result
+    print(result.render())
+    assert result.verdict is not Verdict.IMPROVED
+    assert result.verdict is Verdict.INCORRECT
+    assert Flag.HEALTH_WARNING in result.flags
+    assert any("repetition_loop" in reason for reason in result.reasons), result.reasons
+    assert result.evidence.health["candidate_rule.repetition_loop"] > 0
+    assert result.evidence.health["baseline_rule.repetition_loop"] == 0
+
+
+def test_knob_patch_for_a_gpu_only_flag_is_refused_on_cpu() -> None:
+    from infra_agent.experiments import run_experiment
+
+    with pytest.raises(UserError, match="unknown knob"):
+        run_experiment(TASK, knob_patch({"enable-hierarchical-cache": True}), params=SMALL)
