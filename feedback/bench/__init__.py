@@ -5,8 +5,11 @@ Python API (stable):
   paired=False, equivalence=0.02) -> Comparison` — statistics on samples you already have
   (see `feedback.bench.compare`): speedup (> 1 better), ci_low/ci_high, verdict
   FASTER|SLOWER|SAME|AMBIGUOUS, noise flags.
-- `run_bench(baseline, candidate, *, min_sample_s=0.005, ci_width=0.02, budget_s=10, ...)
-  -> BenchResult` — time two arms interleaved with adaptive stopping (see `feedback.bench.runner`).
+- `run_bench(baseline, candidate, *, min_sample_s=0.005, ci_width=0.02, equivalence=0.02,
+  budget_s=10, clock="wall", with_counters=False, ...) -> BenchResult` — time two arms
+  interleaved (ABBA...) with adaptive stopping (see `feedback.bench.runner`); samples are seconds
+  per call; `clock="cpu"` (thread CPU time) is far less noisy on a shared machine for
+  single-threaded CPU-bound code.
   Arms are zero-argument callables (CPU, perf_counter_ns) or targets from `make_target(fn,
   device='cuda', flush_l2=..., cuda_graph=...)`, `CommandTarget('shell command')`,
   `WorkerTarget('module:function')` (separate process).
