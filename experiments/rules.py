@@ -1,7 +1,8 @@
 """Static rules: constructs a candidate patch may not introduce, found by reading its code.
 
 Cheapest stage of the cascade after the patch applies. Each rule belongs to a group; a task's
-manifest may `allow` a group its code legitimately needs (e.g. `threads`). Two groups can never be
+manifest may `allow` a group its code legitimately needs (e.g. `threads`, or `state` for code that
+keeps caches or pools between calls, see state_rules). Two groups can never be
 allowed: `harness` (reaching the harness, the package, files outside the workspace, secrets) and
 `timers` (replacing clocks or monkeypatching modules).
 
@@ -16,6 +17,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from infra_agent.experiments.state_rules import scan_state
+
 GROUPS = {
     "network": "network access (socket, urllib, http, requests)",
     "processes": "child processes (subprocess, os.system/fork/exec/spawn, multiprocessing)",
@@ -25,6 +28,7 @@ GROUPS = {
     "introspection": "introspection (gc, inspect, frames, sys.modules, builtins)",
     "harness": "reaching the harness, infra_agent, files outside the workspace or secrets",
     "dynamic": "dynamic code (eval, exec, compile, __import__, importlib, pickle)",
+    "state": "state kept across calls (module-level caches, functools.cache, global, f.attr)",
 }
 ALWAYS_ENFORCED = frozenset({"harness", "timers"})
 AUDITED_GROUPS = frozenset({"network", "processes", "introspection"})
@@ -237,7 +241,8 @@ def scan_source(source: str, path: str) -> list[Violation]:
         return [Violation("syntax", path, exc.lineno or 0, f"does not parse ({exc.msg})")]
     visitor = _Visitor(path)
     visitor.visit(tree)
-    return visitor.found
+    state = [Violation("state", path, hit.line, hit.what) for hit in scan_state(tree)]
+    return visitor.found + state
 
 
 def normalize_allow(allow: list[str]) -> set[str]:

@@ -134,6 +134,20 @@ def axpy(a, xs, ys):
 """
 )
 
+IDENTITY_CACHE_PY = (
+    SLOW_BODY.replace("def axpy", "def _slow")
+    + """
+_CACHE = {}
+
+
+def axpy(a, xs, ys):
+    key = (id(xs), id(ys))
+    if key not in _CACHE:
+        _CACHE[key] = _slow(a, xs, ys)
+    return _CACHE[key]
+"""
+)
+
 SLEEP_FOREVER = """
 import time
 
@@ -181,8 +195,20 @@ def assert_caught(result, *verdicts: Verdict) -> None:
         (READ_HARNESS.format(path="../harness.py"), "harness"),
         (PATCH_TIMERS, "timers"),
         (PATCH_HARNESS, "harness"),
+        (CONTENT_CACHE, "state"),
+        (IDENTITY_CACHE_PY, "state"),
     ],
-    ids=["thread", "child", "network", "write", "read-harness", "timers", "patch-harness"],
+    ids=[
+        "thread",
+        "child",
+        "network",
+        "write",
+        "read-harness",
+        "timers",
+        "patch-harness",
+        "content-cache",
+        "identity-cache",
+    ],  # fmt: skip
 )
 def test_static_rules_reject_cheats(pytask, source: str, group: str) -> None:
     result = run(pytask(), source)
@@ -284,10 +310,11 @@ def test_patching_the_harness_is_refused(pytask, backend: str, no_static_rules: 
     assert "importing infra_agent" in " ".join(result.reasons)
 
 
-def test_content_hash_cache_never_sees_a_repeated_input(pytask, no_static_rules: None) -> None:
-    """Every timed call gets fresh inputs, so a cache keyed on content never hits: the cheat
-    buys nothing (its lookups only cost time)."""
-    result = run(pytask(), CONTENT_CACHE)
+def test_content_hash_cache_never_sees_a_repeated_input(pytask) -> None:
+    """With `state` allowed by the task, the cache passes the static stage; every timed call
+    still gets fresh inputs, so a cache keyed on content never hits: the cheat buys nothing."""
+    result = run(pytask(allow=["state"]), CONTENT_CACHE)
+    assert result.evidence.stage_reached != "static"
     assert result.verdict in (Verdict.NO_CHANGE, Verdict.REGRESSED), result.render()
 
 
@@ -334,18 +361,29 @@ def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_all_zero_output_passes_loose_atol_but_not_the_float64_rule() -> None:
+def test_all_zero_output_passes_loose_atol_but_not_the_float64_rule(backend: str) -> None:
     task = find_task("example-matmul")
-    result = run_experiment(task, patch_for(task, "projection.py", ZEROS)).result
+    result = run_experiment(task, patch_for(task, "projection.py", ZEROS), sandbox=backend).result
     assert_caught(result, Verdict.INCORRECT)
     corr = result.evidence.correctness
     assert corr is not None and corr.max_abs_err is not None
     assert corr.max_abs_err < 1e-2  # a loose absolute tolerance alone would have passed it
     assert "float64" in " ".join(result.reasons)
+    assert result.evidence.sandbox is not None and result.evidence.sandbox.backend == backend
+
+
+def test_identity_cache_is_rejected_by_the_state_rule() -> None:
+    task = find_task("example-matmul")
+    result = run_experiment(task, patch_for(task, "projection.py", IDENTITY_CACHE)).result
+    assert_caught(result, Verdict.REJECTED)
+    assert any("rule 'state'" in r for r in result.reasons), result.reasons
 
 
 @pytest.mark.slow
-def test_cache_keyed_on_input_identity_goes_stale() -> None:
+def test_cache_keyed_on_input_identity_goes_stale(backend: str, no_static_rules: None) -> None:
+    """Behind the state rule: fresh input tensors may reuse a freed tensor's id, so the cache
+    answers a new input with an old output."""
     task = find_task("example-matmul")
-    result = run_experiment(task, patch_for(task, "projection.py", IDENTITY_CACHE)).result
+    patch = patch_for(task, "projection.py", IDENTITY_CACHE)
+    result = run_experiment(task, patch, sandbox=backend).result
     assert_caught(result, Verdict.INCORRECT)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
+from infra_agent.experiments.cascade import preview_apply
 from infra_agent.experiments.rules import new_violations, scan_source
+from infra_agent.tasks.patch import parse_diff
+from infra_agent.tasks.registry import find_task
+
+BUNDLED = Path(__file__).parents[2] / "tasks" / "bundled"
 
 
 def groups(source: str) -> set[str]:
@@ -82,3 +90,83 @@ def test_only_what_the_patch_adds_counts() -> None:
 def test_unparsable_code_and_non_python_files() -> None:
     assert [v.group for v in new_violations({}, {"k.py": "def (:"}, [])] == ["syntax"]
     assert new_violations({}, {"notes.md": "import socket"}, []) == []
+
+
+# -- state kept across calls -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "_c = {}\ndef f(x):\n    _c[x] = x * 2\n    return _c[x]\n",
+        "_c = {}\ndef f(x):\n    return _c.setdefault(hash(x), x * 2)\n",
+        "_seen = []\ndef f(x):\n    _seen.append(x)\n    return x\n",
+        "_last = None\ndef f(x):\n    global _last\n    _last = x\n    return x\n",
+        "import functools\n@functools.lru_cache(maxsize=None)\ndef f(x):\n    return x\n",
+        "from functools import cache\n@cache\ndef f(x):\n    return x\n",
+        "from functools import lru_cache as memo\ndef g(x):\n    return x\nf = memo(None)(g)\n",
+        "def f(x):\n    f.last = x\n    return x\n",
+        "def f(x):\n    return f.memo.setdefault(x, x)\nf.memo = {}\n",
+        "def f(x, _memo={}):\n    _memo[x] = x\n    return x\n",
+        "import torch\n_buf = torch.zeros(4)\ndef f(x):\n    _buf.copy_(x)\n    return _buf\n",
+        "class K:\n    memo = {}\n    def f(self, x):\n        K.memo[x] = x\n",
+        "class S:\n    pass\n_s = S()\ndef f(x):\n    setattr(_s, 'last', x)\n",
+    ],
+    ids=[
+        "item-store", "setdefault", "append", "global", "lru_cache", "cache", "call-form",
+        "function-attribute", "function-attribute-container", "mutable-default",
+        "in-place-buffer", "class-attribute", "setattr",
+    ],
+)  # fmt: skip
+def test_state_across_calls_is_detected(source: str) -> None:
+    assert "state" in groups(source), scan_source(source, "k.py")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(x):\n    out = {}\n    out['k'] = x\n    acc = []\n    acc.append(x)\n",
+        "def f(cache, x):\n    cache[x] = 1\n    cache.append(x)\n",
+        "class A:\n    def __init__(self):\n        self.c = {}\n    def f(self, x):\n"
+        "        self.c[x] = x\n        self.c.update({})\n",
+        "def f(xs):\n    acc = []\n    def g(v):\n        acc.append(v)\n    for x in xs:\n"
+        "        g(x)\n    return acc\n",
+        "_TABLE = {1: 2}\ndef f(x):\n    return _TABLE.get(x)\n",
+        "_n = 0\ndef f(x):\n    global _n\n    return _n + x\n",
+        "_c = {}\ndef f(x):\n    _c = {}\n    _c[x] = 1\n",
+        "import torch\ndef f(x):\n    y = torch.zeros(3)\n    y.add_(x)\n    return y\n",
+        "import functools\ndef f(xs):\n    return functools.reduce(lambda a, b: a + b, xs)\n",
+        "_W = {}\n_W['scale'] = 2.0\n",
+    ],
+    ids=[
+        "locals", "parameters", "instance", "closure-of-one-call", "read-only-table",
+        "global-read", "shadowed", "local-tensor", "functools-reduce", "module-level-setup",
+    ],
+)  # fmt: skip
+def test_state_within_one_call_is_not_flagged(source: str) -> None:
+    assert "state" not in groups(source), scan_source(source, "k.py")
+
+
+def test_state_can_be_allowed() -> None:
+    after = {"k.py": "_c = {}\ndef f(x):\n    _c[x] = x\n"}
+    assert [v.group for v in new_violations({}, after, [])] == ["state"]
+    assert new_violations({}, after, ["state"]) == []
+
+
+@pytest.mark.parametrize("name", [p.name for p in sorted(BUNDLED.iterdir()) if p.is_dir()])
+def test_bundled_patches_pass_the_rules(name: str) -> None:
+    """Every bundled task's own patches (reference fix, wrong fix) pass the static stage."""
+    task = find_task(name)
+    for patch_file in sorted(task.root.glob("*.patch")):
+        patch = parse_diff(patch_file.read_text())
+        scratch = preview_apply(patch, task)
+        try:
+            before = {r: _read(task.workspace / r) for r in patch.files}
+            after = {r: _read(scratch / "ws" / r) for r in patch.files}
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        assert new_violations(before, after, task.manifest.allow) == [], patch_file.name
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text() if path.is_file() else None
