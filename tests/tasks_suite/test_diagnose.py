@@ -52,7 +52,7 @@ def test_kv_transfer_gil_names_the_holding_thread_and_function() -> None:
 def test_decode_split_norm_time_grows_with_splits() -> None:
     result = diagnosed("decode-split-norm")
     assert result.reproduced
-    assert result.measured["step_time_ms_splits8"] > result.measured["step_time_ms_splits1"]
+    assert result.measured["step_time_ms_splits8"] > result.measured["step_time_ms_splits2"]
 
 
 def test_pd_kv_reuse_race_needs_an_abort() -> None:

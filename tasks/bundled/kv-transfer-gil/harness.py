@@ -3,12 +3,10 @@ KV transfer; the transferred pages are checked against what was sent."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
@@ -69,14 +67,18 @@ class TaskHarness(Harness):
         }
 
     def diagnose(self, arm: Arm) -> Any:
-        """Transfer overhead from samples, then thread samples of the worker during a long run."""
+        """Transfer overhead from samples, then the GIL tracer on the worker during a long run."""
         import threading
+        import time
 
+        from infra_agent.feedback.gil import PySpyUnavailable, trace_pid
         from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
         samples = [self.sample(arm, DIAGNOSE_SEED + i) for i in range(5)]
         overhead = overhead_pct(samples)
-        long_kv = make_kv({**self.params, "steps": self.params["steps"] * 10}, DIAGNOSE_SEED)
+        # A long run to sample (small pages: the request must reach the worker at once).
+        long_params = {**self.params, "steps": self.params["steps"] * 25, "chunk_elems": 64}
+        long_kv = make_kv(long_params, DIAGNOSE_SEED)
         errors: list[BaseException] = []
 
         def long_run() -> None:
@@ -87,13 +89,18 @@ class TaskHarness(Harness):
 
         runner = threading.Thread(target=long_run, name="diagnose-long-run")
         runner.start()
+        time.sleep(0.5)  # let the run start before sampling it
         try:
             pid = python_descendant(arm.worker.process.pid)  # type: ignore[attr-defined]
-            evidence = gil_evidence(sample_threads(pid, 25, 0.003), "py-spy dump --json")
+            try:
+                report = trace_pid(pid, duration_s=2.0, interval_s=0.05)
+            except PySpyUnavailable:  # native unwinding fails across some sandboxes
+                report = trace_pid(pid, duration_s=2.0, interval_s=0.05, nonblocking=True)
         finally:
             runner.join()
         if errors:
             raise errors[0]
+        thread, function, stack, detail = blame(report)
         step = min(s["step_time_ms"] for s in samples)
         alone = min(s["dispatch_only_ms"] for s in samples)
         return Diagnosis(
@@ -105,90 +112,58 @@ class TaskHarness(Harness):
                 "step_time_ms": step,
                 "dispatch_only_ms": alone,
             },
-            localization=Localization(
-                thread=evidence.holder_thread,
-                function=evidence.holder_function,
-                detail=f"holds the GIL in {evidence.holder_share:.0%} of samples while thread "
-                f"'{evidence.starved_thread}' waits for it ({evidence.starved_share:.0%} of samples, at "
-                f"{evidence.starved_function})",
-            ),
-            blocking_stack=evidence.holder_stack,
+            localization=Localization(thread=thread, function=function, detail=detail),
+            blocking_stack=stack,
             evidence=[
-                f"{evidence.samples} thread samples ({evidence.source}) during a {long_kv.shape[0]}-step run",
-                f"GIL holder: {evidence.holder_thread} in {evidence.holder_function} "
-                f"({evidence.holder_share:.0%} of samples)",
-                f"starved: {evidence.starved_thread} without the GIL at {evidence.starved_function} "
-                f"({evidence.starved_share:.0%} of samples)",
+                *report.render().splitlines()[:6],
                 *(
-                    f"sample {i}: {s['step_time_ms']:.2f} ms with transfer, {s['dispatch_only_ms']:.2f} ms without"
+                    f"sample {i}: {s['step_time_ms']:.2f} ms with transfer, "
+                    f"{s['dispatch_only_ms']:.2f} ms without"
                     for i, s in enumerate(samples)
                 ),
             ],
-            instruments=["harness.sample", "gil (py-spy thread dumps)"],
+            instruments=["harness.sample", f"gil.trace_pid ({report.method})"],
         )
 
 
-class GilEvidence(BaseModel):
-    """Who held the GIL while the steps ran, from thread samples."""
-
-    samples: int
-    holder_thread: str | None
-    holder_function: str | None
-    holder_share: float
-    """Share of samples in which the holder held the GIL in that function."""
-    holder_stack: list[str]
-    starved_thread: str | None
-    starved_share: float
-    """Share of samples in which the starved thread waited while the holder held the GIL."""
-    starved_function: str | None
-    source: str
+def _function(frame_label: str) -> str:
+    """'intranode_dispatch (dispatch.py:19)' -> 'dispatch.py:intranode_dispatch'."""
+    name, _, where = frame_label.partition(" (")
+    return f"{where.rstrip(')').rsplit(':', 1)[0]}:{name}" if where else name
 
 
-def gil_evidence(dumps: list[list[dict[str, Any]]], source: str) -> GilEvidence:
-    """Aggregate thread dumps: the (thread, innermost workspace frame) holding the GIL most often,
-    and the thread most often waiting (not holding it) while it did."""
-    held: Counter[tuple[str, str]] = Counter()
-    stacks: dict[tuple[str, str], list[str]] = {}
-    waiting: Counter[str] = Counter()
-    waiting_at: dict[str, Counter[str]] = {}
-    for dump in dumps:
-        holder = next((t for t in dump if t.get("owns_gil")), None)
-        if holder is None:
-            continue
-        frames = holder.get("frames", [])
-        key = (str(holder.get("thread_name")), _frame(frames[0]) if frames else "?")
-        held[key] += 1
-        stacks.setdefault(key, [_frame(f) for f in frames])
-        for t in dump:
-            if t is holder or t.get("thread_name") == holder.get("thread_name"):
-                continue
-            name = str(t.get("thread_name"))
-            waiting[name] += 1
-            inner = [f for f in t.get("frames", []) if "threading.py" not in f.get("filename", "")]
-            where = (
-                _frame(next((f for f in inner if "queue.py" not in f["filename"]), inner[0]))
-                if inner
-                else "?"
+def blame(report: Any) -> tuple[str | None, str | None, list[str], str]:
+    """(holder thread, holder function, holder stack, one sentence) from a GilReport: the most
+    waiting thread's main blamed holder, or else the thread holding the GIL most."""
+    for entry in report.blame:
+        for ev in entry.evidence:
+            if ev.holder != "nobody" and ev.python_stack:
+                stack = [_function(f) for f in ev.python_stack]
+                return (
+                    ev.holder,
+                    stack[0],
+                    stack,
+                    f"holds the GIL in {ev.share:.0%} of the samples in which thread "
+                    f"'{entry.waiter}' waits for it ({entry.waiting:.0%} of its samples)",
+                )
+    holders = sorted(report.threads, key=lambda t: t.holding, reverse=True)
+    if holders and holders[0].holding > 0:
+        top = holders[0]
+        function = _function(top.top_functions[0].rsplit(" ", 1)[0]) if top.top_functions else None
+        detail = f"holds the GIL in {top.holding:.0%} of samples"
+        others = sorted(
+            (t for t in report.threads if t.thread != top.thread),
+            key=lambda t: t.waiting + t.running,
+            reverse=True,
+        )
+        if others:
+            other = others[0]
+            detail += (
+                f"; thread '{other.thread}' is not idle but has no GIL in "
+                f"{other.waiting + other.running:.0%} of samples (waiting for it)"
             )
-            waiting_at.setdefault(name, Counter())[where] += 1
-    n = max(1, len(dumps))
-    (holder_thread, holder_function), count = held.most_common(1)[0] if held else ((None, None), 0)
-    starved, starved_count = waiting.most_common(1)[0] if waiting else (None, 0)
-    return GilEvidence(
-        samples=len(dumps),
-        holder_thread=holder_thread,
-        holder_function=holder_function,
-        holder_share=count / n,
-        holder_stack=stacks.get((holder_thread, holder_function), []) if holder_thread else [],
-        starved_thread=starved,
-        starved_share=starved_count / n,
-        starved_function=waiting_at[starved].most_common(1)[0][0] if starved else None,
-        source=source,
-    )
-
-
-def _frame(frame: dict[str, Any]) -> str:
-    return f"{Path(str(frame.get('filename', '?'))).name}:{frame.get('name', '?')}"
+        return top.thread, function, [function] if function else [], detail
+    return None, None, [], "no thread was seen holding the GIL"
 
 
 def overhead_pct(samples: list[dict[str, float]]) -> float:
@@ -201,7 +176,6 @@ def overhead_pct(samples: list[dict[str, float]]) -> float:
 
 def python_descendant(pid: int) -> int:
     """The first process at or below `pid` running Python (the sandbox may wrap the worker)."""
-    from pathlib import Path
 
     todo = [pid]
     while todo:
@@ -218,27 +192,3 @@ def python_descendant(pid: int) -> int:
             except OSError:
                 pass
     return pid
-
-
-def sample_threads(pid: int, samples: int, interval_s: float) -> list[list[dict[str, Any]]]:
-    """`samples` py-spy dumps of `pid` (threads with their Python frames and GIL ownership)."""
-    import json
-    import shutil
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
-    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    dumps = []
-    for _ in range(samples):
-        done = subprocess.run(
-            [exe, "dump", "--pid", str(pid), "--json", "--nonblocking"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if done.returncode == 0 and done.stdout.strip():
-            dumps.append(json.loads(done.stdout))
-        time.sleep(interval_s)
-    return dumps
