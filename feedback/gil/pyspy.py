@@ -80,8 +80,10 @@ def dump_once(pid: int, *, native: bool = True, nonblocking: bool = False) -> li
     except subprocess.TimeoutExpired as exc:
         raise PySpyUnavailable(f"py-spy dump of pid {pid} timed out") from exc
     if proc.returncode != 0:
-        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise PySpyUnavailable(f"py-spy cannot sample pid {pid}: {why[:200]}")
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        # py-spy prints "Error: ..." then a backtrace; the error line is the useful one.
+        why = next((ln for ln in lines if ln.startswith("Error")), lines[0] if lines else "")
+        raise PySpyUnavailable(f"py-spy cannot sample pid {pid}: {why[:200] or proc.returncode}")
     try:
         return parse_dump(json.loads(proc.stdout))
     except ValueError as exc:

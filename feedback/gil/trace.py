@@ -33,6 +33,12 @@ def trace_pid(
     """Sample a running Python process with py-spy; raises PySpyUnavailable if it cannot."""
     if pid <= 0:
         raise UserError(f"bad pid {pid}")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError as exc:
+        raise UserError(f"no process with pid {pid}") from exc
+    except PermissionError:
+        pass  # exists, owned by someone else: py-spy will say whether it can attach
     snapshots, elapsed = sample_pid(
         pid, duration_s=duration_s, interval_s=interval_s, native=native, nonblocking=nonblocking
     )
