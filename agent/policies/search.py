@@ -5,7 +5,8 @@ so a resumed run picks up exactly where it was: the incumbent is the best `IMPRO
 measured so far (the task's defaults until there is one); the candidates are its neighbours, one
 knob changed at a time, with values from the skeletons' knob advice first and then a small grid
 over the knob's domain, taken round-robin over the knobs (each knob's most promising value before
-any knob's second); the next `batch` unmeasured neighbours are proposed and verified. It stops
+any knob's second); a knob value seen only in configurations that broke (REJECTED, INCORRECT,
+FAILED) is not tried again; the next `batch` unmeasured neighbours are proposed and verified. It stops
 when every neighbour of the incumbent has been measured. Strategy `random` samples whole
 configurations from the same value lists (the benchmark's control).
 
@@ -56,6 +57,15 @@ def _grid(knob: Knob) -> list[Any]:
             value = min(value, hi)
         out.append(int(round(value)) if knob.type == "int" else value)
     return out
+
+
+_BROKEN = {"REJECTED", "INCORRECT", "FAILED"}
+
+
+def _hashable(value: Any) -> Any:
+    return (
+        json.dumps(value, sort_keys=True, default=str) if isinstance(value, list | dict) else value
+    )
 
 
 def _key(name: str) -> str:
@@ -129,6 +139,16 @@ class SearchPolicy:
     def _measured(self, state: AgentState) -> set[str]:
         return {json.dumps(e.knobs, sort_keys=True, default=str) for e in state.experiments}
 
+    def broken_values(self, state: AgentState) -> set[tuple[str, Any]]:
+        """Knob values seen only in configurations that broke (REJECTED, INCORRECT, FAILED):
+        not tried again in other combinations."""
+        seen_ok: set[tuple[str, Any]] = set()
+        seen_bad: set[tuple[str, Any]] = set()
+        for e in state.experiments:
+            pairs = {(k, _hashable(v)) for k, v in e.knobs.items()}
+            (seen_bad if e.verdict in _BROKEN else seen_ok).update(pairs)
+        return seen_bad - seen_ok
+
     def next_configs(self, state: AgentState) -> list[dict[str, Any]]:
         """The next configurations to verify (empty: nothing left to try)."""
         measured = self._measured(state)
@@ -153,12 +173,13 @@ class SearchPolicy:
                 )
             return out
         incumbent, _ = self.incumbent(state)
+        broken = self.broken_values(state)
         # Neighbours by rank, round-robin over knobs: every knob's most promising value first.
         ranked = sorted(
             (rank, order, name, value)
             for order, (name, values) in enumerate(self.space.items())
             for rank, value in enumerate(values)
-            if value != incumbent[name]
+            if value != incumbent[name] and (name, _hashable(value)) not in broken
         )
         for _, _, name, value in ranked:
             if len(out) >= self.batch:
