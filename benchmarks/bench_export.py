@@ -48,7 +48,7 @@ from infra_agent.store.records import (
     StepRecord,
     ToolCall,
 )
-from infra_agent.trajectories.build import build_trajectory, load_run
+from infra_agent.trajectories.build import ReviewIndex, build_trajectory, load_run
 from infra_agent.trajectories.export import export_dataset
 from infra_agent.trajectories.formats import ARROW_SCHEMAS, ExportFormat, rl_row
 from infra_agent.trajectories.redact import Redactor
@@ -192,10 +192,11 @@ def main() -> None:
             )
 
         print("\nstages of the rl/parquet export (one process):")
-        t_load = t_build = t_rows = c_load = c_build = c_rows = 0.0
+        t_build = t_rows = c_build = c_rows = 0.0
         rows = []
+        review, t_load, c_load = timed(lambda: ReviewIndex(store))
         for run in store.iter_runs():
-            bundle, w, c = timed(lambda: load_run(store, run))  # noqa: B023
+            bundle, w, c = timed(lambda: load_run(store, run, review))  # noqa: B023
             t_load, c_load = t_load + w, c_load + c
             traj, w, c = timed(lambda: build_trajectory(bundle, redactor=redactor))  # noqa: B023
             t_build, c_build = t_build + w, c_build + c

@@ -8,6 +8,7 @@ tree as a `Trajectory` — the schema check every export goes through.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,11 +62,31 @@ class RunBundle:
         )
 
 
-def load_run(store: RunStore, run: RunRecord) -> RunBundle:
+class ReviewIndex:
+    """All proposals by run and all decisions by proposal, read in two queries.
+
+    The run store indexes neither `proposals.run_id` nor `decisions.proposal_id`, so asking per
+    run scans both tables each time (quadratic over a full export); exports read them once."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.proposals: dict[str | None, list[ProposalRecord]] = defaultdict(list)
+        for proposal in store.proposals():
+            self.proposals[proposal.run_id].append(proposal)
+        self.decisions: dict[str, list[DecisionRecord]] = defaultdict(list)
+        for decision in store.decisions():
+            self.decisions[decision.proposal_id].append(decision)
+
+
+def load_run(store: RunStore, run: RunRecord, review: ReviewIndex | None = None) -> RunBundle:
     """Read one run's records. Experiments named by its proposals are included even when they
-    were recorded without the run id."""
+    were recorded without the run id. `review` (for many runs) saves two queries per run."""
     experiments = store.experiments(run.id)
-    proposals = store.proposals(run_id=run.id)
+    if review is not None:
+        proposals = list(review.proposals.get(run.id, []))
+        decisions = {p.id: list(review.decisions.get(p.id, [])) for p in proposals}
+    else:
+        proposals = store.proposals(run_id=run.id)
+        decisions = {p.id: store.decisions(p.id) for p in proposals}
     known = {e.id for e in experiments}
     for proposal in proposals:
         for exp_id in proposal.experiment_ids:
@@ -85,7 +106,7 @@ def load_run(store: RunStore, run: RunRecord) -> RunBundle:
         steps=store.steps(run.id),
         experiments=experiments,
         proposals=proposals,
-        decisions={p.id: store.decisions(p.id) for p in proposals},
+        decisions=decisions,
         patches=patches,
     )
 

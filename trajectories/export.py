@@ -27,7 +27,7 @@ from infra_agent.store import open_store
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import RunRecord
 from infra_agent.trajectories.atif import Trajectory, VerdictCounts
-from infra_agent.trajectories.build import RunBundle, build_trajectory, load_run
+from infra_agent.trajectories.build import ReviewIndex, RunBundle, build_trajectory, load_run
 from infra_agent.trajectories.formats import (
     ARROW_SCHEMAS,
     ROW_MODELS,
@@ -147,10 +147,10 @@ class _Producer:
     weights: RewardWeights
     strict_openai: bool = False
 
-    def run(self, store: RunStore, run: RunRecord) -> Outcome:
+    def run(self, store: RunStore, run: RunRecord, review: ReviewIndex | None = None) -> Outcome:
         if not self.flt.admits_run(run):
             return None
-        bundle = load_run(store, run)
+        bundle = load_run(store, run, review)
         try:
             trajectory = build_trajectory(bundle, redactor=self.redactor, weights=self.weights)
         except ValidationError as exc:
@@ -193,9 +193,14 @@ def _produce_chunk(db: str, runs: list[RunRecord], producer: _Producer) -> list[
     """Worker process: its own read-only connection to the store."""
     store = open_store(db, readonly=True)
     try:
-        return [producer.run(store, run) for run in runs]
+        if db not in _WORKER_REVIEW:  # once per worker process
+            _WORKER_REVIEW[db] = ReviewIndex(store)
+        return [producer.run(store, run, _WORKER_REVIEW[db]) for run in runs]
     finally:
         store.close()
+
+
+_WORKER_REVIEW: dict[str, ReviewIndex] = {}
 
 
 def _chunks(runs: Iterator[RunRecord], size: int) -> Iterator[list[RunRecord]]:
@@ -279,7 +284,8 @@ def export_dataset(
             )
         )
     else:
-        outcomes = (producer.run(store, run) for run in runs)
+        review = ReviewIndex(store)
+        outcomes = (producer.run(store, run, review) for run in runs)
     try:
         return _write(out, fmt, parquet, outcomes, runs, batch_rows, started)
     finally:
