@@ -137,6 +137,7 @@ async def _send(
                     record.error = str(chunk["error"])[:300]
                     return
                 now = time.monotonic()
+                seen = len(record.output_ids or [])
                 new_tokens, delta = _absorb(load, record, chunk)
                 if new_tokens > 0:
                     if tokens == 0:
@@ -146,7 +147,7 @@ async def _send(
                     tokens += new_tokens
                     last = now
                 if guard is not None:
-                    issue = guard.feed(delta, [], record.meta)
+                    issue = guard.feed(delta, (record.output_ids or [])[seen:], record.meta)
                     if issue is not None:
                         record.aborted_rule = issue.rule
                         break

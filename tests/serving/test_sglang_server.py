@@ -66,7 +66,8 @@ def test_workloads_on_the_real_server(server: Server) -> None:
     for rec in result.records:
         assert rec.ttft_s is not None and rec.ttft_s <= rec.latency_s
         assert rec.output_tokens == len(rec.output_ids or []) == rec.meta["completion_tokens"]
-        assert len(rec.itl_s) == rec.output_tokens - 1  # one chunk per token (stream interval 1)
+        # One chunk per decode step; SGLang merges steps a slow reader has not taken yet.
+        assert 1 <= len(rec.itl_s) <= rec.output_tokens - 1
     # OpenAI API, and the multi-turn coding-agent shape reusing the shared prefix.
     openai = run_workload(
         server.url, random_sessions(4, 32, 8, vocab_size=1024, seed=4), LoadSpec(api="completions")
