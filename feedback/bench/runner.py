@@ -114,6 +114,12 @@ def _cpu_flags(before: dict[str, int], after: dict[str, int]) -> list[tuple[str,
     return flags
 
 
+def _as_target(arm: Target | Callable[[], Any], clock: str) -> Target:
+    if isinstance(arm, CallableTarget | CudaTarget) or hasattr(arm, "sample"):
+        return arm  # type: ignore[return-value]
+    return CallableTarget(arm, clock=clock)
+
+
 def _decisive(c: Comparison) -> bool:
     band_low, band_high = 1.0 / (1.0 + c.equivalence), 1.0 + c.equivalence
     return c.verdict == "SAME" or c.ci_low > band_high or c.ci_high < band_low
@@ -177,10 +183,7 @@ def run_bench(
     """
     if budget_s <= 0 or min_sample_s <= 0 or ci_width <= 0:
         raise UserError("budget_s, min_sample_s and ci_width must be positive")
-    arms: list[Target] = [
-        t if hasattr(t, "sample") else CallableTarget(t, clock=clock)  # type: ignore[arg-type]
-        for t in (baseline, candidate)
-    ]
+    arms: list[Target] = [_as_target(t, clock) for t in (baseline, candidate)]
     started = time.perf_counter()
     cpu_before = _cpu_state()
     try:
