@@ -47,6 +47,9 @@ CREATE TABLE IF NOT EXISTS proposals (
     body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS decisions (
     id TEXT PRIMARY KEY, proposal_id TEXT NOT NULL, created_at TEXT NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS feedback_run ON feedback (run_id);
+CREATE INDEX IF NOT EXISTS proposals_run ON proposals (run_id);
+CREATE INDEX IF NOT EXISTS decisions_proposal ON decisions (proposal_id);
 CREATE TRIGGER IF NOT EXISTS decisions_append_only_u BEFORE UPDATE ON decisions
     BEGIN SELECT RAISE(ABORT, 'decisions are append-only'); END;
 CREATE TRIGGER IF NOT EXISTS decisions_append_only_d BEFORE DELETE ON decisions
