@@ -1,14 +1,12 @@
 """Fixtures for the verification core's tests: a fast pure-Python task (no torch), patch
 builders, a switch that turns the static rules off (to test the run-time defences behind them),
-and the sandbox backends this machine can run."""
+and the sandbox backends this machine can run (docker through the session's shared engine)."""
 
 from __future__ import annotations
 
 import difflib
-import os
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,36 +72,8 @@ def no_static_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rules, "new_violations", lambda *args, **kwargs: [])
 
 
-@pytest.fixture(scope="session")
-def docker_ready() -> Iterator[None]:
-    """A docker engine for the docker backend: one already answering (DOCKER_HOST), else a
-    private dockerd started here. Skips only when dockerd is not installed or we are not root."""
-    from infra_agent.sandboxes.container import engine_problem
-
-    if engine_problem() is None:
-        yield
-        return
-    if shutil.which("dockerd") is None and not os.path.exists("/usr/sbin/dockerd"):
-        pytest.skip("dockerd is not installed (run .ci/setup-system.sh)")
-    if os.geteuid() != 0:
-        pytest.skip("a private dockerd needs root")
-    from infra_agent.sandboxes.docker_engine import ensure_engine
-
-    engine = ensure_engine(Path(tempfile.mkdtemp(prefix="iad-engine-")))
-    previous = os.environ.get("DOCKER_HOST")
-    os.environ["DOCKER_HOST"] = engine.base_url
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("DOCKER_HOST", None)
-        else:
-            os.environ["DOCKER_HOST"] = previous
-        engine.stop()
-
-
 @pytest.fixture(params=["local", "docker"])
 def backend(request: pytest.FixtureRequest) -> str:
     if request.param == "docker":
-        request.getfixturevalue("docker_ready")
+        request.getfixturevalue("docker_engine")  # tests/conftest.py: one per session
     return str(request.param)

@@ -3,6 +3,7 @@ input, the CLI's JSON and records, and cleanup when the CLI is killed mid-experi
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import signal
@@ -81,6 +82,37 @@ def test_a_a_gives_no_change(pytask) -> None:
     assert verdicts.count(Verdict.NO_CHANGE) >= 19, verdicts
 
 
+def _empty_effect_patch():  # -> Patch
+    """A patch on example-matmul that changes only a comment: the candidate runs the baseline."""
+    task = find_task("example-matmul")
+    old = (task.workspace / "projection.py").read_text()
+    new = old.replace("# Outer products", "# (unchanged) Outer products")
+    assert new != old
+    diff = difflib.unified_diff(old.splitlines(True), new.splitlines(True), "a/projection.py",
+                                "b/projection.py")  # fmt: skip
+    return task, parse_diff("".join(diff), author="test", rationale="A/A")
+
+
+def test_a_a_on_a_torch_task_gives_no_change() -> None:
+    """One full A/A experiment on the torch example task (workers, sandboxes, float64 rule)."""
+    task, patch = _empty_effect_patch()
+    result = run_experiment(task, patch).result
+    assert result.verdict == Verdict.NO_CHANGE, result.render()
+    assert result.evidence.correctness is not None and result.evidence.correctness.passed
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("INFRA_AGENT_LONG_TESTS") != "1", reason="set INFRA_AGENT_LONG_TESTS=1"
+)
+def test_a_a_on_a_torch_task_twenty_times() -> None:
+    """The done-when bar on a torch task: at least 19 of 20 full A/A experiments NO_CHANGE."""
+    task, patch = _empty_effect_patch()
+    verdicts = [run_experiment(task, patch).result.verdict for _ in range(20)]
+    print("A/A example-matmul:", {v.value: verdicts.count(v) for v in set(verdicts)})
+    assert verdicts.count(Verdict.NO_CHANGE) >= 19, verdicts
+
+
 def synthetic(base: list[float], cand: list[float], **extra: list[float]) -> Measurement:
     m = Measurement(compare_samples(base, cand, higher_is_better=False, paired=True))
     m.baseline = {"latency_ms": base, **{k: base for k in extra}}
@@ -106,6 +138,21 @@ def test_decision_rules(pytask) -> None:
     )
     assert verdict == Verdict.REGRESSED and "constraint broken: memory_mb" in reasons[-1]
     assert metrics["candidate_memory_mb"] == pytest.approx(2 * metrics["baseline_memory_mb"])
+
+
+def test_sign_test_must_agree_with_the_bootstrap(pytask) -> None:
+    """14 of 20 pairs 1.3x faster, 6 slower: the bootstrap interval of medians excludes 1.0,
+    but the sign test's 95% interval of per-pair speedups does not, so no decision is taken."""
+    manifest = pytask().manifest
+    base = [10.0 + 0.01 * i for i in range(20)]
+    slow = {0, 4, 8, 12, 16, 19}
+    cand = [b * 1.05 if i in slow else b / 1.3 for i, b in enumerate(base)]
+    m = synthetic(base, cand)
+    assert m.comparison.ci_low > 1.0 and m.comparison.speedup > 1.0 + manifest.min_effect
+    verdict, reasons, _, _ = decide(m, manifest)
+    assert verdict == Verdict.NO_CHANGE and "sign test" in reasons[0], reasons
+    worse = synthetic(cand, base)  # the mirror image is not REGRESSED either
+    assert decide(worse, manifest)[0] == Verdict.NO_CHANGE
 
 
 def test_bad_input_raises_and_records_nothing(pytask, make_patch, tmp_path: Path) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from support import run_cli
 
 from infra_agent.errors import UserError
 from infra_agent.tasks import registry
@@ -66,8 +67,26 @@ def test_unknown_and_malformed(tmp_path: Path) -> None:
         find_task(str(tmp_path / "missing"))
 
 
-def test_cli_list_and_show(tmp_path: Path) -> None:
+def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str):
+    """`infra-agent ARGS` through the console entry point, in this process (the CLI's imports
+    are paid once; the subprocess path is covered by tests/test_cli.py)."""
+    from infra_agent.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["infra-agent", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def test_cli_list_and_show(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     import json
+
+    def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_main(monkeypatch, capsys, *args)
 
     listed = run_cli("tasks", "list", "--json")
     assert listed.returncode == 0, listed.stderr
