@@ -51,18 +51,15 @@ def test_search_follows_skeleton_advice_and_builds_on_proven_wins() -> None:
     manifest = find_task("sglang-cpu-tiny").manifest
     policy = SearchPolicy(manifest, knob_advice(load_skeletons()))
     state = AgentState(run_id="r")
-    assert policy.next_configs(state) == [{"chunked-prefill-size": 4096}]
-    state.experiments.append(_measured({"chunked-prefill-size": 4096}, "IMPROVED", 1.8))
+    assert policy.next_configs(state) == [{"max-running-requests": 128}]
+    state.experiments.append(_measured({"max-running-requests": 128}, "IMPROVED", 1.8))
     # the next move keeps the win and tries the next knob's most promising value
-    assert policy.next_configs(state) == [
-        {"chunked-prefill-size": 4096, "max-running-requests": 128}
-    ]
-    state.experiments.append(
-        _measured({"chunked-prefill-size": 4096, "max-running-requests": 128}, "NO_CHANGE", 1.79)
-    )
+    both = {"chunked-prefill-size": 4096, "max-running-requests": 128}
+    assert policy.next_configs(state) == [both]
+    state.experiments.append(_measured(both, "NO_CHANGE", 1.79))
     nxt = policy.next_configs(state)[0]
     assert (
-        nxt["chunked-prefill-size"] == 4096 and len(nxt) == 2 and "max-running-requests" not in nxt
+        nxt["max-running-requests"] == 128 and len(nxt) == 2 and "chunked-prefill-size" not in nxt
     )
     turn = policy.next_turn(state, [])
     assert turn.message is not None

@@ -115,6 +115,9 @@ def test_optimize_without_an_endpoint_finds_a_proven_improvement_on_the_embedded
     assert done.returncode == 0, done.stderr[-3000:]
     assert "search policy: no LLM endpoint is configured" in done.stderr
     outcome = json.loads(done.stdout)
+    store = open_store(tmp_path / "runs.db", readonly=True)
+    for record in store.experiments(outcome["run_id"]):  # shown when the test fails
+        print(record.result.render())
     assert outcome["task"] == "sglang-cpu-tiny" and outcome["policy"] == "search"
     best = outcome["best"]
     assert best is not None, outcome["experiments"]
