@@ -71,11 +71,11 @@ def test_search_does_not_retry_a_value_that_broke() -> None:
     policy = SearchPolicy(manifest, {}, batch=100)
     state = AgentState(run_id="r")
     state.experiments.append(_measured({"threads": 2}, "REJECTED", 1.0))
-    state.experiments.append(_measured({"num_splits": 1}, "IMPROVED", 2.0))
+    state.experiments.append(_measured({"num_splits": 2}, "IMPROVED", 2.0))
     configs = policy.next_configs(state)
-    assert all(c.get("num_splits") == 1 or list(c) == ["num_splits"] for c in configs)
-    assert {"num_splits": 1, "threads": 2} not in configs
-    assert {"num_splits": 1, "threads": 3} in configs
+    assert all(c.get("num_splits") == 2 or list(c) == ["num_splits"] for c in configs)
+    assert {"num_splits": 2, "threads": 2} not in configs
+    assert {"num_splits": 2, "threads": 3} in configs
 
 
 def test_search_finishes_when_every_neighbour_is_measured() -> None:

@@ -92,12 +92,12 @@ def test_workspace_reads_are_confined_to_the_workspace(ctx: ToolContext) -> None
 def test_proposed_patches_are_checked_before_any_experiment(ctx: ToolContext) -> None:
     reg = default_registry()
     ok = reg.call(
-        "propose_knobs", json.dumps({"knobs": {"num_splits": 1}, "rationale": "one split"}), ctx
+        "propose_knobs", json.dumps({"knobs": {"num_splits": 2}, "rationale": "two splits"}), ctx
     )
     assert ok.error is None and ok.data is not None
     patch_id = ok.data["patch_id"]
     assert ctx.store.get_patch(patch_id) is not None and ctx.known_patches == [patch_id]
-    assert ctx.patch(patch_id).knobs == {"num_splits": 1}
+    assert ctx.patch(patch_id).knobs == {"num_splits": 2}
     unknown = reg.call(
         "propose_knobs", json.dumps({"knobs": {"warp_speed": 9}, "rationale": "x"}), ctx
     )
@@ -106,6 +106,8 @@ def test_proposed_patches_are_checked_before_any_experiment(ctx: ToolContext) ->
         "propose_knobs", json.dumps({"knobs": {"num_splits": 99}, "rationale": "x"}), ctx
     )
     assert out_of_range.error and "above the maximum" in out_of_range.error
+    low = reg.call("propose_knobs", json.dumps({"knobs": {"num_splits": 1}, "rationale": "x"}), ctx)
+    assert low.error and "below the minimum" in low.error
     diff = "--- a/harness.py\n+++ b/harness.py\n@@ -1 +1 @@\n-a\n+b\n"
     forbidden = reg.call("propose_patch", json.dumps({"diff": diff, "rationale": "x"}), ctx)
     assert forbidden.error and "not editable" in forbidden.error
