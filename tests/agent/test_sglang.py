@@ -31,20 +31,8 @@ CHAT_TEMPLATE = (
 
 
 def _sglang_ready() -> str | None:
-    """Make the cached SGLang environment visible under this test's isolated home (a link)."""
-    import os
+    from infra_agent.serving.env import find_sglang_env
 
-    from infra_agent.serving.env import find_sglang_env, sglang_env_path
-
-    shared = Path.home() / ".cache" / "infra-agent" / sglang_env_path().name
-    link = sglang_env_path()
-    if (
-        shared.is_dir()
-        and not link.exists()
-        and Path(os.environ.get("INFRA_AGENT_HOME", "/")).is_dir()
-    ):
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(shared)
     return (
         None
         if find_sglang_env() is not None
