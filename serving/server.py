@@ -33,6 +33,7 @@ from infra_agent.serving.tiny_model import write_tiny_model
 from infra_agent.tasks.harness import CandidateFailure
 
 PR_SET_PDEATHSIG = 1
+PORT_ATTEMPTS = 3
 SHIM_DIR = Path(__file__).parent / "kernel_shim"
 """Holds the `sgl_kernel` CPU compatibility module (first on PYTHONPATH when no GPU is present)."""
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
@@ -188,22 +189,31 @@ class Server:
     ) -> Server:
         """Start and wait for readiness; on any failure the server is stopped and ServerFailed raised."""
         workdir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        argv, env = launch_command(
-            spec,
-            port=port,
-            knobs=knobs,
-            model_cache=model_cache or workdir / "models",
-            overlay=overlay,
-        )
-        server = cls(argv, env, port=port, workdir=workdir, spec=spec)
-        server._spawn()
-        try:
-            server.wait_ready(spec.ready_timeout_s)
-        except BaseException:
-            server.stop()
-            raise
-        return server
+        for attempt in range(PORT_ATTEMPTS):
+            port = free_port()
+            argv, env = launch_command(
+                spec,
+                port=port,
+                knobs=knobs,
+                model_cache=model_cache or workdir / "models",
+                overlay=overlay,
+            )
+            server = cls(argv, env, port=port, workdir=workdir, spec=spec)
+            server._spawn()
+            try:
+                server.wait_ready(spec.ready_timeout_s)
+                return server
+            except ServerFailed as exc:
+                server.stop()
+                # The port was free when picked, but the server binds it only after its imports
+                # (minutes on a busy machine): another process may have taken it meanwhile.
+                taken = "address already in use" in exc.log_tail + str(exc)
+                if not taken or attempt == PORT_ATTEMPTS - 1:
+                    raise
+            except BaseException:
+                server.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def _spawn(self) -> None:
         with self.log_path.open("ab") as log:
@@ -260,8 +270,13 @@ class Server:
             except (OSError, urllib.error.URLError):
                 status = 0
             if status == 200:
+                self._check_identity()
                 self.ready_s = time.monotonic() - start
                 return self.ready_s
+            if "address already in use" in self.log_tail(5):
+                raise ServerFailed(
+                    f"port {self.port} was taken", kind="crash", log_tail=self.log_tail()
+                )
             if time.monotonic() - start > timeout_s:
                 raise ServerFailed(
                     f"server not ready after {timeout_s:.0f} s",
@@ -269,6 +284,25 @@ class Server:
                     log_tail=self.log_tail(),
                 )
             time.sleep(0.5)
+
+    def _check_identity(self) -> None:
+        """The answer on our port must come from our server (same model path), not a stranger."""
+        import json
+
+        want = (
+            self.argv[self.argv.index("--model-path") + 1] if "--model-path" in self.argv else None
+        )
+        status, body = self.get("/model_info")
+        try:
+            got = json.loads(body).get("model_path") if status == 200 else None
+        except ValueError:
+            got = None
+        if want is not None and got != want:
+            raise ServerFailed(
+                f"port {self.port} answers for another server (model {got!r}): address already in use",
+                kind="crash",
+                log_tail=self.log_tail(),
+            )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -29,10 +29,13 @@ FAKE_SERVER = textwrap.dedent(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if mode == "never":
         time.sleep(600)
+    model = args[args.index("--model-path") + 1]
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
+            body = ('{"model_path": "%s"}' % model).encode() if self.path == "/model_info" else b""
+            self.send_response(200 if self.path in ("/health", "/model_info") else 404)
             self.end_headers()
+            self.wfile.write(body)
         def log_message(self, *a):
             pass
     time.sleep(0.5)
@@ -103,6 +106,22 @@ def test_server_env_leaves_secrets_behind(tmp_path: Path, monkeypatch: pytest.Mo
         environ = Path(f"/proc/{server.proc.pid}/environ").read_bytes()  # type: ignore[union-attr]
     assert b"sk-secret" not in environ and b"HF_HUB_OFFLINE=1" in environ
     assert os.environ["OPENAI_API_KEY"] == "sk-secret"
+
+
+def test_a_stranger_on_the_port_is_not_our_server(tmp_path: Path) -> None:
+    other = Server.start(spec(tmp_path, "ok"), tmp_path / "a")
+    try:
+        mine = Server(
+            ["x", "--model-path", "/my-model"],
+            {},
+            port=other.port,
+            workdir=tmp_path,
+            spec=spec(tmp_path, "ok"),
+        )
+        with pytest.raises(ServerFailed, match="answers for another server"):
+            mine._check_identity()
+    finally:
+        other.stop()
 
 
 def test_args_to_argv_and_spec_errors(tmp_path: Path) -> None:

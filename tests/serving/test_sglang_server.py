@@ -28,6 +28,8 @@ from infra_agent.tasks.patch import knob_patch, load_patch
 from infra_agent.tasks.registry import find_task
 
 pytestmark = [
+    # Server starts take 20-60 s on an idle 2-core machine but minutes on a shared one.
+    pytest.mark.timeout(2400),
     pytest.mark.slow,
     pytest.mark.sglang,
     pytest.mark.skipif(
