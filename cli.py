@@ -97,7 +97,9 @@ def main() -> None:
             sys.exit(exc.exit_code)
         if debug:
             raise
-        typer.echo(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
+        typer.echo(
+            f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True
+        )
         sys.exit(1)
 
 

@@ -7,11 +7,11 @@ named profiles in the TOML file (e.g. Z.ai's GLM API, a self-hosted SGLang endpo
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from infra_agent.errors import UserError

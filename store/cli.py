@@ -62,10 +62,14 @@ def show_run(run_id: str = typer.Argument(..., help="Run id."), as_json: bool = 
     doc = {"run": run, "steps": steps, "experiments": experiments, "proposals": proposals}
 
     def render(console: Console) -> None:
-        console.print(f"[bold]{run.id}[/] {run.task} ({run.objective}, {run.policy}) — {run.status.value}")
+        console.print(
+            f"[bold]{run.id}[/] {run.task} ({run.objective}, {run.policy}) — {run.status.value}"
+        )
         if run.summary:
             console.print(run.summary)
-        console.print(f"{len(steps)} steps, {len(experiments)} experiments, {len(proposals)} proposals")
+        console.print(
+            f"{len(steps)} steps, {len(experiments)} experiments, {len(proposals)} proposals"
+        )
         table = Table("experiment", "patch", "verdict", "speedup (95% CI)")
         for e in experiments:
             perf = e.result.evidence.performance

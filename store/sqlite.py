@@ -72,7 +72,9 @@ class SQLiteRunStore:
             conn = self._conn()
             self._check_and_migrate(conn, readonly)
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"run store {self.path}: not a readable SQLite database ({exc})") from exc
+            raise StoreError(
+                f"run store {self.path}: not a readable SQLite database ({exc})"
+            ) from exc
 
     # -- connection handling -------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -149,6 +151,15 @@ class SQLiteRunStore:
     def _many(self, model: type[R], sql: str, args: tuple[object, ...] = ()) -> list[R]:
         return [self._load(model, r[0]) for r in self._conn().execute(sql, args).fetchall()]
 
+    @staticmethod
+    def _body(record: BaseModel) -> str:
+        """The JSON stored for a record, with secrets (API keys, tokens, secret env values)
+        replaced by [REDACTED]: nothing secret is written in the first place. Patches are stored
+        as they are (their id is the hash of their content) and so are not passed through here."""
+        from infra_agent.trajectories.redact import redact_text
+
+        return redact_text(record.model_dump_json())
+
     def _write(self, sql: str, args: tuple[object, ...]) -> None:
         with self.transaction():
             self._conn().execute(sql, args)
@@ -158,14 +169,16 @@ class SQLiteRunStore:
         run.updated_at = now()
         self._write(
             "INSERT OR REPLACE INTO runs (id, created_at, body) VALUES (?, ?, ?)",
-            (run.id, run.created_at.isoformat(), run.model_dump_json()),
+            (run.id, run.created_at.isoformat(), self._body(run)),
         )
 
     def get_run(self, run_id: str) -> RunRecord | None:
         return self._one(RunRecord, "SELECT body FROM runs WHERE id=?", (run_id,))
 
     def list_runs(self, limit: int = 100) -> list[RunRecord]:
-        return self._many(RunRecord, "SELECT body FROM runs ORDER BY created_at DESC LIMIT ?", (limit,))
+        return self._many(
+            RunRecord, "SELECT body FROM runs ORDER BY created_at DESC LIMIT ?", (limit,)
+        )
 
     def iter_runs(self) -> Iterator[RunRecord]:
         for row in self._conn().execute("SELECT body FROM runs ORDER BY created_at, id"):
@@ -181,17 +194,20 @@ class SQLiteRunStore:
             stored = step.model_copy(update={"seq": int(row[0]) + 1})
             conn.execute(
                 "INSERT INTO steps (run_id, seq, body) VALUES (?, ?, ?)",
-                (stored.run_id, stored.seq, stored.model_dump_json()),
+                (stored.run_id, stored.seq, self._body(stored)),
             )
         return stored
 
     def steps(self, run_id: str) -> list[StepRecord]:
-        return self._many(StepRecord, "SELECT body FROM steps WHERE run_id=? ORDER BY seq", (run_id,))
+        return self._many(
+            StepRecord, "SELECT body FROM steps WHERE run_id=? ORDER BY seq", (run_id,)
+        )
 
     # -- patches, experiments, feedback -------------------------------------------------------
     def put_patch(self, patch: PatchRecord) -> None:
         self._write(
-            "INSERT OR IGNORE INTO patches (id, body) VALUES (?, ?)", (patch.id, patch.model_dump_json())
+            "INSERT OR IGNORE INTO patches (id, body) VALUES (?, ?)",
+            (patch.id, patch.model_dump_json()),
         )
 
     def get_patch(self, patch_id: str) -> PatchRecord | None:
@@ -200,15 +216,24 @@ class SQLiteRunStore:
     def put_experiment(self, experiment: ExperimentRecord) -> None:
         self._write(
             "INSERT OR REPLACE INTO experiments (id, run_id, started_at, body) VALUES (?, ?, ?, ?)",
-            (experiment.id, experiment.run_id, experiment.started_at.isoformat(), experiment.model_dump_json()),
+            (
+                experiment.id,
+                experiment.run_id,
+                experiment.started_at.isoformat(),
+                self._body(experiment),
+            ),
         )
 
     def get_experiment(self, experiment_id: str) -> ExperimentRecord | None:
-        return self._one(ExperimentRecord, "SELECT body FROM experiments WHERE id=?", (experiment_id,))
+        return self._one(
+            ExperimentRecord, "SELECT body FROM experiments WHERE id=?", (experiment_id,)
+        )
 
     def experiments(self, run_id: str | None = None) -> list[ExperimentRecord]:
         if run_id is None:
-            return self._many(ExperimentRecord, "SELECT body FROM experiments ORDER BY started_at, id")
+            return self._many(
+                ExperimentRecord, "SELECT body FROM experiments ORDER BY started_at, id"
+            )
         return self._many(
             ExperimentRecord,
             "SELECT body FROM experiments WHERE run_id=? ORDER BY started_at, id",
@@ -218,14 +243,16 @@ class SQLiteRunStore:
     def put_feedback(self, record: FeedbackRecord) -> None:
         self._write(
             "INSERT OR REPLACE INTO feedback (id, run_id, created_at, body) VALUES (?, ?, ?, ?)",
-            (record.id, record.run_id, record.created_at.isoformat(), record.model_dump_json()),
+            (record.id, record.run_id, record.created_at.isoformat(), self._body(record)),
         )
 
     def feedback(self, run_id: str | None = None) -> list[FeedbackRecord]:
         if run_id is None:
             return self._many(FeedbackRecord, "SELECT body FROM feedback ORDER BY created_at, id")
         return self._many(
-            FeedbackRecord, "SELECT body FROM feedback WHERE run_id=? ORDER BY created_at, id", (run_id,)
+            FeedbackRecord,
+            "SELECT body FROM feedback WHERE run_id=? ORDER BY created_at, id",
+            (run_id,),
         )
 
     # -- review queue -------------------------------------------------------------------------
@@ -238,7 +265,7 @@ class SQLiteRunStore:
                 proposal.run_id,
                 proposal.status.value,
                 proposal.created_at.isoformat(),
-                proposal.model_dump_json(),
+                self._body(proposal),
             ),
         )
 
@@ -271,7 +298,12 @@ class SQLiteRunStore:
     def add_decision(self, decision: DecisionRecord) -> None:
         self._write(
             "INSERT INTO decisions (id, proposal_id, created_at, body) VALUES (?, ?, ?, ?)",
-            (decision.id, decision.proposal_id, decision.created_at.isoformat(), decision.model_dump_json()),
+            (
+                decision.id,
+                decision.proposal_id,
+                decision.created_at.isoformat(),
+                self._body(decision),
+            ),
         )
 
     def decisions(self, proposal_id: str | None = None) -> list[DecisionRecord]:

@@ -7,9 +7,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from support import run_cli
+
 from infra_agent.store import open_store
 from infra_agent.store.records import STORE_SCHEMA_VERSION, RunRecord
-from support import run_cli
 
 GROUPS = [
     "optimize",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from infra_agent.config import load_settings, masked
 from infra_agent.errors import UserError
 

@@ -14,10 +14,11 @@ import time
 from collections.abc import Iterable
 from typing import Protocol
 
+from pydantic import BaseModel, Field
+
 from infra_agent.experiments.verdict import ExperimentResult, Verdict
 from infra_agent.store.records import ExperimentRecord
 from infra_agent.tasks.patch import Patch
-from pydantic import BaseModel, Field
 
 
 class Resources(BaseModel):

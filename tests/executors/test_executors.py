@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from infra_agent.experiments.executors import (
     ExperimentRequest,
     create_executor,

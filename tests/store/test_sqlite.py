@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from infra_agent.errors import StoreError
 from infra_agent.experiments.verdict import (
     CorrectnessEvidence,
@@ -200,3 +201,26 @@ def test_reader_sees_writes_while_writer_is_open(tmp_path: Path) -> None:
     assert reader.get_run(run.id) is not None
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_secrets_are_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-4f9a8b7c6d5e")
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    run = RunRecord(task="t", objective="throughput", policy="llm", summary="used tok-4f9a8b7c6d5e")
+    store.put_run(run)
+    store.add_step(
+        StepRecord(run_id=run.id, role="tool", content="Authorization: Bearer abcdef0123456789xyz")
+    )
+    result = _result()
+    result.evidence.log_tail = "OPENAI_API_KEY=sk-proj-abcdefghijklmnop1234 failed"
+    store.put_experiment(ExperimentRecord(task="t", patch_id="p", result=result))
+    store.add_decision(
+        DecisionRecord(proposal_id="p", reviewer="r", action=DecisionAction.REJECT,
+                       patch_hash="h", comment="my key is sk-proj-abcdefghijklmnop1234")
+    )  # fmt: skip
+    store.close()
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    for secret in (b"tok-4f9a8b7c6d5e", b"abcdef0123456789xyz", b"sk-proj-abcdefghijklmnop1234"):
+        assert secret not in raw
+    assert open_store(db).steps(run.id)[0].content.startswith("Authorization: ")
