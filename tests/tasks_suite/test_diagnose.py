@@ -31,12 +31,19 @@ def test_chunked_state_precision_localized_to_the_state_merge() -> None:
     assert result.measured["loglog_slope"] > 0.2
 
 
-def test_batch_invariant_moe_localized_to_the_combine() -> None:
-    result = diagnosed("batch-invariant-moe")
-    assert result.reproduced
-    assert result.divergence_point == "combine"
-    assert result.measured["batch_gap_B64"] > 1e-3
-    assert result.measured["batch_gap_B1"] == 0.0
+def test_batch_invariant_moe_localized_to_the_combine_via_cli_json() -> None:
+    from infra_agent.cli import app
+
+    out = CliRunner().invoke(app, ["diagnose", "--task", "batch-invariant-moe", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)  # exactly one JSON document on stdout
+    print(f"\n{Diagnosis.model_validate(doc).render()}")
+    assert doc["task"] == "batch-invariant-moe"
+    assert doc["reproduced"]
+    assert doc["divergence_point"] == "combine"
+    assert doc["localization"]["stage"] == "combine"
+    assert doc["measured"]["batch_gap_B64"] > 1e-3
+    assert doc["measured"]["batch_gap_B1"] == 0.0
 
 
 def test_kv_transfer_gil_names_the_holding_thread_and_function() -> None:
@@ -68,17 +75,6 @@ def test_tiered_cache_race_needs_overlap() -> None:
     assert result.reproduced
     assert result.measured["read_before_ready_without_overlap"] == 0
     assert result.measured["overlap_ratio"] > 0.5
-
-
-def test_cli_json_is_one_document() -> None:
-    from infra_agent.cli import app
-
-    out = CliRunner().invoke(app, ["diagnose", "--task", "batch-invariant-moe", "--json"])
-    assert out.exit_code == 0, out.output
-    doc = json.loads(out.stdout)
-    assert doc["task"] == "batch-invariant-moe"
-    assert doc["divergence_point"] == "combine"
-    assert doc["localization"]["stage"] == "combine"
 
 
 def test_bad_input_is_one_line_error() -> None:
