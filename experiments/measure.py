@@ -163,8 +163,8 @@ def decide(
     """Verdict, reasons, flags and secondary metrics (medians) from a measurement.
 
     IMPROVED only if the interval excludes 1.0, the speedup exceeds 1 + min_effect and the sign
-    test's interval of per-pair speedups also excludes 1.0; REGRESSED symmetrically; NO_CHANGE
-    otherwise. Any broken constraint is a REGRESSED."""
+    test's interval of per-pair speedups also excludes 1.0 (where it applies: at least 6 pairs);
+    REGRESSED symmetrically; NO_CHANGE otherwise. Any broken constraint is a REGRESSED."""
     c, metric = m.comparison, manifest.metric
     sp, lo, hi, effect = c.speedup, c.ci_low, c.ci_high, manifest.min_effect
     numbers = (
@@ -186,16 +186,16 @@ def decide(
     if verdict in (Verdict.IMPROVED, Verdict.REGRESSED):
         # The bootstrap interval of medians can be too narrow when noise is heavy-tailed or
         # drifts (a loaded machine); the sign test's interval holds whatever the noise.
+        # It applies where it can reach 95% (6 pairs or more); with fewer the bootstrap decides
+        # alone. (Samples are positive: compare_samples refuses others.)
         sign = sign_interval(pair_ratios(m, manifest))
-        agrees = sign is not None and (
+        if sign is not None and not (
             sign[0] > 1.0 if verdict == Verdict.IMPROVED else sign[1] < 1.0
-        )
-        if not agrees:
-            shown = "too few pairs" if sign is None else f"{sign[0]:.3f}-{sign[1]:.3f}"
+        ):
             verdict = Verdict.NO_CHANGE
             reasons = [
                 "not shown: the sign test's 95% interval of per-pair speedups "
-                f"({shown}) includes 1.0; {numbers}"
+                f"({sign[0]:.3f}-{sign[1]:.3f}) includes 1.0; {numbers}"
             ]
     flags: list[Flag] = []
     if {"high_iqr", "drift"} & set(c.noise):
