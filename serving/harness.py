@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -101,7 +100,9 @@ class ServingHarness(Harness):
                 kind="crash",
             )
         args = self.server_args(arm)
-        workdir = Path(tempfile.mkdtemp(prefix=f"infra-agent-serve-{arm.name}-"))
+        # Inside the arm's sandbox folder: removed with the sandbox, also on SIGTERM.
+        workdir = Path(arm.sandbox.root) / ".serving"
+        workdir.mkdir(parents=True, exist_ok=True)
         arm.state["workdir"] = workdir
         workspace = arm.sandbox.root
         overlay = build_overlay(
