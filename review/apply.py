@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
+
 from infra_agent.config import default_data_dir
 from infra_agent.errors import UserError
 from infra_agent.review.queue import get_proposal, resolve_task

@@ -8,6 +8,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
 from infra_agent.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit, status_console
@@ -22,9 +26,6 @@ from infra_agent.store.records import (
     ProposalStatus,
     RiskLevel,
 )
-from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
 
 app = typer.Typer(
     help="The reviewer approval queue: list, show, approve, reject, request changes, serve the web UI.",

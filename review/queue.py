@@ -18,6 +18,8 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pydantic import BaseModel
+
 from infra_agent.errors import NotBuiltError, UserError
 from infra_agent.experiments.verdict import ExperimentResult
 from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
@@ -31,7 +33,6 @@ from infra_agent.store.records import (
     ProposalStatus,
     RiskLevel,
 )
-from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from infra_agent.tasks.manifest import Task

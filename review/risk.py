@@ -34,10 +34,11 @@ from functools import lru_cache
 from pathlib import Path
 
 import tomllib
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.store.records import PatchKind, PatchRecord, RiskLevel
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default_policy.toml")
 

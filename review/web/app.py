@@ -24,6 +24,7 @@ from fastapi import FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+
 from infra_agent.errors import UserError
 from infra_agent.review.apply import after_decision, apply_approved
 from infra_agent.review.queue import ReviewConflict, StaleProposal, decide, list_queue, reverify

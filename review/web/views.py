@@ -12,6 +12,11 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
+from markupsafe import Markup
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import DiffLexer
+
 from infra_agent.errors import StoreError
 from infra_agent.experiments.verdict import ExperimentResult
 from infra_agent.review.queue import staleness
@@ -25,10 +30,6 @@ from infra_agent.store.records import (
     RunRecord,
     StepRecord,
 )
-from markupsafe import Markup
-from pygments import highlight
-from pygments.formatters import HtmlFormatter
-from pygments.lexers import DiffLexer
 
 DIFF_FORMATTER = HtmlFormatter(cssclass="highlight", wrapcode=True)
 MAX_STEP_CHARS = 4000

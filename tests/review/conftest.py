@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from infra_agent.experiments.verdict import (
     CorrectnessEvidence,
     Evidence,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import tomllib
+
 from infra_agent.errors import UserError
 from infra_agent.review.apply import apply_approved
 from infra_agent.review.queue import decide, submit_proposal

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+from support import run_cli
+from typer.testing import CliRunner
+
 from infra_agent.cli import app
 from infra_agent.review.queue import submit_proposal
 from infra_agent.store import open_store
 from infra_agent.store.records import ProposalStatus
-from support import run_cli
-from typer.testing import CliRunner
 
 
 def _cli(*args: str) -> tuple[int, str]:

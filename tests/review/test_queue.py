@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import Flag
 from infra_agent.review.queue import (

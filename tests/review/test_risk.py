@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.review.queue import submit_proposal

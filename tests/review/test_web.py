@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import tomllib
+
 from infra_agent.review.queue import review_outcome, submit_proposal
 from infra_agent.store import open_store
 from infra_agent.store.records import (
