@@ -145,9 +145,9 @@ def bubblewrap(
         if os.path.exists(path):
             tree.mount("--ro-bind", Path(path))
     visible = [*python_paths(spec.readonly_paths), *spec.readonly_paths]
-    for path in visible:
-        if os.path.exists(path):
-            tree.mount("--ro-bind", Path(path))
+    for shown in visible:
+        if os.path.exists(shown):
+            tree.mount("--ro-bind", Path(shown))
     if spec.gpus is not None:
         gpu_nodes = [*GPU_DEVICES, *(f"/dev/nvidia{i}" for i in spec.gpus)]
         for node in gpu_nodes:

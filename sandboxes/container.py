@@ -247,13 +247,13 @@ class DockerSandbox(Sandbox):
         mounts.append(Mount(str(self.root), str(self.root), type="bind", read_only=False))
         tmpfs = {"/tmp": f"size={s.file_size_mb}m,mode=1777"}
         mounted = [Path(m["Target"]) for m in mounts]
-        for path in self._hidden:
-            if not any(path.is_relative_to(m) for m in mounted):
+        for hidden in self._hidden:
+            if not any(hidden.is_relative_to(m) for m in mounted):
                 continue  # never mounted, so already invisible
-            if path.is_dir():
-                tmpfs[str(path)] = "size=1m,mode=0755"
-            elif path.exists():
-                mounts.append(Mount(str(path), "/dev/null", type="bind", read_only=True))
+            if hidden.is_dir():
+                tmpfs[str(hidden)] = "size=1m,mode=0755"
+            elif hidden.exists():
+                mounts.append(Mount(str(hidden), "/dev/null", type="bind", read_only=True))
         mib = 1024 * 1024
         config: dict[str, Any] = dict(
             image=s.image or default_image(),
