@@ -44,7 +44,9 @@ def checkpoint_path(store_path: Path) -> Path:
 
 
 @contextmanager
-def compiled_graph(store_path: Path) -> Iterator[CompiledStateGraph]:  # type: ignore[type-arg]
+def compiled_graph(
+    store_path: Path,
+) -> Iterator[CompiledStateGraph[AgentState, AgentContext, AgentState, AgentState]]:
     """The agent graph with its SQLite checkpointer next to the run store."""
     conn = sqlite3.connect(str(checkpoint_path(store_path)), check_same_thread=False, timeout=30)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 from support import REPO
 
 BIN = Path(sys.executable).parent
-# The core packages mypy checks: the contracts and the code that decides verdicts.
+# The packages mypy checks: all of infra_agent's code except the bundled task folders.
 MYPY_TARGETS = [
     "infra_agent.config",
     "infra_agent.errors",
@@ -24,6 +24,11 @@ MYPY_TARGETS = [
     "infra_agent.tasks.registry",
     "infra_agent.sandboxes",
     "infra_agent.feedback",
+    "infra_agent.agent",
+    "infra_agent.tools",
+    "infra_agent.review",
+    "infra_agent.trajectories",
+    "infra_agent.serving",
 ]
 
 
