@@ -4,14 +4,34 @@ the candidate started (work left running after a call returned).
 Which processes belong to the sandbox: every process in the anchor's PID namespace when the
 sandbox has its own (bubblewrap/unshare --pid, a container), otherwise the anchor's process tree
 plus its session. The worker is the member whose command line names the worker script.
+
+Threads: a thread started after warm-up and alive after a call is tolerated only as an idle
+compute-pool thread (torch's intra-op pool grows lazily when a knob raises its size): at most as
+many as the worker's torch reports intra-op threads, and idle. Idle is measured, not assumed
+(/proc schedstat per thread; the process total counts threads that already exited): after a call
+returns the new threads must stop using CPU within SETTLE_S, having spent at most SPIN_LIMIT_S
+each (an OpenMP spin-wait), and then use at most IDLE_CPU_LIMIT_S until the next request. Work
+left running after return is a violation whatever the thread's name or origin.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+SETTLE_S = 0.1
+"""How long (seconds) new threads may take to go idle after a call returns: an OpenMP pool
+spin-waits a few milliseconds after its last parallel region before it sleeps."""
+SPIN_LIMIT_S = 0.03
+"""CPU time (seconds) per new thread allowed while it settles (the spin-wait)."""
+IDLE_CPU_LIMIT_S = 0.003
+"""CPU time (seconds) new or exited threads may use once settled, up to the next request: an
+idle pool thread uses none."""
+POLL_S = 0.01
 
 
 def _read(path: Path) -> str:
@@ -59,6 +79,53 @@ def thread_ids(pid: int) -> set[int]:
         return set()
 
 
+def _ticks_ns(stat_text: str) -> int:
+    """utime + stime (ns, clock-tick resolution) from a /proc stat line."""
+    if not stat_text:
+        return 0
+    fields = stat_text[stat_text.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_NS
+
+
+def thread_cpu_ns(pid: int, tid: int) -> int:
+    """CPU time (ns) a thread has used: schedstat's run time, else utime + stime."""
+    task = PROC / str(pid) / "task" / str(tid)
+    text = _read(task / "schedstat")
+    if text:
+        return int(text.split()[0])
+    return _ticks_ns(_read(task / "stat"))
+
+
+@dataclass(frozen=True)
+class CpuMark:
+    """CPU used so far by a worker's threads (ns, schedstat precision), and by its threads that
+    already exited (ns, clock-tick precision: the process total less its live threads)."""
+
+    threads_ns: dict[int, int]
+    exited_ns: int
+    slack_ns: int
+    """Rounding of exited_ns: a tick per live thread and one for the total."""
+
+    @classmethod
+    def take(cls, pid: int) -> CpuMark:
+        tids = thread_ids(pid)
+        task = PROC / str(pid) / "task"
+        live = sum(_ticks_ns(_read(task / str(tid) / "stat")) for tid in tids)
+        return cls(
+            {tid: thread_cpu_ns(pid, tid) for tid in tids},
+            _ticks_ns(_read(PROC / str(pid) / "stat")) - live,
+            (len(tids) + 1) * TICK_NS,
+        )
+
+    def used_since(self, earlier: CpuMark, tids: set[int]) -> dict[int, int]:
+        """CPU (ns) each of `tids` used since `earlier` (from 0 for a thread born since)."""
+        return {t: self.threads_ns.get(t, 0) - earlier.threads_ns.get(t, 0) for t in tids}
+
+    def exited_since(self, earlier: CpuMark) -> int:
+        """CPU (ns) of threads that exited since `earlier`, beyond rounding."""
+        return max(0, self.exited_ns - earlier.exited_ns - max(self.slack_ns, earlier.slack_ns))
+
+
 def thread_count(pid: int) -> int:
     for line in _read(PROC / str(pid) / "status").splitlines():
         if line.startswith("Threads:"):
@@ -87,6 +154,13 @@ class ProcessWatch:
         """Sandbox processes once the worker answered its first ping, before any candidate code
         ran: the only processes besides the worker allowed to exist afterwards."""
         self.worker_pid: int | None = None
+        self.pool_threads = 0
+        """Most intra-op threads the worker's torch reported: how many idle threads started
+        after warm-up are tolerated (untrusted: it only admits threads that are measured idle)."""
+        self.tolerated: set[int] = set()
+        """Threads started after warm-up, found idle: compute-pool threads."""
+        self._mark: CpuMark | None = None
+        self._watched: set[int] = set()
 
     def started(self) -> None:
         """Call once the worker is up and before candidate code runs. If the worker lives in a
@@ -142,8 +216,10 @@ class ProcessWatch:
         self.warm_threads = thread_count(worker) if worker is not None else None
         self.warm_tids = thread_ids(worker) if worker is not None else None
 
-    def problem(self, reported_threads: int = 0) -> str | None:
-        """Why the sandbox is not back at its warm state after a call, or None."""
+    def problem(self, reported_threads: int = 0, pool_threads: int = 0) -> str | None:
+        """Why the sandbox is not back at its warm state after a call, or None. Call right after
+        the call returned; `pool_threads` is the worker's reported torch intra-op thread count."""
+        self._mark, self._watched = None, set()
         if self.method == "self-report":
             if self.warm_threads is not None and reported_threads > self.warm_threads:
                 extra = reported_threads - self.warm_threads
@@ -157,14 +233,64 @@ class ProcessWatch:
         if extra_procs:
             names = ", ".join(f"{p} ({_cmdline(p)[:60].strip()})" for p in extra_procs[:3])
             return f"candidate left {len(extra_procs)} child process(es) running: {names}"
-        if worker is not None and self.warm_tids is not None:
-            new = thread_ids(worker) - self.warm_tids
-            if new:
-                return (
-                    f"candidate left {len(new)} thread(s) running after the call returned "
-                    f"(started after warm-up; {len(self.warm_tids)} threads after warm-up)"
-                )
+        if worker is None or self.warm_tids is None:
+            return None
+        self.pool_threads = max(self.pool_threads, pool_threads)
+        new = thread_ids(worker) - self.warm_tids
+        if len(new) > self.pool_threads:
+            return (
+                f"candidate left {len(new)} thread(s) running after the call returned "
+                f"(started after warm-up; {len(self.warm_tids)} threads after warm-up, "
+                f"{self.pool_threads} compute-pool threads allowed)"
+            )
+        return self._settle(worker, new) if new else None
+
+    def _settle(self, worker: int, new: set[int]) -> str | None:
+        """Wait until the new threads stop using CPU (an OpenMP spin-wait ends within a few ms);
+        a thread still computing SETTLE_S after return, or spinning past SPIN_LIMIT_S, is work
+        left running. Settled threads are tolerated as idle pool threads."""
+        start = mark = CpuMark.take(worker)
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            time.sleep(POLL_S)
+            later = CpuMark.take(worker)
+            grew = sum(later.used_since(mark, new).values()) + later.exited_since(mark)
+            mark = later
+            if grew == 0:
+                break
+            if time.monotonic() > deadline:
+                return self._busy(start, later, new, f"more than {SETTLE_S * 1e3:g} ms after")
+        used = mark.used_since(start, new)
+        if max(used.values()) > SPIN_LIMIT_S * 1e9:
+            return self._busy(start, mark, new, "while settling after")
+        self.tolerated |= new
+        self._mark, self._watched = mark, new
         return None
+
+    def before_request(self) -> str | None:
+        """Why new threads worked between the last call's return (once settled) and now; call
+        before sending the next request. None when they stayed idle."""
+        mark, self._mark = self._mark, None
+        if mark is None or self.worker_pid is None:
+            return None
+        later = CpuMark.take(self.worker_pid)
+        cpu = sum(later.used_since(mark, self._watched).values()) + later.exited_since(mark)
+        if cpu <= IDLE_CPU_LIMIT_S * 1e9:
+            return None
+        return self._busy(mark, later, self._watched, "between calls, after")
+
+    def _busy(self, mark: CpuMark, later: CpuMark, tids: set[int], when: str) -> str | None:
+        used = later.used_since(mark, tids)
+        exited = later.exited_since(mark)
+        busiest = sorted(used.items(), key=lambda item: -item[1])[:3]
+        named = ", ".join(f"{tid} ({ns / 1e6:.0f} ms)" for tid, ns in busiest if ns > 0)
+        if exited:
+            named = ", ".join(filter(None, [named, f"exited threads ({exited / 1e6:.0f} ms)"]))
+        cpu = sum(used.values()) + exited
+        return (
+            f"candidate left work running on a background thread: {cpu / 1e6:.0f} ms of CPU "
+            f"{when} the call returned (idle pool threads use none; busiest: {named})"
+        )
 
 
 def _own_session() -> int:

@@ -10,7 +10,7 @@ each frame is an 8-byte big-endian length and a payload.
   Arguments may contain {"__arena__": name}: a value stored earlier with "put".
 - Responses (worker -> harness, untrusted): a JSON header and raw tensor buffers (see
   `_encode`) of {"nonce": int, "ok": bool, "value": ..., "kind": str, "error": str,
-  "threads": int, "children": int}. Values may be None, bool, int, float, str, lists, tuples,
+  "threads": int, "children": int, "pool": int}. Values may be None, bool, int, float, str, lists, tuples,
   dicts with string keys, and torch tensors (dense, any device, sent as bytes). The harness
   decodes them with json and torch.frombuffer: nothing is unpickled, so candidate-controlled
   bytes cannot run code in the harness (and it is faster than torch.save / torch.load).
@@ -142,6 +142,16 @@ def _self_report() -> tuple[int, int]:
     return threads, children
 
 
+def _pool_threads() -> int:
+    """torch's intra-op thread count if torch is loaded, else 0: how many idle compute-pool
+    threads the harness tolerates (it still measures that they are idle)."""
+    torch = sys.modules.get("torch")
+    try:
+        return int(torch.get_num_threads()) if torch is not None else 0
+    except Exception:  # noqa: BLE001 - a partly imported or replaced torch
+        return 0
+
+
 def _plain(value: Any, buffers: list[bytes], depth: int = 0) -> Any:
     """JSON-able structure; tensors become {"__tensor__": index, dtype, shape} + a raw buffer."""
     if depth > 64:
@@ -251,6 +261,7 @@ def main() -> None:
             GUARD.violations.clear()
         response["nonce"] = request["nonce"]
         response["threads"], response["children"] = _self_report()
+        response["pool"] = _pool_threads()
         try:
             payload = _encode(response)
         except MemoryError:

@@ -3,8 +3,9 @@
 It copies `rpc_worker.py` into a sandbox, starts it there, sends pickled requests and decodes the
 (untrusted) responses from JSON and raw tensor bytes, never with pickle. Every call
 has a deadline; past it the sandboxed process tree is killed (CandidateFailure kind='timeout').
-After each call the worker is inspected from outside through /proc: more threads than after
-warm-up, or child processes still alive, is a CandidateFailure of kind 'violation'.
+After each call the worker is inspected from outside through /proc: child processes still alive,
+threads started after warm-up beyond an idle compute pool, or any thread using CPU while no call
+runs (see procwatch), is a CandidateFailure of kind 'violation'.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class RpcWorker:
         )
         self.watch.started()
         self._last_threads = int(pong.get("threads", 0) or 0)
+        self._last_pool = 0
 
     # -- transport ---------------------------------------------------------------------------
 
@@ -154,6 +156,10 @@ class RpcWorker:
     def _request(self, request: dict[str, Any], *, timeout_s: float | None) -> dict[str, Any]:
         if self.dead is not None:
             raise CandidateFailure(f"worker is not running ({self.dead})", kind="crash")
+        if request["op"] in ("call", "put"):
+            problem = self.watch.before_request()
+            if problem is not None:
+                raise self._fail(problem, "violation")
         nonce = secrets.randbits(62)
         data = pickle.dumps({**request, "nonce": nonce}, protocol=pickle.HIGHEST_PROTOCOL)
         stdin: Any = self.process.stdin
@@ -209,6 +215,8 @@ class RpcWorker:
         response = self._request(request, timeout_s=timeout_s)
         elapsed_s = (time.perf_counter_ns() - start) / 1e9
         self._last_threads = int(response.get("threads", 0) or 0)
+        pool = response.get("pool", 0)
+        self._last_pool = pool if isinstance(pool, int) and 0 <= pool <= 4096 else 0
         self.check_leftovers()
         return response.get("value"), elapsed_s
 
@@ -219,7 +227,9 @@ class RpcWorker:
         self.watch.mark_warm(reported_threads=self._last_threads)
 
     def check_leftovers(self) -> None:
-        problem = self.watch.problem(reported_threads=self._last_threads)
+        problem = self.watch.problem(
+            reported_threads=self._last_threads, pool_threads=self._last_pool
+        )
         if problem is not None:
             raise self._fail(problem, "violation")
 

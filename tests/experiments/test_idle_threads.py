@@ -1,0 +1,128 @@
+"""Threads started after warm-up: an idle compute pool grown by a knob is tolerated, a thread
+that keeps computing after its call returned is not (measured through /proc, not by name)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from infra_agent.experiments import run_experiment
+from infra_agent.experiments.verdict import Verdict
+from infra_agent.experiments.worker import RpcWorker
+from infra_agent.sandboxes import SandboxSpec, create_sandbox
+from infra_agent.tasks.harness import CandidateFailure
+from infra_agent.tasks.patch import knob_patch
+from infra_agent.tasks.registry import find_task
+
+POOL = """
+import threading
+import time
+
+import torch
+
+
+def grow(n):
+    torch.set_num_threads(n)  # the intra-op pool starts its threads lazily, at the next big op
+    x = torch.randn(384, 384)
+    for _ in range(8):
+        x = torch.tanh(x @ x / 384)
+    return float(x.sum())
+
+
+def _spin(delay, seconds):
+    time.sleep(delay)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def burn(delay, seconds):
+    threading.Thread(target=_spin, args=(delay, seconds), daemon=True).start()
+    return 1
+
+
+def ok():
+    return 1
+"""
+
+BURN_AFTER_RETURN = """
+import threading
+import time
+
+import torch
+
+
+def _finish(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # work the timed call did not pay for
+        pass
+
+
+def axpy(a, xs, ys):
+    threading.Thread(target=_finish, args=(20.0,), daemon=True).start()
+    return [a * x + y for x, y in zip(xs, ys)]
+"""
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory):  # -> Iterator[Sandbox]
+    ws = tmp_path_factory.mktemp("ws")
+    (ws / "pool.py").write_text(POOL)
+    with create_sandbox("local", ws, SandboxSpec()) as sb:
+        yield sb
+
+
+@pytest.fixture
+def worker(sandbox):  # -> Iterator[RpcWorker]: warm with a one-thread pool
+    w = RpcWorker(sandbox, call_timeout_s=30, preload=["torch"])
+    w.call("pool:grow", 1)
+    w.mark_warm()
+    yield w
+    w.close()
+
+
+def test_idle_pool_threads_grown_after_warm_up_are_tolerated(worker: RpcWorker) -> None:
+    warm = set(worker.watch.warm_tids or ())
+    for _ in range(3):
+        worker.call("pool:grow", 3)
+    assert worker.watch.tolerated, "set_num_threads(3) should have started pool threads"
+    assert not worker.watch.tolerated & warm
+    assert worker.call("pool:ok") == 1
+
+
+def test_thread_burning_cpu_after_return_is_a_violation(worker: RpcWorker) -> None:
+    with pytest.raises(CandidateFailure, match="background thread") as info:
+        worker.call("pool:burn", 0.0, 30.0)
+        worker.call("pool:ok")  # a busy machine may starve it in the window: caught here then
+    assert info.value.kind == "violation"
+
+
+def test_thread_idle_in_the_window_then_working_is_a_violation(worker: RpcWorker) -> None:
+    worker.call("pool:burn", 0.3, 30.0)  # asleep while watched right after return
+    time.sleep(0.8)
+    with pytest.raises(CandidateFailure, match="between calls") as info:
+        worker.call("pool:ok")
+    assert info.value.kind == "violation"
+
+
+@pytest.mark.slow
+def test_torch_threads_knob_is_not_rejected() -> None:
+    """decode-split-norm with threads=2: torch's pool threads start after warm-up; the
+    experiment gets a real verdict."""
+    task = find_task("decode-split-norm")
+    result = run_experiment(task, knob_patch({"threads": 2})).result
+    assert result.verdict not in (Verdict.REJECTED, Verdict.FAILED), result.render()
+    assert result.evidence.performance is not None
+
+
+def test_thread_burning_after_return_is_rejected(pytask, make_patch, backend: str) -> None:
+    """With torch loaded (so pool threads would be tolerated) and `threads` allowed, a thread
+    that keeps computing after its call returned is still caught at run time."""
+    task = pytask(allow=["threads"])
+    (task.workspace / "uses_torch.py").write_text("import torch\n")  # workers preload torch
+    result = run_experiment(
+        task, make_patch(task, "kernel.py", BURN_AFTER_RETURN), sandbox=backend
+    ).result
+    assert result.verdict == Verdict.REJECTED, result.render()
+    assert "background thread" in " ".join(result.reasons)
