@@ -7,11 +7,12 @@ plus its session. The worker is the member whose command line names the worker s
 
 Threads: a thread started after warm-up and alive after a call is tolerated only as an idle
 compute-pool thread (torch's intra-op pool grows lazily when a knob raises its size): at most as
-many as the worker's torch reports intra-op threads, and idle. Idle is measured, not assumed
-(/proc schedstat per thread; the process total counts threads that already exited): after a call
-returns the new threads must stop using CPU within SETTLE_S, having spent at most SPIN_LIMIT_S
-each (an OpenMP spin-wait), and then use at most IDLE_CPU_LIMIT_S until the next request. Work
-left running after return is a violation whatever the thread's name or origin.
+many as the worker's torch pools may hold (its own report: an upper bound only), and idle. Idle
+is measured, not assumed (/proc schedstat per thread; the process total counts threads that
+already exited): after a call returns the new threads must sleep within SETTLE_S, having used at
+most SPIN_LIMIT_S of CPU each (an OpenMP spin-wait), and then use at most IDLE_CPU_LIMIT_S until
+the next request. Work left running after return is a violation whatever the thread's name or
+origin.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 PROC = Path("/proc")
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-SETTLE_S = 0.1
+SETTLE_S = 0.25
 """How long (seconds) new threads may take to go idle after a call returns: an OpenMP pool
 spin-waits a few milliseconds after its last parallel region before it sleeps."""
 SPIN_LIMIT_S = 0.03
@@ -105,16 +106,21 @@ class CpuMark:
     exited_ns: int
     slack_ns: int
     """Rounding of exited_ns: a tick per live thread and one for the total."""
+    runnable: frozenset[int]
+    """Threads running or waiting for a CPU (state R): a preempted spinner uses no CPU for a
+    while but is not idle."""
 
     @classmethod
     def take(cls, pid: int) -> CpuMark:
         tids = thread_ids(pid)
         task = PROC / str(pid) / "task"
-        live = sum(_ticks_ns(_read(task / str(tid) / "stat")) for tid in tids)
+        stats = {tid: _read(task / str(tid) / "stat") for tid in tids}
+        live = sum(_ticks_ns(text) for text in stats.values())
         return cls(
             {tid: thread_cpu_ns(pid, tid) for tid in tids},
             _ticks_ns(_read(PROC / str(pid) / "stat")) - live,
             (len(tids) + 1) * TICK_NS,
+            frozenset(t for t, text in stats.items() if text[text.rfind(")") + 2 :][:1] == "R"),
         )
 
     def used_since(self, earlier: CpuMark, tids: set[int]) -> dict[int, int]:
@@ -155,8 +161,8 @@ class ProcessWatch:
         ran: the only processes besides the worker allowed to exist afterwards."""
         self.worker_pid: int | None = None
         self.pool_threads = 0
-        """Most intra-op threads the worker's torch reported: how many idle threads started
-        after warm-up are tolerated (untrusted: it only admits threads that are measured idle)."""
+        """Most pool threads the worker's torch reported: how many threads started after warm-up
+        are tolerated (untrusted: it only admits threads that are then measured idle)."""
         self.tolerated: set[int] = set()
         """Threads started after warm-up, found idle: compute-pool threads."""
         self._mark: CpuMark | None = None
@@ -218,7 +224,7 @@ class ProcessWatch:
 
     def problem(self, reported_threads: int = 0, pool_threads: int = 0) -> str | None:
         """Why the sandbox is not back at its warm state after a call, or None. Call right after
-        the call returned; `pool_threads` is the worker's reported torch intra-op thread count."""
+        the call returned; `pool_threads`: how many threads the worker says torch's pools hold."""
         self._mark, self._watched = None, set()
         if self.method == "self-report":
             if self.warm_threads is not None and reported_threads > self.warm_threads:
@@ -246,9 +252,9 @@ class ProcessWatch:
         return self._settle(worker, new) if new else None
 
     def _settle(self, worker: int, new: set[int]) -> str | None:
-        """Wait until the new threads stop using CPU (an OpenMP spin-wait ends within a few ms);
-        a thread still computing SETTLE_S after return, or spinning past SPIN_LIMIT_S, is work
-        left running. Settled threads are tolerated as idle pool threads."""
+        """Wait until the new threads sleep and stop using CPU (an OpenMP spin-wait ends within a
+        few ms). A thread still busy SETTLE_S after return, or spinning past SPIN_LIMIT_S, is
+        work left running. Settled threads are tolerated as idle pool threads."""
         start = mark = CpuMark.take(worker)
         deadline = time.monotonic() + SETTLE_S
         while True:
@@ -256,7 +262,7 @@ class ProcessWatch:
             later = CpuMark.take(worker)
             grew = sum(later.used_since(mark, new).values()) + later.exited_since(mark)
             mark = later
-            if grew == 0:
+            if grew == 0 and not later.runnable & new:
                 break
             if time.monotonic() > deadline:
                 return self._busy(start, later, new, f"more than {SETTLE_S * 1e3:g} ms after")

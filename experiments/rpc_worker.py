@@ -10,10 +10,11 @@ each frame is an 8-byte big-endian length and a payload.
   Arguments may contain {"__arena__": name}: a value stored earlier with "put".
 - Responses (worker -> harness, untrusted): a JSON header and raw tensor buffers (see
   `_encode`) of {"nonce": int, "ok": bool, "value": ..., "kind": str, "error": str,
-  "threads": int, "children": int, "pool": int}. Values may be None, bool, int, float, str, lists, tuples,
-  dicts with string keys, and torch tensors (dense, any device, sent as bytes). The harness
-  decodes them with json and torch.frombuffer: nothing is unpickled, so candidate-controlled
-  bytes cannot run code in the harness (and it is faster than torch.save / torch.load).
+  "threads": int, "children": int, "pool": int}. Values may be None, bool, int, float, str,
+  lists, tuples, dicts with string keys, and torch tensors (dense, any device, sent as bytes).
+  The harness decodes them with json and torch.frombuffer: nothing is unpickled, so
+  candidate-controlled bytes cannot run code in the harness (and it is faster than torch.save /
+  torch.load).
 """
 
 from __future__ import annotations
@@ -143,11 +144,14 @@ def _self_report() -> tuple[int, int]:
 
 
 def _pool_threads() -> int:
-    """torch's intra-op thread count if torch is loaded, else 0: how many idle compute-pool
-    threads the harness tolerates (it still measures that they are idle)."""
+    """Threads torch's compute pools may start lazily if torch is loaded, else 0: the intra-op
+    and inter-op pool sizes plus one helper thread (OpenMP starts size - 1 workers). How many
+    threads started after warm-up the harness tolerates; it still measures that they are idle."""
     torch = sys.modules.get("torch")
     try:
-        return int(torch.get_num_threads()) if torch is not None else 0
+        if torch is None:
+            return 0
+        return int(torch.get_num_threads()) + int(torch.get_num_interop_threads()) + 1
     except Exception:  # noqa: BLE001 - a partly imported or replaced torch
         return 0
 
