@@ -156,10 +156,6 @@ class RpcWorker:
     def _request(self, request: dict[str, Any], *, timeout_s: float | None) -> dict[str, Any]:
         if self.dead is not None:
             raise CandidateFailure(f"worker is not running ({self.dead})", kind="crash")
-        if request["op"] in ("call", "put"):
-            problem = self.watch.before_request()
-            if problem is not None:
-                raise self._fail(problem, "violation")
         nonce = secrets.randbits(62)
         data = pickle.dumps({**request, "nonce": nonce}, protocol=pickle.HIGHEST_PROTOCOL)
         stdin: Any = self.process.stdin
@@ -202,6 +198,7 @@ class RpcWorker:
 
     def put(self, name: str, value: Any, *, timeout_s: float | None = None) -> None:
         """Store `value` in the worker under `name` (refill in place if shape and dtype match)."""
+        self.check_idle()
         self._request({"op": "put", "name": name, "value": value}, timeout_s=timeout_s)
 
     def call(self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
@@ -211,6 +208,7 @@ class RpcWorker:
         self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
     ) -> tuple[Any, float]:
         request = {"op": "call", "target": target, "args": list(args), "kwargs": kwargs}
+        self.check_idle()  # before the clock starts: reading /proc is not the candidate's time
         start = time.perf_counter_ns()
         response = self._request(request, timeout_s=timeout_s)
         elapsed_s = (time.perf_counter_ns() - start) / 1e9
@@ -225,6 +223,13 @@ class RpcWorker:
     def mark_warm(self) -> None:
         """Record the worker's threads and processes after warm-up: the allowed level."""
         self.watch.mark_warm(reported_threads=self._last_threads)
+
+    def check_idle(self) -> None:
+        """Before a request: threads started after warm-up must have stayed idle since the last
+        call returned (see ProcessWatch.before_request)."""
+        problem = self.watch.before_request() if self.dead is None else None
+        if problem is not None:
+            raise self._fail(problem, "violation")
 
     def check_leftovers(self) -> None:
         problem = self.watch.problem(
