@@ -285,8 +285,11 @@ def _start(root: Path, kit: SimpleNamespace) -> Iterator[Served]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        # Ctrl-C stops the server cleanly (exit 0), leaving nothing of its process group behind.
-        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        # Ctrl-C stops the server cleanly (exit 130, the shell's code for SIGINT, with no
+        # traceback), leaving nothing of its process group behind.
+        err = proc.stderr.read() if proc.stderr else ""
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err, err
         with pytest.raises(ProcessLookupError):
             os.killpg(proc.pid, 0)
 
