@@ -125,7 +125,7 @@ def test_batch_invariant_moe_fix_reaches_the_float32_floor() -> None:
     perf = result.evidence.performance
     assert perf is not None
     assert perf.baseline_median > 1e-3, "baseline should differ across batch sizes"
-    assert max(perf.candidate_samples) <= 1e-6  # at the float32 floor
+    assert max(perf.candidate_samples) <= 2e-6  # at the float32 floor (harness.FLOAT32_FLOOR)
 
 
 def test_batch_invariant_moe_fp64_experts_show_no_improvement() -> None:

@@ -10,8 +10,10 @@ import torch.nn.functional as F
 
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 
-FLOAT32_FLOOR = 1e-6
-"""Batch gaps below this (relative to the output's scale) count as this value: float32 noise."""
+FLOAT32_FLOOR = 2e-6
+"""Batch gaps below this (relative to the output's scale) count as this value: float32 noise.
+About 17 float32 ulps (eps = 1.19e-7): BLAS picks different blockings for different batch
+shapes, so even a batch-invariant combine differs by a few ulps (1.08e-6 was measured once)."""
 SANITY_REL_ERR = 3e-2
 """Outputs further than this from float64 (relative to scale) are wrong, not imprecise."""
 WEIGHT_SEED = 0x0E
