@@ -4,7 +4,7 @@
 
 Prints, for each executor configuration, the batch wall time, its ratio to local x1, and the
 per-experiment overhead (wall time not spent inside the experiment: process or Ray task start,
-imports, transfer, scheduling). All configurations run in one invocation on the same machine.
+imports, transfer; for Ray it also includes time queued, which Ray does not report apart). All configurations run in one invocation on the same machine.
 """
 
 from __future__ import annotations

@@ -61,7 +61,9 @@ class ExecutionOutcome(BaseModel):
     wall_s: float = 0.0
     """Submit-to-result seconds as the driver saw them."""
     overhead_s: float = 0.0
-    """Wall time not spent inside the experiment itself (scheduling, transfer, start-up)."""
+    """Wall time not spent inside the experiment itself (process or task start-up, imports,
+    transfer). Local: counted from the experiment's process start. Ray does not report start
+    times, so there it is counted from submission and includes time queued behind others."""
 
 
 class Executor(Protocol):

@@ -181,7 +181,9 @@ class LocalExecutor:
             outcome = ExecutionOutcome.model_validate_json(payload)
             outcome.attempts = slot.attempts
             outcome.wall_s = wall
-            outcome.overhead_s = max(0.0, wall - outcome.record.duration_s)
+            # From the process start, not from submission: time spent queued is not overhead.
+            ran = time.perf_counter() - slot.started
+            outcome.overhead_s = max(0.0, ran - outcome.record.duration_s)
         else:
             outcome = failed_outcome(slot.request, cause or "no result", attempts=slot.attempts,
                                      wall_s=wall)  # fmt: skip
