@@ -1,49 +1,15 @@
-"""Fixtures for sandbox tests: a private Docker engine (one per session) and a sandbox factory
-parametrized over both backends, so one contract suite runs against each."""
+"""Fixtures for sandbox tests: a sandbox factory parametrized over both backends, so one contract
+suite runs against each (the session's private Docker engine is tests/conftest.py's
+`docker_engine`, shared with the experiment tests)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from infra_agent.sandboxes import Sandbox, SandboxSpec, create_sandbox
-from infra_agent.sandboxes.docker_engine import EngineHandle, ensure_engine
-from infra_agent.sandboxes.workspace import PREFIX
-
-
-@pytest.fixture(scope="session")
-def docker_engine() -> Iterator[EngineHandle | None]:
-    """A private dockerd with the sandbox image, DOCKER_HOST pointing at it for the session
-    (None: an engine that already answers on DOCKER_HOST, with the image, is used as it is).
-
-    Skips only when dockerd is not installed; an installed engine that fails to start fails."""
-    from infra_agent.sandboxes.container import engine_problem
-
-    if engine_problem() is None:  # an engine with the image already answers on DOCKER_HOST
-        yield None
-        return
-    if shutil.which("dockerd") is None and not os.path.exists("/usr/sbin/dockerd"):
-        pytest.skip("dockerd is not installed (run .ci/setup-system.sh)")
-    if os.geteuid() != 0:
-        pytest.skip("a private dockerd needs root")
-    # named like a sandbox folder, so a run killed by SIGKILL has it swept by the next one
-    root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-engine-"))
-    engine = ensure_engine(root)
-    previous = os.environ.get("DOCKER_HOST")
-    os.environ["DOCKER_HOST"] = engine.base_url
-    try:
-        yield engine
-    finally:
-        if previous is None:
-            os.environ.pop("DOCKER_HOST", None)
-        else:
-            os.environ["DOCKER_HOST"] = previous
-        engine.stop()
 
 
 @pytest.fixture(params=["local", "docker"])
