@@ -28,7 +28,6 @@ Auto-approval also needs the experiment's verdict IMPROVED and none of the flags
 
 from __future__ import annotations
 
-import re
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
@@ -39,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.store.records import PatchKind, PatchRecord, RiskLevel
+from infra_agent.tasks.patch import glob_regex
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default_policy.toml")
 
@@ -99,21 +99,8 @@ class RiskAssessment(BaseModel):
     """One line per matched rule or flag, for the reviewer."""
 
 
-@lru_cache(maxsize=256)
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    out, i = "", 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out, i = out + "(?:.*/)?", i + 3
-        elif pattern.startswith("**", i):
-            out, i = out + ".*", i + 2
-        elif pattern[i] == "*":
-            out, i = out + "[^/]*", i + 1
-        elif pattern[i] == "?":
-            out, i = out + "[^/]", i + 1
-        else:
-            out, i = out + re.escape(pattern[i]), i + 1
-    return re.compile(out + r"\Z")
+# The same glob dialect as a task's `editable` patterns (tasks.patch), compiled once per pattern.
+_glob_regex = lru_cache(maxsize=256)(glob_regex)
 
 
 def glob_match(pattern: str, path: str) -> bool:
