@@ -200,8 +200,12 @@ def load_task(folder: Path) -> Task:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise UserError(f"{path}: field '{where}': {first['msg']}") from exc
-    if not (folder / "workspace").is_dir():
+    workspace = folder / "workspace"
+    if not workspace.is_dir():
         raise UserError(f"{folder}: task has no workspace/ folder")
+    if not any(p.is_file() for p in workspace.rglob("*")):
+        # git does not keep empty folders: a task that works here would vanish from a clone
+        raise UserError(f"{folder}: task workspace/ has no files")
     if not (folder / manifest.harness).is_file():
         raise UserError(f"{path}: harness file '{manifest.harness}' not found")
     return Task(manifest=manifest, root=folder.resolve())

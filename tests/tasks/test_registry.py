@@ -67,6 +67,38 @@ def test_unknown_and_malformed(tmp_path: Path) -> None:
         find_task(str(tmp_path / "missing"))
 
 
+def test_an_empty_workspace_is_refused(tmp_path: Path) -> None:
+    """git keeps no empty folder: a task whose workspace/ has no files would vanish from a clone."""
+    folder = copy_task(tmp_path / "empty", "empty")
+    shutil.rmtree(folder / "workspace")
+    (folder / "workspace" / "sub").mkdir(parents=True)
+    with pytest.raises(UserError, match="workspace/ has no files"):
+        find_task(str(folder))
+
+
+def test_every_bundled_task_is_tracked_by_git() -> None:
+    """Each bundled task loads from the files git tracks, as on a clean clone in CI."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "--", "."],
+        cwd=registry.BUNDLED_DIR,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = set(tracked.stdout.split())
+    for task in list_tasks(search_path=[]):
+        if task.root.parent != registry.BUNDLED_DIR.resolve():
+            continue
+        prefix = f"{task.name}/"
+        for needed in ("task.toml", task.manifest.harness):
+            assert prefix + needed in files, f"{prefix}{needed} is not tracked by git"
+        assert any(f.startswith(prefix + "workspace/") for f in files), (
+            f"{task.name}: no workspace/ file is tracked by git"
+        )
+
+
 def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str):
     """`infra-agent ARGS` through the console entry point, in this process (the CLI's imports
     are paid once; the subprocess path is covered by tests/test_cli.py)."""
