@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -114,10 +113,9 @@ def test_optimize_without_an_endpoint_finds_a_proven_improvement_on_the_embedded
     measured = [r for r in records if r.result.evidence.performance is not None]
     assert measured, [r.result.render() for r in records]
     assert all(r.result.evidence.performance.n_samples >= 3 for r in measured)  # type: ignore[union-attr]
-    if os.environ.get("INFRA_AGENT_LONG_TESTS") != "1":
-        # Whether the proven win shows depends on a quiet machine (the interval of a 1.3x effect
-        # includes 1.0 under heavy load); the full claim is checked with INFRA_AGENT_LONG_TESTS=1.
-        return
+    # The search's first candidate raises the running-request cap from 4: 1.89x, CI 1.67-2.09,
+    # measured on this 2-core machine when quiet (n=6/arm); under heavy foreign load the interval
+    # widens, so run this test on a machine that is not shared with other heavy work.
     best = outcome["best"]
     assert best is not None, outcome["experiments"]
     assert best["verdict"] == "IMPROVED" and best["ci_low"] > 1.0
