@@ -31,10 +31,13 @@ from infra_agent.trajectories.environment import ENVIRONMENT_KEY, recorded_envir
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import (
     RewardWeights,
-    candidate_components,
-    proposal_reward,
+    candidate_scores,
+    correctness,
+    proposal_scores,
+    proven_improvement,
     review_score,
-    trajectory_reward,
+    reward_dict,
+    trajectory_scores,
 )
 
 _SOURCE = {"system": "system", "user": "user", "harness": "system", "assistant": "agent"}
@@ -116,21 +119,32 @@ def build_trajectory(
 ) -> Trajectory:
     """The run as a validated, redacted `Trajectory`. Raises pydantic.ValidationError if the store
     holds something the schema cannot represent."""
-    weights = weights or RewardWeights()
+    tree = trajectory_tree(bundle, weights)
+    return validate_trajectory(redactor.json(tree), tree, redactor)
+
+
+def validate_trajectory(redacted_json: str, tree: dict[str, Any], redactor: Redactor) -> Trajectory:
+    """The `Trajectory` of `tree`, given `tree`'s JSON text after redaction. Raises
+    pydantic.ValidationError if the tree does not fit the schema."""
+    try:  # pydantic parses the redacted JSON text in Rust: no second Python walk over the tree
+        return Trajectory.model_validate_json(redacted_json)
+    except ValidationError as exc:
+        if any(e["type"] != "json_invalid" for e in exc.errors()):
+            raise
+        return Trajectory.model_validate(redactor.tree(tree))  # a redaction broke the JSON
+
+
+def trajectory_tree(bundle: RunBundle, weights: RewardWeights | None = None) -> dict[str, Any]:
+    """The run's `Trajectory` as a plain JSON-like tree, neither redacted nor validated yet."""
     run = bundle.run
     steps = _steps(bundle.steps, run.model)
-    experiments = {e.id: e for e in bundle.experiments}
     results = [e.result for e in bundle.experiments]
-
-    proposals = []
-    review_scores = []
-    for p in bundle.proposals:
-        decisions = bundle.decisions.get(p.id, [])
-        backing = [experiments[i].result for i in p.experiment_ids if i in experiments]
-        reward = proposal_reward(backing[-1] if backing else None, p, decisions, weights)
-        review_scores.append(review_score(p, decisions))
-        proposals.append(_proposal(p, decisions, reward.model_dump(mode="json")))
-    reward = trajectory_reward(results, review_scores, weights)
+    w = (weights or RewardWeights()).model_dump()
+    proposals = [
+        _proposal(p, bundle.decisions.get(p.id, []), reward_dict(scores, w))
+        for p, scores in proposal_rewards(bundle)
+    ]
+    reward = run_reward(bundle, w)
 
     env = recorded_environment(run.config)
     config = {k: v for k, v in run.config.items() if k != ENVIRONMENT_KEY}
@@ -154,11 +168,11 @@ def build_trajectory(
         "steps": steps,
         "notes": run.summary or None,
         "final_metrics": {
-            **_token_totals(bundle.steps),
+            **token_totals(bundle.steps),
             "total_steps": len(steps),
             "extra": {
-                "reward": reward.total,
-                **_best(bundle.experiments),
+                "reward": reward["total"],
+                **best_candidate(bundle.experiments),
                 "verdict_counts": {v.value: sum(r.verdict is v for r in results) for v in Verdict},
                 "suspicious": sum(Flag.SUSPICIOUS in r.flags for r in results),
                 "reviewed": bundle.reviewed,
@@ -187,15 +201,31 @@ def build_trajectory(
             },
             "patches": _patches(bundle),
             "proposals": proposals,
-            "reward": reward.model_dump(mode="json"),
+            "reward": reward,
         },
     }  # fmt: skip
-    try:  # pydantic parses the redacted JSON text in Rust: no second Python walk over the tree
-        return Trajectory.model_validate_json(redactor.json(tree))
-    except ValidationError as exc:
-        if any(e["type"] != "json_invalid" for e in exc.errors()):
-            raise
-        return Trajectory.model_validate(redactor.tree(tree))
+    return tree
+
+
+def proposal_rewards(bundle: RunBundle) -> list[tuple[ProposalRecord, dict[str, float]]]:
+    """Each proposal of the run with its reward components (its latest backing experiment's,
+    plus the review)."""
+    experiments = {e.id: e.result for e in bundle.experiments}
+    out = []
+    for p in bundle.proposals:
+        backing = [experiments[i] for i in p.experiment_ids if i in experiments]
+        scores = proposal_scores(
+            backing[-1] if backing else None, p, bundle.decisions.get(p.id, [])
+        )
+        out.append((p, scores))
+    return out
+
+
+def run_reward(bundle: RunBundle, weights: dict[str, float]) -> dict[str, Any]:
+    """The trajectory reward of the run as a `Reward` dict (see rewards.reward_dict)."""
+    reviews = [review_score(p, bundle.decisions.get(p.id, [])) for p in bundle.proposals]
+    scores = trajectory_scores([e.result for e in bundle.experiments], reviews)
+    return reward_dict(scores, weights)
 
 
 def _steps(records: list[StepRecord], model: str | None) -> list[dict[str, Any]]:
@@ -290,7 +320,7 @@ def _metrics(rec: StepRecord) -> dict[str, Any] | None:
     return metrics
 
 
-def _token_totals(records: list[StepRecord]) -> dict[str, Any]:
+def token_totals(records: list[StepRecord]) -> dict[str, Any]:
     def total(values: list[Any]) -> Any:
         present = [v for v in values if v is not None]
         return sum(present) if present else None
@@ -310,7 +340,7 @@ def _seeds(config: dict[str, Any]) -> list[int]:
     return [s for s in seeds if isinstance(s, int) and not isinstance(s, bool)]
 
 
-def _best(experiments: list[ExperimentRecord]) -> dict[str, Any]:
+def best_candidate(experiments: list[ExperimentRecord]) -> dict[str, Any]:
     """The best proven candidate (IMPROVED, not suspicious) and the run's accuracy outcome."""
     candidates = [
         e
@@ -320,7 +350,7 @@ def _best(experiments: list[ExperimentRecord]) -> dict[str, Any]:
 
     def key(e: ExperimentRecord) -> tuple[float, float]:
         perf = e.result.evidence.performance
-        return (candidate_components(e.result).proven_improvement, perf.speedup if perf else 0.0)
+        return (proven_improvement(e.result), perf.speedup if perf else 0.0)
 
     best = max(candidates, key=key, default=None)
     perf = best.result.evidence.performance if best else None
@@ -335,7 +365,7 @@ def _best(experiments: list[ExperimentRecord]) -> dict[str, Any]:
 
 
 def _accuracy(results: list[ExperimentResult]) -> str:
-    scores = [candidate_components(r).correctness for r in results]
+    scores = [correctness(r) for r in results]
     if any(s < 0 for s in scores):
         return "failed"
     return "passed" if any(s > 0 for s in scores) else "not_measured"
@@ -379,7 +409,7 @@ def _experiment(e: ExperimentRecord) -> dict[str, Any]:
         "duration_s": e.duration_s,
         "target_fingerprint": e.target_fingerprint,
         "evidence": e.result.evidence.model_dump(mode="json"),
-        "reward_components": candidate_components(e.result).model_dump(mode="json"),
+        "reward_components": candidate_scores(e.result),
     }
 
 

@@ -1,4 +1,4 @@
-"""Secret redaction for everything that leaves the process or lands in the run store.
+r"""Secret redaction for everything that leaves the process or lands in the run store.
 
 Two kinds of secrets are removed:
 
@@ -11,6 +11,12 @@ Two kinds of secrets are removed:
 
 Each match becomes `[REDACTED]`. Store writers call `redact_text()` before writing; the exporters
 redact every string of every record with a `Redactor` built from the settings.
+
+Exports redact whole batches (`Redactor.texts`, `Redactor.table`): one RE2 pass in Arrow's C++
+kernel (`gate`) picks the few strings that could hold a secret, and only those go through the
+exact Python rules. The gate is a superset of the rules (each shape's RE2 `gate` matches
+wherever the shape could; lookarounds and word-boundary checks are dropped, Python's Unicode
+`\s` is spelled out), so a string the gate passes over is one `text()` would return unchanged.
 """
 
 from __future__ import annotations
@@ -21,9 +27,12 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:  # pyarrow is imported where needed: store writers import this module too
+    import pyarrow as pa
 
 REDACTED = "[REDACTED]"
 
@@ -38,6 +47,17 @@ _Q = r"(?:\\?[\"'])?"
 """An optional quote, possibly JSON-escaped (\")."""
 _SET = _Q + r"\s*[:=]\s*" + _Q + "(" + _VALUE + ")"
 """`: value`, `="value"`, `\": \"value` after a secret-naming word."""
+_RE2_SPACE = (
+    r"\t-\r\x1c-\x20\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}"
+)
+r"""The characters Python's `\s` matches in str patterns, as an RE2 class body (RE2's `\s` is ASCII)."""
+_RE2_Q = r"(?:\\?[\"'])?"
+_RE2_SET = (
+    _RE2_Q + f"[{_RE2_SPACE}]*[:=][{_RE2_SPACE}]*" + _RE2_Q
+    + f"[^{_RE2_SPACE}\"'`,;&<>()\\[\\]{{}}\\\\]{{6}}"
+)  # fmt: skip
+"""`_SET` with at least MIN_SECRET_VALUE_LEN (6) value characters (shorter values are never
+redacted)."""
 
 
 @dataclass(frozen=True)
@@ -56,27 +76,30 @@ class _Shape:
     """The match must not continue a word on its left (`task-...` is not an `sk-...` key)."""
     value: bool = False
     """Redact only values that look like secrets (not short, not a plain number)."""
+    gate: str = ""
+    """RE2 pattern matching wherever `pattern` could match (a superset, see the module doc);
+    matched case-insensitively when `lower`."""
 
 
 _SHAPES = [
-    _Shape(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[^\"]*?(?:-----END [A-Z ]*PRIVATE KEY-----|(?=\\?\")|\Z)"),
-    _Shape(r"bearer\s+([a-z0-9._~+/=-]{8,})", lower=True, group=1),
-    _Shape(r"authorization" + _Q + r"\s*[:=]\s*" + _Q + r"([^\r\n\"\\]{4,})", lower=True, group=1),
-    _Shape(r"api-key" + _Q + r"\s*[:=]\s*" + _Q + r"([^\r\n\"\\]{4,})", lower=True, group=1),
-    _Shape(r"sk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}", word_start=True),
-    _Shape(r"gh[pousr]_[A-Za-z0-9]{20,}", word_start=True),
-    _Shape(r"github_pat_[A-Za-z0-9_]{20,}", word_start=True),
-    _Shape(r"hf_[A-Za-z0-9]{20,}", word_start=True),
-    _Shape(r"xox[abposr]-[A-Za-z0-9-]{10,}", word_start=True),
-    _Shape(r"AKIA[0-9A-Z]{16}(?![0-9A-Z])", word_start=True),
-    _Shape(r"ASIA[0-9A-Z]{16}(?![0-9A-Z])", word_start=True),
-    _Shape(r"AIza[0-9A-Za-z_-]{30,}", word_start=True),
-    _Shape(r"\.(?<=[0-9a-f]{32}\.)[A-Za-z0-9]{16}(?![A-Za-z0-9])", back=32),  # Z.ai: <32 hex>.<16>
-    _Shape(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", word_start=True),  # JWT
-    _Shape(r"://[^\s:/@\"'\\]+:([^\s@/\"'\\]+)@", group=1),  # scheme://user:password@host
+    _Shape(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[^\"]*?(?:-----END [A-Z ]*PRIVATE KEY-----|(?=\\?\")|\Z)", gate="-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    _Shape(r"bearer\s+([a-z0-9._~+/=-]{8,})", lower=True, group=1, gate="bearer"),
+    _Shape(r"authorization" + _Q + r"\s*[:=]\s*" + _Q + r"([^\r\n\"\\]{4,})", lower=True, group=1, gate="authorization"),
+    _Shape(r"api-key" + _Q + r"\s*[:=]\s*" + _Q + r"([^\r\n\"\\]{4,})", lower=True, group=1, gate="api-key"),
+    _Shape(r"sk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}", word_start=True, gate="sk-[A-Za-z0-9_-]{16}"),
+    _Shape(r"gh[pousr]_[A-Za-z0-9]{20,}", word_start=True, gate="gh[pousr]_[A-Za-z0-9]{20}"),
+    _Shape(r"github_pat_[A-Za-z0-9_]{20,}", word_start=True, gate="github_pat_[A-Za-z0-9_]{20}"),
+    _Shape(r"hf_[A-Za-z0-9]{20,}", word_start=True, gate="hf_[A-Za-z0-9]{20}"),
+    _Shape(r"xox[abposr]-[A-Za-z0-9-]{10,}", word_start=True, gate="xox[abposr]-[A-Za-z0-9-]{10}"),
+    _Shape(r"AKIA[0-9A-Z]{16}(?![0-9A-Z])", word_start=True, gate="AKIA[0-9A-Z]{16}"),
+    _Shape(r"ASIA[0-9A-Z]{16}(?![0-9A-Z])", word_start=True, gate="ASIA[0-9A-Z]{16}"),
+    _Shape(r"AIza[0-9A-Za-z_-]{30,}", word_start=True, gate="AIza[0-9A-Za-z_-]{30}"),
+    _Shape(r"\.(?<=[0-9a-f]{32}\.)[A-Za-z0-9]{16}(?![A-Za-z0-9])", back=32, gate=r"[0-9a-f]{32}\.[A-Za-z0-9]{16}"),  # Z.ai: <32 hex>.<16>
+    _Shape(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", word_start=True, gate="eyJ[A-Za-z0-9_-]{8}"),  # JWT
+    _Shape(r"://[^\s:/@\"'\\]+:([^\s@/\"'\\]+)@", group=1, gate=f"://[^{_RE2_SPACE}:/@\"'\\\\]+:[^{_RE2_SPACE}@/\"'\\\\]+@"),  # scheme://user:password@host
     # `api_key=...`, `"db_password": "..."`, `token: ...`: the value only.
     *(
-        _Shape(word + r"s?" + _SET, lower=True, group=1, value=True)
+        _Shape(word + r"s?" + _SET, lower=True, group=1, value=True, gate=word + "s?" + _RE2_SET)
         for word in ("api_key", "api-key", "apikey", "access_key", "access-key", "secret", "token",
                      "password", "passwd", "credential")
     ),
@@ -156,6 +179,9 @@ class Redactor:
             variants.add(json.dumps(secret, ensure_ascii=False)[1:-1])
         # Longest first so a secret containing another is removed whole.
         self._values = sorted(variants, key=lambda v: (-len(v), v))
+        shapes = [f"(?i:{s.gate})" if s.lower else f"(?:{s.gate})" for s in _SHAPES]
+        self.gate = "|".join([*map(_re2_literal, self._values), *shapes])
+        """RE2 pattern that matches every string `text()` would change (and a few more)."""
 
     @classmethod
     def from_environment(
@@ -186,6 +212,84 @@ class Redactor:
         parts.append(text[last:])
         return "".join(parts)
 
+    def texts(self, values: list[str]) -> list[str]:
+        """`text()` of each value, for many at once: one RE2 pass (C++) finds the values that
+        could hold a secret; only those are redacted in Python. Returns `values` itself when
+        nothing could."""
+        import pyarrow as pa
+
+        hits = self._hits(pa.array(values, pa.string()))
+        if not hits:
+            return values
+        out = list(values)
+        for i in hits:
+            out[i] = self.text(out[i])
+        return out
+
+    def table(self, table: pa.Table) -> pa.Table:
+        """`table` with every string in it (also inside lists and structs) passed through `text()`;
+        the same object when no string could hold a secret."""
+        import pyarrow as pa
+
+        fixed = [self._array(column) for column in table.columns]
+        if all(f is None for f in fixed):
+            return table
+        columns = [f if f is not None else c for f, c in zip(fixed, table.columns, strict=True)]
+        return pa.Table.from_arrays(columns, schema=table.schema)
+
+    def _hits(self, values: pa.Array) -> list[int]:
+        """Indices of the strings the gate matches."""
+        import pyarrow.compute as pc
+
+        if len(values) == 0:
+            return []
+        mask = pc.fill_null(pc.match_substring_regex(values, self.gate), False)
+        if not pc.any(mask).as_py():
+            return []
+        return pc.indices_nonzero(mask).to_pylist()  # type: ignore[no-any-return]
+
+    def _array(self, values: Any) -> Any:
+        """An Arrow array (or chunked array) with its strings redacted, or None when no string
+        changed. Lists and structs are rebuilt around their redacted children."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if isinstance(values, pa.ChunkedArray):
+            chunks = values.chunks
+            fixed = [self._array(c) for c in chunks]
+            if all(f is None for f in fixed):
+                return None
+            return pa.chunked_array(
+                [f if f is not None else c for f, c in zip(fixed, chunks, strict=True)], values.type
+            )
+        kind = values.type
+        nulls = values.is_null() if values.null_count else None
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            hits = self._hits(values)
+            if not hits:
+                return None
+            mask = np.zeros(len(values), dtype=bool)
+            mask[hits] = True
+            redacted = [self.text(values[i].as_py()) for i in hits]
+            return pc.replace_with_mask(values, pa.array(mask), pa.array(redacted, kind))
+        if pa.types.is_struct(kind):
+            children = [values.field(i) for i in range(kind.num_fields)]
+            fixed = [self._array(c) for c in children]
+            if all(f is None for f in fixed):
+                return None
+            return pa.StructArray.from_arrays(
+                [f if f is not None else c for f, c in zip(fixed, children, strict=True)],
+                fields=list(kind),
+                mask=nulls,
+            )
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            inner = self._array(values.values)
+            if inner is None:
+                return None
+            return type(values).from_arrays(values.offsets, inner, type=kind, mask=nulls)
+        return None
+
     def tree(self, value: Any) -> Any:
         """A copy of a JSON-like value (dicts, lists, strings, numbers) with every string redacted,
         including the value of a key naming a secret (`"db_password": "..."`)."""
@@ -213,6 +317,11 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self._walk(v) for v in value]
         return value
+
+
+def _re2_literal(text: str) -> str:
+    """`text` as an RE2 pattern matching exactly it (every character escaped by code point)."""
+    return "".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):x}}}" for c in text)
 
 
 _default: tuple[tuple[str, ...], Redactor] | None = None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -163,12 +163,27 @@ class Reward(BaseModel):
     weights: RewardWeights = Field(default_factory=RewardWeights)
 
 
+def weighted_total(components: Mapping[str, float], weights: Mapping[str, float]) -> float:
+    """`sum(weights[k] * components[k])` over all components, rounded to 12 decimals."""
+    return round(sum(weights[name] * components[name] for name in COMPONENTS), 12)
+
+
+def reward_dict(components: Mapping[str, float], weights: Mapping[str, float]) -> dict[str, Any]:
+    """`Reward(...).model_dump()` of these components and weights, built without pydantic (exports
+    build one per run and per proposal)."""
+    return {
+        "version": REWARD_VERSION,
+        "total": weighted_total(components, weights),
+        "components": {name: components[name] for name in COMPONENTS},
+        "weights": {name: weights[name] for name in COMPONENTS},
+    }
+
+
 def combine(components: Components, weights: RewardWeights | None = None) -> Reward:
     """Weigh `components` into a `Reward`."""
     weights = weights or RewardWeights()
-    c, w = components.model_dump(), weights.model_dump()
-    total = sum(w[name] * c[name] for name in COMPONENTS)
-    return Reward(total=round(total, 12), components=components, weights=weights)
+    total = weighted_total(components.model_dump(), weights.model_dump())
+    return Reward(total=total, components=components, weights=weights)
 
 
 def parse_weights(pairs: Iterable[str]) -> RewardWeights:
@@ -190,9 +205,15 @@ def parse_weights(pairs: Iterable[str]) -> RewardWeights:
     return RewardWeights(**values)
 
 
+def candidate_scores(result: ExperimentResult) -> dict[str, float]:
+    """Component name -> value for one experiment, every component (review is 0: an experiment
+    alone has no reviewer). Plain floats: exports call this for every experiment."""
+    return {f.name: f.score(result) for f in CANDIDATE_REWARDS} | {"review": 0.0}
+
+
 def candidate_components(result: ExperimentResult) -> Components:
     """The components of one experiment (review is 0: an experiment alone has no reviewer)."""
-    return Components(**{f.name: f.score(result) for f in CANDIDATE_REWARDS})
+    return Components(**candidate_scores(result))
 
 
 def review_score(proposal: ProposalRecord, decisions: Sequence[DecisionRecord]) -> float:
@@ -210,8 +231,15 @@ def proposal_reward(
     weights: RewardWeights | None = None,
 ) -> Reward:
     """Reward of one proposal: its latest backing experiment's components plus the review."""
-    base = candidate_components(latest) if latest is not None else Components()
-    return combine(base.model_copy(update={"review": review_score(proposal, decisions)}), weights)
+    return combine(Components(**proposal_scores(latest, proposal, decisions)), weights)
+
+
+def proposal_scores(
+    latest: ExperimentResult | None, proposal: ProposalRecord, decisions: Sequence[DecisionRecord]
+) -> dict[str, float]:
+    """The components of `proposal_reward`, as plain floats."""
+    base = candidate_scores(latest) if latest is not None else dict.fromkeys(COMPONENTS, 0.0)
+    return base | {"review": review_score(proposal, decisions)}
 
 
 def trajectory_reward(
@@ -220,6 +248,13 @@ def trajectory_reward(
     weights: RewardWeights | None = None,
 ) -> Reward:
     """Reward of a whole run from its experiments' results and its proposals' review scores."""
+    return combine(Components(**trajectory_scores(results, review_scores)), weights)
+
+
+def trajectory_scores(
+    results: Sequence[ExperimentResult], review_scores: Sequence[float]
+) -> dict[str, float]:
+    """The components of `trajectory_reward`, as plain floats."""
     values: dict[str, float] = {}
     for fn in CANDIDATE_REWARDS:
         pool = results
@@ -228,7 +263,7 @@ def trajectory_reward(
         scores = [fn.score(r) for r in pool]
         values[fn.name] = _aggregate(fn.aggregate, scores)
     values["review"] = sum(review_scores) / len(review_scores) if review_scores else 0.0
-    return combine(Components(**values), weights)
+    return values
 
 
 def _aggregate(how: Aggregate, scores: Sequence[float]) -> float:

@@ -125,3 +125,132 @@ def test_redact_record_for_store_writers(monkeypatch: pytest.MonkeyPatch) -> Non
     decision = DecisionRecord(proposal_id="x", reviewer="r", action=DecisionAction.REJECT, patch_hash="h",
                               comment="my key is sk-proj-4f9Qm2LxZr7TbN1vW8yKc3Hd")  # fmt: skip
     assert redact_record(decision).comment == f"my key is {REDACTED}"
+
+
+# -- the batch gate: an RE2 superset of the exact rules ---------------------------------------
+_SHAPE_TEXTS = [
+    "Authorization: Bearer abcdefghijklmnop123",
+    "curl -H 'authorization: Basic dXNlcjpwYXNzd29yZA=='",
+    "x-api-key: 0123456789abcdef",
+    "key sk-proj-4f9Qm2LxZr7TbN1vW8yKc3Hd here",
+    "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8",
+    "github_pat_11ABCDEFG0123456789_abcdefghijklmnop",
+    "HF hf_QwErTyUiOpAsDfGhJkLzXcVbNm12345678.",
+    "xoxb-1234567890-abcdefghij",
+    "aws AKIAIOSFODNN7EXAMPLE and ASIAIOSFODNN7EXAMPLE",
+    "AIzaSyA-1234567890abcdefghijklmnopqrstu",
+    "zai 0123456789abcdef0123456789abcdef.AbCdEfGhIjKlMnOp",
+    "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJib3QifQ.c2lnbmF0dXJl",
+    "postgres://admin:s3cr3tpass@db:5432/x",
+    '{"api_key": "my-api-key-value-1"}',
+    '{\\"db_password\\": \\"hunter2hunter2\\"}',
+    "OPENAI_API_KEY=abc.def-ghi-jkl",
+    "password = 'p4ssw0rd!x'",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
+    "TOKEN:\u00a0abcdefgh",  # Python's \s includes no-break space; RE2's \s does not
+    "Bearer\u3000abcdefghijk",
+    "to\u212aen: abcdefgh",  # KELVIN SIGN lower-cases to 'k'
+    "secret\u2028=\u2028abcdefgh",
+    "max_tokens: 4096",
+    "the token embeddings are cached per layer",
+    "task-0123456789abcdefghij",
+]
+_FRAGMENTS = [
+    "token", "TOKEN", "Secret", "passwd", "api_key", "api-key", "credentials", "bearer", "Bearer",
+    "authorization", "sk-", "ghp_", "hf_", "xoxb-", "AKIA", "AIza", "eyJ", "://", "u:p@", ".",
+    "-----BEGIN PRIVATE KEY-----", '"', "'", '\\"', ":", "=", " ", "\t", "\n", "\u00a0", "\u2009",
+    "\u212a", "0123456789abcdef", "ABCDEFGHIJKLMNOP", "abcdefgh", "12345678", "_", "-", ",", "{",
+    "é", "İ", "zq8-plain-looking-value-4471",
+]  # fmt: skip
+
+
+def _gate_matches(redactor: Redactor, texts: list[str]) -> list[bool]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.match_substring_regex(pa.array(texts), redactor.gate).to_pylist()  # type: ignore[no-any-return]
+
+
+def test_gate_space_class_is_exactly_pythons_unicode_whitespace() -> None:
+    import re
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from infra_agent.trajectories.redact import _RE2_SPACE
+
+    chars = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
+    python = [re.fullmatch(r"\s", c) is not None for c in chars]
+    re2 = pc.match_substring_regex(pa.array(chars), f"^[{_RE2_SPACE}]$").to_pylist()
+    assert python == re2
+
+
+def test_gate_matches_every_string_the_exact_rules_change() -> None:
+    """The batch path skips strings the gate does not match, so the gate must be a superset:
+    shape examples, Unicode spaces and case folds, and 20,000 random compositions of the shapes'
+    parts."""
+    import random
+
+    redactor = Redactor(["zq8-plain-looking-value-4471", 'v4lue"with\\quote'])
+    rng = random.Random(1234)
+    texts = list(_SHAPE_TEXTS) + [
+        "".join(rng.choice(_FRAGMENTS) for _ in range(rng.randint(1, 12))) for _ in range(20_000)
+    ]
+    texts += [json.dumps(t) for t in texts[:2000]] + ['x v4lue"with\\quote', 'v4lue\\"with']
+    changed = [t for t in texts if redactor.text(t) != t]
+    assert len(changed) > 1000  # the corpus exercises the rules
+    missed = [
+        t for t, hit in zip(changed, _gate_matches(redactor, changed), strict=True) if not hit
+    ]
+    assert missed == []
+    # ...and it stays quiet on ordinary text, which is what makes it cheap
+    assert (
+        _gate_matches(redactor, ["speedup 1.62x", "max_tokens: 4096", "task-3 ok"]) == [False] * 3
+    )
+
+
+def test_gate_follows_case_folding_into_ascii() -> None:
+    """Case-insensitive shapes run on text.lower(): every character that lower-cases to an ASCII
+    letter must be matched by the gate's case-insensitive literal."""
+    import sys
+
+    folds = [
+        chr(c)
+        for c in range(128, sys.maxunicode + 1)
+        if not 0xD800 <= c <= 0xDFFF and len(chr(c).lower()) == 1 and chr(c).lower().isascii()
+    ]
+    assert folds  # e.g. KELVIN SIGN
+    redactor = Redactor()
+    for c in folds:
+        word = "bearer".replace("e", c.lower()) if c.lower() == "e" else f"to{c}en"
+        text = f"{word}: abcdefghijkl" if "to" in word else f"{word} abcdefghijkl"
+        if redactor.text(text) != text:
+            assert _gate_matches(redactor, [text]) == [True], repr(c)
+
+
+def test_batch_texts_and_tables_equal_per_string_redaction() -> None:
+    import pyarrow as pa
+
+    redactor = Redactor(["zq8-plain-looking-value-4471"])
+    texts = [*_SHAPE_TEXTS, "plain", "", "got zq8-plain-looking-value-4471"]
+    assert redactor.texts(texts) == [redactor.text(t) for t in texts]
+    clean = ["nothing here", "speedup 1.4x"]
+    assert redactor.texts(clean) is clean
+    messages = pa.list_(pa.struct([("content", pa.string()), ("n", pa.int64())]))
+    table = pa.table(
+        {
+            "messages": pa.array(
+                [[{"content": t, "n": i}] for i, t in enumerate(texts)] + [None], messages
+            ),
+            "tools_json": pa.array([*texts, None]),
+        }
+    )
+    out = redactor.table(table)
+    assert out.schema == table.schema
+    assert out.column("tools_json").to_pylist() == [*map(redactor.text, texts), None]
+    assert out.column("messages").to_pylist() == [
+        [{"content": redactor.text(t), "n": i}] for i, t in enumerate(texts)
+    ] + [None]
+    plain = pa.table({"messages": pa.array([[{"content": "ok", "n": 1}]], messages)})
+    assert redactor.table(plain) is plain
