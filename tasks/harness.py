@@ -17,6 +17,8 @@ The experiment engine (`infra_agent.experiments`) drives it:
 from __future__ import annotations
 
 import abc
+import math
+import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -141,3 +143,31 @@ class Harness(abc.ABC):
 
     def finish(self, arm: Arm) -> None:  # noqa: B027 - optional hook
         """Called once per arm at the end, even after failures. Default: nothing."""
+
+
+# Helpers for harness authors.
+
+
+def seeded_prompts(n: int, seed: int) -> list[int]:
+    """`n` request ids (40-bit integers) drawn from `seed`: a load the candidate cannot predict."""
+    rng = random.Random(seed)
+    return [rng.randrange(1 << 40) for _ in range(n)]
+
+
+def poisson_upper(k: int, confidence: float = 0.95) -> float:
+    """One-sided upper confidence bound on a Poisson mean after observing `k` events (exact:
+    the mean whose P(X <= k) is 1 - confidence, found by bisection)."""
+    alpha = 1.0 - confidence
+
+    def cdf(lam: float) -> float:
+        term = total = math.exp(-lam)
+        for i in range(1, k + 1):
+            term *= lam / i
+            total += term
+        return total
+
+    lo, hi = 0.0, k + 10.0 * math.sqrt(k + 1) + 10.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) > alpha else (lo, mid)
+    return hi

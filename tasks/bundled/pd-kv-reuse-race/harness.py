@@ -4,42 +4,24 @@ reports about itself)."""
 
 from __future__ import annotations
 
-import math
-import random
 from typing import Any
 
 import torch
 
-from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+from infra_agent.tasks.harness import (
+    Arm,
+    CheckResult,
+    Harness,
+    IncorrectOutput,
+    poisson_upper,
+    seeded_prompts,
+)
 
 LOAD_KEYS = (
     "concurrency", "pages", "slot_elems", "writers", "write_us", "stall_prob", "stall_min_ms",
     "stall_max_ms", "timeout_ms", "decode_steps", "step_us",
 )  # fmt: skip
 """Task params passed through to `serve.run_load`."""
-
-
-def poisson_upper(k: int, confidence: float = 0.95) -> float:
-    """One-sided upper confidence bound on a Poisson mean after observing `k` events."""
-    alpha = 1.0 - confidence
-
-    def cdf(lam: float) -> float:
-        term = total = math.exp(-lam)
-        for i in range(1, k + 1):
-            term *= lam / i
-            total += term
-        return total
-
-    lo, hi = 0.0, k + 10.0 * math.sqrt(k + 1) + 10.0
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) > alpha else (lo, mid)
-    return hi
-
-
-def make_prompts(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(1 << 40) for _ in range(n)]
 
 
 def expected_outputs(prompts: list[int], pages: int, slot_elems: int) -> torch.Tensor:
@@ -56,7 +38,7 @@ class TaskHarness(Harness):
     def run(self, arm: Arm, n: int, seed: int, **overrides: Any) -> dict[str, Any]:
         """Serve `n` seeded requests; returns counts verified here and the harness-clock time."""
         load = {key: self.params[key] for key in LOAD_KEYS} | overrides
-        prompts = make_prompts(n, seed)
+        prompts = seeded_prompts(n, seed)
         result, seconds = arm.worker.timed_call(
             "serve:run_load",
             prompts,

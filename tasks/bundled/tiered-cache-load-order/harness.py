@@ -4,41 +4,24 @@ overlap is computed here from the run's spans."""
 
 from __future__ import annotations
 
-import math
-import random
 from typing import Any
 
 import torch
 
-from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+from infra_agent.feedback.timeline import intervals
+from infra_agent.tasks.harness import (
+    Arm,
+    CheckResult,
+    Harness,
+    IncorrectOutput,
+    poisson_upper,
+    seeded_prompts,
+)
 
 LOAD_KEYS = (
     "layers", "page_elems", "topk", "load_us", "stall_prob", "stall_us", "lead_us", "compute_us",
 )  # fmt: skip
 MODULUS = 1_000_000_007
-
-
-def poisson_upper(k: int, confidence: float = 0.95) -> float:
-    """One-sided upper confidence bound on a Poisson mean after observing `k` events."""
-    alpha = 1.0 - confidence
-
-    def cdf(lam: float) -> float:
-        term = total = math.exp(-lam)
-        for i in range(1, k + 1):
-            term *= lam / i
-            total += term
-        return total
-
-    lo, hi = 0.0, k + 10.0 * math.sqrt(k + 1) + 10.0
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) > alpha else (lo, mid)
-    return hi
-
-
-def make_prompts(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(1 << 40) for _ in range(n)]
 
 
 def expected_outputs(prompts: list[int], layers: int, page_elems: int, topk: int) -> torch.Tensor:
@@ -56,36 +39,21 @@ def expected_outputs(prompts: list[int], layers: int, page_elems: int, topk: int
     return torch.tensor(out, dtype=torch.int64)
 
 
-def intervals_length(intervals: list[tuple[int, int]]) -> int:
-    """Total length covered by a union of [start, end) intervals."""
-    total, cur_start, cur_end = 0, None, None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None and cur_start is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None and cur_start is not None:
-        total += cur_end - cur_start
-    return total
-
-
 def overlap_ratio(spans: list[Any], a: str = "load.", b: str = "compute.") -> float:
     """time(A ∩ B) / time(A) for spans named with prefixes `a` and `b` (interval sweep)."""
     span_a = [(int(s), int(e)) for n, s, e in spans if str(n).startswith(a)]
     span_b = [(int(s), int(e)) for n, s, e in spans if str(n).startswith(b)]
-    len_a = intervals_length(span_a)
+    len_a = intervals.total(span_a)
     if len_a == 0:
         return 0.0
-    both = len_a + intervals_length(span_b) - intervals_length(span_a + span_b)
+    both = intervals.intersection_length(span_a, span_b)
     return both / len_a
 
 
 class TaskHarness(Harness):
     def run(self, arm: Arm, n: int, seed: int, **overrides: Any) -> dict[str, Any]:
         load = {key: self.params[key] for key in LOAD_KEYS} | overrides
-        prompts = make_prompts(n, seed)
+        prompts = seeded_prompts(n, seed)
         result, seconds = arm.worker.timed_call(
             "serve:run_load",
             prompts,
