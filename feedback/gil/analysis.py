@@ -2,12 +2,14 @@
 
 A *snapshot* is every thread of the process at one instant. Each thread's sample is put in one
 state:
-- `holding`: py-spy says the thread owns the GIL;
+- `holding`: py-spy says the thread owns the GIL (`py-spy dump`), or, from `py-spy record`
+  which does not write ownership, the thread is executing bytecode (see `record.py`);
 - `waiting`: it is blocked taking the GIL: a native frame named like take_gil,
   PyEval_RestoreThread, PyEval_AcquireThread, PyGILState_Ensure; or (CPython's take_gil is
   static and often unnamed) the innermost named native frame is a condition-variable wait called
   straight from the interpreter (a Python frame or a CPython function, not an extension);
-- `running`: active without the GIL (native code that released it);
+- `running`: active without the GIL (native code that released it; from `py-spy record`, any
+  native extension code, with or without the GIL);
 - `idle`: blocked on something else (sleep, lock, I/O).
 Blame: for a thread waiting in at least `blame_threshold` of its samples, which thread held
 the GIL in those same snapshots, with the holder's Python frames and innermost native frames;
@@ -94,6 +96,9 @@ class ThreadBlame(BaseModel):
 class GilReport(BaseModel):
     method: str
     gil_visible: bool
+    gil_inferred: bool = False
+    """The holder is inferred from stacks (executing bytecode), not read from the interpreter:
+    native code that keeps the GIL counts as `running`."""
     pid: int | None = None
     snapshots: int
     duration_s: float
@@ -117,9 +122,10 @@ class GilReport(BaseModel):
         for t in sorted(self.threads, key=lambda t: -(t.waiting + t.holding))[:6]:
             top = t.top_functions[0] if t.top_functions else "-"
             if self.gil_visible:
+                runs = "runs-native" if self.gil_inferred else "runs-no-GIL"
                 lines.append(
                     f"  {t.thread}: holds {t.holding:.0%} waits {t.waiting:.0%} "
-                    f"runs-no-GIL {t.running:.0%} idle {t.idle:.0%}; top {top}"
+                    f"{runs} {t.running:.0%} idle {t.idle:.0%}; top {top}"
                 )
             else:
                 lines.append(f"  {t.thread}: active {t.running:.0%} idle {t.idle:.0%}; top {top}")
@@ -157,10 +163,11 @@ def classify(sample: ThreadSample) -> State:
             return "waiting"
     if sample.owns_gil is None:
         return "running" if sample.active else "idle"
-    return "running" if sample.active and not _blocked_in_syscall(inner) else "idle"
+    return "running" if sample.active and not blocked_in_syscall(inner) else "idle"
 
 
-def _blocked_in_syscall(inner: list[Frame]) -> bool:
+def blocked_in_syscall(inner: list[Frame]) -> bool:
+    """The innermost named native frame is a blocking call (sleep, wait, poll, read...)."""
     return bool(inner) and bool(
         re.search(
             r"nanosleep|sem_.*wait|cond_.*wait|epoll_wait|poll|select|recv|read", inner[0].name

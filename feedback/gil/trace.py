@@ -12,25 +12,38 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from infra_agent.errors import UserError
 from infra_agent.feedback.gil.analysis import GilReport, ThreadSample, analyze
 from infra_agent.feedback.gil.inprocess import METHOD as INPROCESS_METHOD
-from infra_agent.feedback.gil.pyspy import DEFAULT_INTERVAL_S, PySpyUnavailable, sample_pid
+from infra_agent.feedback.gil.pyspy import DEFAULT_INTERVAL_S as DUMP_INTERVAL_S
+from infra_agent.feedback.gil.pyspy import PySpyUnavailable, sample_pid
+from infra_agent.feedback.gil.record import DEFAULT_INTERVAL_S as RECORD_INTERVAL_S
+from infra_agent.feedback.gil.record import record_pid
 
-PYSPY_METHOD = "py-spy dump --json --native, repeated"
+Sampler = Literal["record", "dump"]
+"""`record`: one long-lived `py-spy record` (default, ~1% pause at 10 samples/s with native
+frames; GIL holder inferred). `dump`: a fresh `py-spy dump --json` per snapshot (reads GIL
+ownership exactly, but each native dump pauses the target ~100-300 ms while symbols load)."""
 
 
 def trace_pid(
     pid: int,
     *,
     duration_s: float = 5.0,
-    interval_s: float = DEFAULT_INTERVAL_S,
+    interval_s: float | None = None,
     native: bool = True,
     nonblocking: bool = False,
     blame_threshold: float = 0.2,
+    sampler: Sampler | None = None,
 ) -> GilReport:
-    """Sample a running Python process with py-spy; raises PySpyUnavailable if it cannot."""
+    """Sample a running Python process with py-spy; raises PySpyUnavailable if it cannot.
+
+    `sampler` defaults to `record`, or `dump` when `nonblocking` (a non-pausing dump still reads
+    GIL ownership; a non-pausing record sees neither ownership nor waits). `interval_s` defaults
+    to 0.1 s for `record` and 1 s for `dump`.
+    """
     if pid <= 0:
         raise UserError(f"bad pid {pid}")
     try:
@@ -39,16 +52,35 @@ def trace_pid(
         raise UserError(f"no process with pid {pid}") from exc
     except PermissionError:
         pass  # exists, owned by someone else: py-spy will say whether it can attach
-    snapshots, elapsed = sample_pid(
-        pid, duration_s=duration_s, interval_s=interval_s, native=native, nonblocking=nonblocking
-    )
+    chosen: Sampler = sampler or ("dump" if nonblocking else "record")
+    if chosen not in ("record", "dump"):
+        raise UserError(f"unknown sampler {chosen!r} (record or dump)")
+    with_native = native and not nonblocking
+    if chosen == "record":
+        interval = RECORD_INTERVAL_S if interval_s is None else interval_s
+        snapshots, elapsed = record_pid(
+            pid, duration_s=duration_s, interval_s=interval, native=native, nonblocking=nonblocking
+        )
+        rate = max(1, round(1.0 / interval))
+        method = f"py-spy record{' --native' if with_native else ''}, one process, {rate}/s"
+        method += " (GIL holder inferred from stacks)" if with_native else ""
+    else:
+        interval = DUMP_INTERVAL_S if interval_s is None else interval_s
+        snapshots, elapsed = sample_pid(
+            pid, duration_s=duration_s, interval_s=interval, native=native, nonblocking=nonblocking
+        )
+        method = f"py-spy dump --json{' --native' if with_native else ''}, one process per snapshot"
     if not snapshots:
         raise UserError(f"no samples of pid {pid} (did it exit?)")
-    with_native = native and not nonblocking
-    method = PYSPY_METHOD if with_native else "py-spy dump --json, repeated (no native frames)"
     report = analyze(
         snapshots, method=method, duration_s=elapsed, pid=pid, blame_threshold=blame_threshold
     )
+    if chosen == "record" and with_native:
+        report.gil_inferred = True
+        report.warnings.append(
+            "GIL holder inferred (py-spy record writes no ownership): a thread executing Python "
+            "holds it; native code keeping the GIL counts as runs-native (sampler='dump' reads it)"
+        )
     if not with_native:
         report.warnings.append(
             "no native frames: a thread waiting for the GIL counts as running or idle"
@@ -83,13 +115,14 @@ def trace_command(
     *,
     duration_s: float = 5.0,
     startup_s: float = 0.5,
-    interval_s: float = DEFAULT_INTERVAL_S,
+    interval_s: float | None = None,
     native: bool = True,
     blame_threshold: float = 0.2,
+    sampler: Sampler | None = None,
 ) -> GilReport:
-    """Start `command` (a script.py runs with this interpreter), sample it after `startup_s`,
-    then stop it (process group). Falls back to in-process sampling for `python script.py`
-    when py-spy cannot attach."""
+    """Start `command` (a script.py runs with this interpreter), sample it after `startup_s`
+    with `trace_pid`, then stop it (process group). Falls back to in-process sampling for
+    `python script.py` when py-spy cannot attach."""
     argv = _argv(command)
     proc = subprocess.Popen(
         argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -106,7 +139,9 @@ def trace_command(
                 proc.pid,
                 duration_s=duration_s,
                 interval_s=interval_s,
+                native=native,
                 blame_threshold=blame_threshold,
+                sampler=sampler,
             )
         except PySpyUnavailable as exc:
             if len(argv) < 2 or not argv[1].endswith(".py"):
