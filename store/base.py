@@ -3,9 +3,9 @@ and a server database (PostgreSQL) can implement the same protocol without touch
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from infra_agent.store.records import (
     DecisionRecord,
@@ -59,3 +59,13 @@ class RunStore(Protocol):
 
     def iter_runs(self) -> Iterator[RunRecord]: ...
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BulkReads(Protocol):
+    """Optional reads of many runs at once (exports use them when a store offers them; the
+    results equal the per-run methods', keyed by run id)."""
+
+    def steps_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[StepRecord]]: ...
+    def experiments_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[ExperimentRecord]]: ...
+    def patches_by_id(self, patch_ids: Sequence[str]) -> dict[str, PatchRecord]: ...

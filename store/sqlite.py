@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from infra_agent.errors import StoreError
 from infra_agent.store.records import (
@@ -30,6 +31,12 @@ from infra_agent.store.records import (
 )
 
 R = TypeVar("R", bound=BaseModel)
+
+
+@cache
+def _list_adapter(model: type[R]) -> TypeAdapter[list[R]]:
+    return TypeAdapter(list[model])  # type: ignore[valid-type]
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -202,6 +209,51 @@ class SQLiteRunStore:
         return self._many(
             StepRecord, "SELECT body FROM steps WHERE run_id=? ORDER BY seq", (run_id,)
         )
+
+    # -- bulk reads (exports) ------------------------------------------------------------------
+    def steps_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[StepRecord]]:
+        """Steps of many runs (each in seq order), a few queries for all: run id -> steps."""
+        return self._grouped(
+            StepRecord, "SELECT run_id, body FROM steps WHERE run_id IN ({}) ORDER BY run_id, seq",
+            run_ids,
+        )  # fmt: skip
+
+    def experiments_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[ExperimentRecord]]:
+        """Experiments of many runs (each run's in `experiments(run_id)` order): run id -> them."""
+        return self._grouped(
+            ExperimentRecord,
+            "SELECT run_id, body FROM experiments WHERE run_id IN ({}) ORDER BY run_id, started_at, id",
+            run_ids,
+        )
+
+    def patches_by_id(self, patch_ids: Sequence[str]) -> dict[str, PatchRecord]:
+        """The stored patches among `patch_ids`: id -> patch."""
+        found = self._grouped(
+            PatchRecord, "SELECT id, body FROM patches WHERE id IN ({})", patch_ids
+        )
+        return {patch_id: patches[0] for patch_id, patches in found.items()}
+
+    _IN_CHUNK = 500
+    """Ids per `IN (...)` query (SQLite allows 999 parameters in old builds)."""
+
+    def _grouped(self, model: type[R], sql: str, keys: Sequence[str]) -> dict[str, list[R]]:
+        """Rows of (key, body) as key -> records. Each query's bodies are parsed by one pydantic
+        call on their JSON array, not one call per row."""
+        adapter = _list_adapter(model)
+        out: dict[str, list[R]] = {}
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), self._IN_CHUNK):
+            chunk = unique[start : start + self._IN_CHUNK]
+            rows = self._conn().execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall()
+            try:
+                records = adapter.validate_json("[" + ",".join(r[1] for r in rows) + "]")
+            except ValidationError as exc:
+                raise StoreError(
+                    f"run store {self.path}: a {model.__name__} row is malformed"
+                ) from exc
+            for (key, _), record in zip(rows, records, strict=True):
+                out.setdefault(key, []).append(record)
+        return out
 
     # -- patches, experiments, feedback -------------------------------------------------------
     def put_patch(self, patch: PatchRecord) -> None:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from infra_agent import __version__
 from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
-from infra_agent.store.base import RunStore
+from infra_agent.store.base import BulkReads, RunStore
 from infra_agent.store.records import (
     DecisionAction,
     DecisionRecord,
@@ -66,52 +66,73 @@ class RunBundle:
 
 
 class ReviewIndex:
-    """All proposals by run and all decisions by proposal, read in two queries.
+    """Proposals by run and decisions by proposal, read in two queries (for all runs, or for one
+    run when `run_id` is given).
 
     The run store indexes neither `proposals.run_id` nor `decisions.proposal_id`, so asking per
     run scans both tables each time (quadratic over a full export); exports read them once."""
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, run_id: str | None = None) -> None:
         self.proposals: dict[str | None, list[ProposalRecord]] = defaultdict(list)
-        for proposal in store.proposals():
+        for proposal in store.proposals(run_id=run_id):
             self.proposals[proposal.run_id].append(proposal)
+        if run_id is None:
+            decisions = store.decisions()
+        else:
+            decisions = [d for p in self.proposals[run_id] for d in store.decisions(p.id)]
         self.decisions: dict[str, list[DecisionRecord]] = defaultdict(list)
-        for decision in store.decisions():
+        for decision in decisions:
             self.decisions[decision.proposal_id].append(decision)
 
 
 def load_run(store: RunStore, run: RunRecord, review: ReviewIndex | None = None) -> RunBundle:
     """Read one run's records. Experiments named by its proposals are included even when they
     were recorded without the run id. `review` (for many runs) saves two queries per run."""
-    experiments = store.experiments(run.id)
-    if review is not None:
-        proposals = list(review.proposals.get(run.id, []))
-        decisions = {p.id: list(review.decisions.get(p.id, [])) for p in proposals}
+    return load_runs(store, [run], review or ReviewIndex(store, run.id))[0]
+
+
+def load_runs(store: RunStore, runs: list[RunRecord], review: ReviewIndex) -> list[RunBundle]:
+    """`load_run` of each run, in order, with a few queries for all of them when the store
+    offers bulk reads (`store.base.BulkReads`)."""
+    ids = [run.id for run in runs]
+    if isinstance(store, BulkReads):
+        steps, experiments = store.steps_of_runs(ids), store.experiments_of_runs(ids)
     else:
-        proposals = store.proposals(run_id=run.id)
-        decisions = {p.id: store.decisions(p.id) for p in proposals}
-    known = {e.id for e in experiments}
-    for proposal in proposals:
-        for exp_id in proposal.experiment_ids:
-            if exp_id not in known:
-                exp = store.get_experiment(exp_id)
-                if exp is not None:
-                    experiments.append(exp)
-                    known.add(exp_id)
-    patches: dict[str, PatchRecord] = {}
-    for patch_id in [e.patch_id for e in experiments] + [p.patch_id for p in proposals]:
-        if patch_id not in patches:
+        steps = {i: store.steps(i) for i in ids}
+        experiments = {i: store.experiments(i) for i in ids}
+    bundles = []
+    for run in runs:
+        proposals = list(review.proposals.get(run.id, []))
+        run_experiments = list(experiments.get(run.id, []))
+        known = {e.id for e in run_experiments}
+        for proposal in proposals:
+            for exp_id in proposal.experiment_ids:
+                if exp_id not in known:
+                    exp = store.get_experiment(exp_id)
+                    if exp is not None:
+                        run_experiments.append(exp)
+                        known.add(exp_id)
+        bundles.append(
+            RunBundle(
+                run=run,
+                steps=steps.get(run.id, []),
+                experiments=run_experiments,
+                proposals=proposals,
+                decisions={p.id: list(review.decisions.get(p.id, [])) for p in proposals},
+            )
+        )
+    wanted = [patch_id for b in bundles for patch_id in patch_order(b)]
+    if isinstance(store, BulkReads):
+        patches = store.patches_by_id(wanted)
+    else:
+        patches = {}
+        for patch_id in dict.fromkeys(wanted):
             patch = store.get_patch(patch_id)
             if patch is not None:
                 patches[patch_id] = patch
-    return RunBundle(
-        run=run,
-        steps=store.steps(run.id),
-        experiments=experiments,
-        proposals=proposals,
-        decisions=decisions,
-        patches=patches,
-    )
+    for b in bundles:
+        b.patches = {i: patches[i] for i in patch_order(b) if i in patches}
+    return bundles
 
 
 def build_trajectory(
@@ -371,15 +392,15 @@ def _accuracy(results: list[ExperimentResult]) -> str:
     return "passed" if any(s > 0 for s in scores) else "not_measured"
 
 
+def patch_order(bundle: RunBundle) -> list[str]:
+    """Patch ids of the run in order of first appearance (experiments, then proposals)."""
+    ids = [e.patch_id for e in bundle.experiments] + [p.patch_id for p in bundle.proposals]
+    return list(dict.fromkeys(ids))
+
+
 def _patches(bundle: RunBundle) -> list[dict[str, Any]]:
-    order: list[str] = []
-    for patch_id in [e.patch_id for e in bundle.experiments] + [
-        p.patch_id for p in bundle.proposals
-    ]:
-        if patch_id not in order:
-            order.append(patch_id)
     out = []
-    for patch_id in order:
+    for patch_id in patch_order(bundle):
         patch = bundle.patches.get(patch_id)
         out.append(
             {

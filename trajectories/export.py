@@ -1,57 +1,59 @@
-"""`export_dataset`: select runs from the store, build their trajectories, write one dataset file.
+"""`export_dataset`: select runs from the store, turn them into rows, write one dataset file.
 
-Runs are read in the store's creation order (created_at, then id), so the same store and
-filters always produce the same bytes. Every row is validated against its format's schema
-(pydantic model, then the fixed Arrow schema for Parquet) before it is written, and the file is
-written atomically: on any error nothing appears at the output path.
+Runs are read in the store's creation order (created_at, then id) and handled in batches, so the
+same store and filters always produce the same bytes. `openai-sft` and `rl` rows are made from
+the store records directly (`rows.run_row`); `atif` rows are the validated `Trajectory` records.
+Every batch is redacted (`Redactor.table` / `Redactor.texts`) and validated against its format's
+schema (the fixed Arrow schema plus `writers.check_table`; pydantic for `Trajectory` and strict
+OpenAI rows) before it is written, and the file is written atomically: on any error nothing
+appears at the output path.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import chain, repeat
 from pathlib import Path
 from typing import IO, Any
 
-from pydantic import BaseModel, Field, ValidationError
+import pyarrow as pa
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import Verdict
 from infra_agent.store import open_store
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import RunRecord
-from infra_agent.trajectories.atif import Trajectory, VerdictCounts
-from infra_agent.trajectories.build import ReviewIndex, RunBundle, build_trajectory, load_run
+from infra_agent.trajectories.atif import VerdictCounts
+from infra_agent.trajectories.build import (
+    ReviewIndex,
+    RunBundle,
+    load_runs,
+    trajectory_tree,
+    validate_trajectory,
+)
 from infra_agent.trajectories.formats import (
     ARROW_SCHEMAS,
-    ROW_MODELS,
     ExportFormat,
     OpenAIChatRow,
     atif_parquet_row,
-    rl_row,
-    sft_row,
     strict_openai_row,
 )
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
-from infra_agent.trajectories.writers import (
-    ParquetSink,
-    arrow_table,
-    atomic_file,
-    check_table,
-    jsonl_lines,
-)
+from infra_agent.trajectories.rows import run_row
+from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
 BATCH_ROWS = 512
-"""Rows written per batch (one Parquet row group)."""
-CHUNK_RUNS = 32
-"""Runs per task handed to a worker process (with jobs > 1)."""
+"""Runs per batch: built, redacted and validated together, written as one Parquet row group
+(and, with jobs > 1, one task for a worker process)."""
 
 
 class ExportFilter(BaseModel):
@@ -82,14 +84,15 @@ class ExportFilter(BaseModel):
             and (self.until is None or created <= self.until)
         )
 
-    def admits(self, bundle: RunBundle, trajectory: Trajectory) -> bool:
+    def admits(self, bundle: RunBundle, reward: float) -> bool:
+        """The checks that need the run's records and its trajectory reward."""
         if self.reviewed_only and not bundle.reviewed:
             return False
         if self.verdicts and not set(self.verdicts) & {
             e.result.verdict for e in bundle.experiments
         }:
             return False
-        return self.min_reward is None or trajectory.final_metrics.extra.reward >= self.min_reward
+        return self.min_reward is None or reward >= self.min_reward
 
 
 class ExportSummary(BaseModel):
@@ -123,22 +126,24 @@ class ExportSummary(BaseModel):
 
 
 @dataclass
-class _Item:
-    """One run, converted and validated, ready to write."""
+class _Batch:
+    """What one batch of runs became: the rows to write, and what the summary counts."""
 
-    payload: bytes | dict[str, Any]
-    """A JSONL line, or a row for Parquet."""
-    reward: float
-    verdicts: list[str]
-
-
-Outcome = _Item | str | None
-"""What became of one run: an item, a skip reason, or None (filtered out)."""
+    payload: pa.Table | bytes | None = None
+    """Redacted, validated rows: a table (Parquet) or JSON lines; None when no run gave a row."""
+    rows: int = 0
+    matched: int = 0
+    """Runs that passed the filters (skipped ones included)."""
+    skipped: Counter[str] = field(default_factory=Counter)
+    rewards: list[float] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)
 
 
 @dataclass
 class _Producer:
-    """Turns one run of the store into an export item (picklable: runs in worker processes)."""
+    """Turns a batch of the store's runs into rows ready to write (picklable: runs in worker
+    processes). Per batch, not per run: redaction is one RE2 pass over all the batch's strings,
+    and validation one pass of Arrow's typed conversion plus `check_table` over its columns."""
 
     fmt: ExportFormat
     parquet: bool
@@ -147,55 +152,100 @@ class _Producer:
     weights: RewardWeights
     strict_openai: bool = False
 
-    def run(self, store: RunStore, run: RunRecord, review: ReviewIndex | None = None) -> Outcome:
-        if not self.flt.admits_run(run):
-            return None
-        bundle = load_run(store, run, review)
-        try:
-            trajectory = build_trajectory(bundle, redactor=self.redactor, weights=self.weights)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise UserError(f"run {run.id}: cannot be exported: {where}: {first['msg']}") from exc
-        if not self.flt.admits(bundle, trajectory):
-            return None
-        if self.fmt is not ExportFormat.ATIF:
+    def batch(self, store: RunStore, runs: list[RunRecord], review: ReviewIndex) -> _Batch:
+        bundles = load_runs(store, [run for run in runs if self.flt.admits_run(run)], review)
+        if self.fmt is ExportFormat.ATIF:
+            return self._trajectories(bundles)
+        return self._rows(bundles)
+
+    def _rows(self, bundles: list[RunBundle]) -> _Batch:
+        out, rows = _Batch(), []
+        weights = self.weights.model_dump()
+        for bundle in bundles:
+            made = run_row(bundle, self.fmt, weights)
+            if not self.flt.admits(bundle, made.reward):
+                continue
+            out.matched += 1
             if not bundle.steps:
-                return "no steps recorded"
-            if not any(s.role == "assistant" for s in bundle.steps):
-                return "no assistant message"
-        return _Item(
-            payload=_payload(self.fmt, self.parquet, trajectory, self.strict_openai),
-            reward=trajectory.final_metrics.extra.reward,
-            verdicts=[v.value for v in trajectory.verdicts()],
-        )
+                out.skipped["no steps recorded"] += 1
+            elif not any(s.role == "assistant" for s in bundle.steps):
+                out.skipped["no assistant message"] += 1
+            else:
+                rows.append(made.row)
+                out.rewards.append(made.reward)
+                out.verdicts += made.verdicts
+        if not rows:
+            return out
+        out.rows = len(rows)
+        if self.parquet:
+            table = arrow_table(self.fmt, rows, self.redactor)
+            check_table(self.fmt, table)
+            out.payload = table
+            return out
+        if self.strict_openai:
+            rows = [strict_openai_row(r) for r in rows]
+            OPENAI_ROWS.validate_python(rows)
+        else:
+            check_table(self.fmt, arrow_table(self.fmt, rows))
+        out.payload = self._lines(rows)
+        return out
+
+    def _lines(self, rows: list[dict[str, Any]]) -> bytes:
+        """Rows as redacted JSON lines. Redaction never removes a quote, so a redacted line is
+        still the same JSON document; each changed line is parsed to be sure (if a redaction broke
+        an escape, that row's strings are redacted one by one instead)."""
+        lines = [json.dumps(r, ensure_ascii=False) for r in rows]
+        redacted = self.redactor.texts(lines)
+        if redacted is not lines:
+            for i, (new, old) in enumerate(zip(redacted, lines, strict=True)):
+                if new is not old:
+                    try:
+                        json.loads(new)
+                    except ValueError:
+                        redacted[i] = json.dumps(self.redactor.tree(rows[i]), ensure_ascii=False)
+        return ("\n".join(redacted) + "\n").encode()
+
+    def _trajectories(self, bundles: list[RunBundle]) -> _Batch:
+        out, kept = _Batch(), []
+        trees = [trajectory_tree(b, self.weights) for b in bundles]
+        texts = self.redactor.texts([json.dumps(t, ensure_ascii=False) for t in trees])
+        for bundle, tree, text in zip(bundles, trees, texts, strict=True):
+            try:
+                trajectory = validate_trajectory(text, tree, self.redactor)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise UserError(
+                    f"run {bundle.run.id}: cannot be exported: {where}: {first['msg']}"
+                ) from exc
+            if not self.flt.admits(bundle, trajectory.final_metrics.extra.reward):
+                continue
+            out.matched += 1
+            kept.append(trajectory)
+            out.rewards.append(trajectory.final_metrics.extra.reward)
+            out.verdicts += [v.value for v in trajectory.verdicts()]
+        if not kept:
+            return out
+        out.rows = len(kept)
+        if self.parquet:
+            table = arrow_table(self.fmt, [atif_parquet_row(t) for t in kept])
+            check_table(self.fmt, table)
+            out.payload = table
+        else:
+            out.payload = "".join(t.model_dump_json() + "\n" for t in kept).encode()
+        return out
 
 
-def _payload(
-    fmt: ExportFormat, parquet: bool, t: Trajectory, strict_openai: bool = False
-) -> bytes | dict[str, Any]:
-    """The row of `t` in `fmt`. A JSONL row is validated here against the format's model; a
-    Parquet row is validated with its batch, column-wise (`writers.check_table`)."""
-    if fmt is ExportFormat.ATIF:
-        return atif_parquet_row(t) if parquet else (t.model_dump_json() + "\n").encode()
-    row = sft_row(t) if fmt is ExportFormat.OPENAI_SFT else rl_row(t)
-    if parquet:
-        return row
-    if strict_openai:
-        row = strict_openai_row(row)
-        OpenAIChatRow.model_validate(row)
-    else:
-        ROW_MODELS[fmt].model_validate(row)
-    return jsonl_lines([row])
+OPENAI_ROWS = TypeAdapter(list[OpenAIChatRow])
 
 
-def _produce_chunk(db: str, runs: list[RunRecord], producer: _Producer) -> list[Outcome]:
+def _produce_batch(db: str, runs: list[RunRecord], producer: _Producer) -> _Batch:
     """Worker process: its own read-only connection to the store."""
     store = open_store(db, readonly=True)
     try:
         if db not in _WORKER_REVIEW:  # once per worker process
             _WORKER_REVIEW[db] = ReviewIndex(store)
-        return [producer.run(store, run, _WORKER_REVIEW[db]) for run in runs]
+        return producer.batch(store, runs, _WORKER_REVIEW[db])
     finally:
         store.close()
 
@@ -226,15 +276,11 @@ class _Counted:
             yield run
 
 
-def _write_batch(
-    f: IO[bytes], sink: ParquetSink | None, fmt: ExportFormat, items: list[_Item]
-) -> None:
+def _write_batch(f: IO[bytes], sink: ParquetSink | None, batch: _Batch) -> None:
     if sink is not None:
-        table = arrow_table(fmt, [i.payload for i in items])  # type: ignore[misc]
-        check_table(fmt, table)
-        sink.write(table)
+        sink.write(batch.payload)  # type: ignore[arg-type]
     else:
-        f.write(b"".join(i.payload for i in items))  # type: ignore[misc]
+        f.write(batch.payload)  # type: ignore[arg-type]
 
 
 def export_dataset(
@@ -274,20 +320,19 @@ def export_dataset(
         strict_openai,
     )
     runs = _Counted(store.iter_runs())
+    chunks = _chunks(iter(runs), batch_rows)
     db = getattr(store, "path", None)
     pool = None
     if jobs > 1 and isinstance(db, Path):
         pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
-        outcomes: Iterator[Outcome] = chain.from_iterable(
-            pool.map(
-                _produce_chunk, repeat(str(db)), _chunks(iter(runs), CHUNK_RUNS), repeat(producer)
-            )
+        batches: Iterator[_Batch] = pool.map(
+            _produce_batch, repeat(str(db)), chunks, repeat(producer)
         )
     else:
         review = ReviewIndex(store)
-        outcomes = (producer.run(store, run, review) for run in runs)
+        batches = (producer.batch(store, chunk, review) for chunk in chunks)
     try:
-        return _write(out, fmt, parquet, outcomes, runs, batch_rows, started)
+        return _write(out, fmt, parquet, batches, runs, started)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -297,43 +342,33 @@ def _write(
     out: Path,
     fmt: ExportFormat,
     parquet: bool,
-    outcomes: Iterator[Outcome],
+    batches: Iterator[_Batch],
     runs: _Counted,
-    batch_rows: int,
     started: float,
 ) -> ExportSummary:
-    matched, skipped = 0, Counter[str]()
+    done = _Batch()  # the totals
 
-    def items() -> Iterator[_Item]:
-        nonlocal matched
-        for outcome in outcomes:
-            if outcome is None:
-                continue
-            matched += 1
-            if isinstance(outcome, str):
-                skipped[outcome] += 1
-            else:
-                yield outcome
+    def count(batch: _Batch) -> _Batch:
+        done.matched += batch.matched
+        done.skipped.update(batch.skipped)
+        return batch
 
-    batches = _batches(items(), batch_rows)
-    first = next(batches, None)
+    with_rows = (b for b in map(count, batches) if b.payload is not None)
+    first = next(with_rows, None)
     if first is None:
-        why = "".join(f", {n} skipped ({reason})" for reason, n in sorted(skipped.items()))
+        why = "".join(f", {n} skipped ({reason})" for reason, n in sorted(done.skipped.items()))
         raise UserError(
-            f"nothing to export: {matched} of {runs.n} runs in the store match the filters{why}"
+            f"nothing to export: {done.matched} of {runs.n} runs in the store match the filters{why}"
         )
-    rows = 0
-    rewards: list[float] = []
     verdicts: Counter[str] = Counter()
     with atomic_file(out) as f:
         sink = ParquetSink(f, ARROW_SCHEMAS[fmt]) if parquet else None
         try:
-            for batch in _chain(first, batches):
-                _write_batch(f, sink, fmt, batch)
-                rows += len(batch)
-                for item in batch:
-                    rewards.append(item.reward)
-                    verdicts.update(item.verdicts)
+            for batch in chain([first], with_rows):
+                _write_batch(f, sink, batch)
+                done.rows += batch.rows
+                done.rewards += batch.rewards
+                verdicts.update(batch.verdicts)
         finally:
             if sink is not None:
                 sink.close()  # also on error: the writer must let go of the temporary file
@@ -341,28 +376,12 @@ def _write(
         format=fmt,
         parquet=parquet,
         path=str(out),
-        rows=rows,
+        rows=done.rows,
         runs_in_store=runs.n,
-        runs_matched=matched,
-        skipped=dict(skipped),
+        runs_matched=done.matched,
+        skipped=dict(done.skipped),
         bytes=out.stat().st_size,
         seconds=round(time.perf_counter() - started, 3),
-        reward_mean=sum(rewards) / len(rewards) if rewards else None,
+        reward_mean=sum(done.rewards) / len(done.rewards) if done.rewards else None,
         verdict_counts=VerdictCounts(**verdicts),
     )
-
-
-def _batches(items: Iterator[_Item], size: int) -> Iterator[list[_Item]]:
-    batch: list[_Item] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _chain(first: list[_Item], rest: Iterator[list[_Item]]) -> Iterator[list[_Item]]:
-    yield first
-    yield from rest

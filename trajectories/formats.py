@@ -176,21 +176,25 @@ def chat_messages(t: Trajectory) -> list[dict[str, Any]]:
 
 
 def tool_specs(t: Trajectory) -> list[dict[str, Any]]:
-    """The tools offered to the model, as OpenAI function specs: the run config's `tools` when the
-    agent recorded them; otherwise the agent's tool registry (same code version as the export)
-    plus a minimal spec for any tool the model called that the registry does not know."""
+    """The tools offered to the model, as OpenAI function specs (see `specs_for_tools`)."""
     config = json.loads(t.extra.run.config_json)
-    recorded = config.get("tools")
+    called = {c.function_name for s in t.steps for c in (s.tool_calls or [])}
+    return specs_for_tools(config.get("tools"), called)
+
+
+def specs_for_tools(recorded: Any, called: set[str]) -> list[dict[str, Any]]:
+    """The run config's `tools` (`recorded`) when the agent recorded them as a list of specs;
+    otherwise the agent's tool registry (same code version as the export) plus a minimal spec for
+    any tool the model called (`called`) that the registry does not know."""
     if isinstance(recorded, list) and all(isinstance(x, dict) for x in recorded):
         return recorded
-    called = sorted({c.function_name for s in t.steps for c in (s.tool_calls or [])})
     if not called:
         return []
-    registry = _registry_specs()
-    known = {spec["function"]["name"] for spec in registry}
-    if not known & set(called):  # not an agent-registry run: describe only what was called
+    names = sorted(called)
+    registry, known = _registry_specs(), _registry_names()
+    if not known & called:  # not an agent-registry run: describe only what was called
         registry = []
-    unknown = [n for n in called if n not in known or not registry]
+    unknown = [n for n in names if n not in known or not registry]
     if not unknown:
         return registry  # the same list object for every row: writers encode it once
     minimal = [
@@ -198,6 +202,11 @@ def tool_specs(t: Trajectory) -> list[dict[str, Any]]:
         for n in unknown
     ]
     return registry + minimal
+
+
+@functools.lru_cache(maxsize=1)
+def _registry_names() -> frozenset[str]:
+    return frozenset(spec["function"]["name"] for spec in _registry_specs())
 
 
 @functools.lru_cache(maxsize=1)

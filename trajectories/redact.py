@@ -25,7 +25,7 @@ import fnmatch
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -226,14 +226,53 @@ class Redactor:
             out[i] = self.text(out[i])
         return out
 
-    def table(self, table: pa.Table) -> pa.Table:
-        """`table` with every string in it (also inside lists and structs) passed through `text()`;
-        the same object when no string could hold a secret."""
-        import pyarrow as pa
+    def table(self, table: pa.Table, done: Collection[str] = ()) -> pa.Table:
+        """`table` with every string in it (also inside lists and structs) passed through `text()`,
+        except in the columns named in `done` (redacted already); the same object when no string
+        could hold a secret. All the strings go through the gate in one call (Arrow compiles the
+        pattern per call)."""
+        import bisect
 
-        fixed = [self._array(column) for column in table.columns]
-        if all(f is None for f in fixed):
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        leaves: list[pa.Array] = []
+
+        def collect(leaf: pa.Array) -> None:
+            leaves.append(leaf)
+
+        todo = [name not in done for name in table.column_names]
+        for column, wanted in zip(table.columns, todo, strict=True):
+            if wanted:
+                _map_strings(column, collect)
+        if not leaves:
             return table
+        if any(leaf.type != pa.string() for leaf in leaves):  # mixed widths: one type to concat
+            leaves = [leaf.cast(pa.large_string()) for leaf in leaves]
+        hits = self._hits(pa.concat_arrays(leaves))
+        if not hits:
+            return table
+        starts = list(np.cumsum([0] + [len(leaf) for leaf in leaves[:-1]]))
+        by_leaf: dict[int, list[int]] = {}
+        for i in hits:
+            leaf = bisect.bisect_right(starts, i) - 1
+            by_leaf.setdefault(leaf, []).append(i - int(starts[leaf]))
+        counter = iter(range(len(leaves)))
+
+        def fix(leaf: pa.Array) -> pa.Array | None:
+            local = by_leaf.get(next(counter))
+            if not local:
+                return None
+            mask = np.zeros(len(leaf), dtype=bool)
+            mask[local] = True
+            redacted = pa.array([self.text(leaf[i].as_py()) for i in local], leaf.type)
+            return pc.replace_with_mask(leaf, pa.array(mask), redacted)
+
+        fixed = [
+            _map_strings(column, fix) if wanted else None
+            for column, wanted in zip(table.columns, todo, strict=True)
+        ]
         columns = [f if f is not None else c for f, c in zip(fixed, table.columns, strict=True)]
         return pa.Table.from_arrays(columns, schema=table.schema)
 
@@ -247,48 +286,6 @@ class Redactor:
         if not pc.any(mask).as_py():
             return []
         return pc.indices_nonzero(mask).to_pylist()  # type: ignore[no-any-return]
-
-    def _array(self, values: Any) -> Any:
-        """An Arrow array (or chunked array) with its strings redacted, or None when no string
-        changed. Lists and structs are rebuilt around their redacted children."""
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        if isinstance(values, pa.ChunkedArray):
-            chunks = values.chunks
-            fixed = [self._array(c) for c in chunks]
-            if all(f is None for f in fixed):
-                return None
-            return pa.chunked_array(
-                [f if f is not None else c for f, c in zip(fixed, chunks, strict=True)], values.type
-            )
-        kind = values.type
-        nulls = values.is_null() if values.null_count else None
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            hits = self._hits(values)
-            if not hits:
-                return None
-            mask = np.zeros(len(values), dtype=bool)
-            mask[hits] = True
-            redacted = [self.text(values[i].as_py()) for i in hits]
-            return pc.replace_with_mask(values, pa.array(mask), pa.array(redacted, kind))
-        if pa.types.is_struct(kind):
-            children = [values.field(i) for i in range(kind.num_fields)]
-            fixed = [self._array(c) for c in children]
-            if all(f is None for f in fixed):
-                return None
-            return pa.StructArray.from_arrays(
-                [f if f is not None else c for f, c in zip(fixed, children, strict=True)],
-                fields=list(kind),
-                mask=nulls,
-            )
-        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-            inner = self._array(values.values)
-            if inner is None:
-                return None
-            return type(values).from_arrays(values.offsets, inner, type=kind, mask=nulls)
-        return None
 
     def tree(self, value: Any) -> Any:
         """A copy of a JSON-like value (dicts, lists, strings, numbers) with every string redacted,
@@ -317,6 +314,42 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self._walk(v) for v in value]
         return value
+
+
+def _map_strings(values: Any, fix: Callable[[Any], Any]) -> Any:
+    """`values` (an Arrow array or chunked array) with each string array inside it (also in
+    lists and structs, visited in a fixed order) replaced by `fix(array)`, or None when `fix`
+    returned None for all of them (nothing changed)."""
+    import pyarrow as pa
+
+    if isinstance(values, pa.ChunkedArray):
+        chunks = values.chunks
+        fixed = [_map_strings(c, fix) for c in chunks]
+        if all(f is None for f in fixed):
+            return None
+        return pa.chunked_array(
+            [f if f is not None else c for f, c in zip(fixed, chunks, strict=True)], values.type
+        )
+    kind = values.type
+    nulls = values.is_null() if values.null_count else None
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return fix(values)
+    if pa.types.is_struct(kind):
+        children = [values.field(i) for i in range(kind.num_fields)]
+        fixed = [_map_strings(c, fix) for c in children]
+        if all(f is None for f in fixed):
+            return None
+        return pa.StructArray.from_arrays(
+            [f if f is not None else c for f, c in zip(fixed, children, strict=True)],
+            fields=list(kind),
+            mask=nulls,
+        )
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        inner = _map_strings(values.values, fix)
+        if inner is None:
+            return None
+        return type(values).from_arrays(values.offsets, inner, type=kind, mask=nulls)
+    return None
 
 
 def _re2_literal(text: str) -> str:

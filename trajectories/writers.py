@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from infra_agent.trajectories.formats import ARROW_SCHEMAS, JSON_TEXT_COLUMNS, ExportFormat
+from infra_agent.trajectories.redact import Redactor
 
 
 @contextmanager
@@ -40,22 +41,30 @@ def jsonl_lines(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
 
 
-def arrow_table(fmt: ExportFormat, rows: list[dict[str, Any]]) -> pa.Table:
-    """Rows as a table of the format's fixed Arrow schema, built column by column. Fields listed
-    in JSON_TEXT_COLUMNS become `<field>_json` text columns. Raises pa.ArrowInvalid/TypeError when
-    a value does not fit its column's type."""
+def arrow_table(
+    fmt: ExportFormat, rows: list[dict[str, Any]], redactor: Redactor | None = None
+) -> pa.Table:
+    """Rows as a table of the format's fixed Arrow schema, built column by column, with every
+    string redacted when a `redactor` is given. Fields listed in JSON_TEXT_COLUMNS become
+    `<field>_json` text columns. Raises pa.ArrowInvalid/TypeError when a value does not fit its
+    column's type."""
     schema = ARROW_SCHEMAS[fmt]
     as_text = JSON_TEXT_COLUMNS[fmt]
     arrays = []
     for field in schema:
         name = field.name
         source = name[: -len("_json")] if name.endswith("_json") else None
-        if source in as_text:
-            column: list[Any] = _json_texts([r[source] for r in rows])
+        if source is not None and source in as_text:
+            column: list[Any] = _json_texts([r[source] for r in rows], redactor)
         else:
             column = [r.get(name) for r in rows]
         arrays.append(pa.array(column, type=field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+    table = pa.Table.from_arrays(arrays, schema=schema)
+    if redactor is None:
+        return table
+    # The JSON-text columns were redacted above, once per distinct value (the tool list is the
+    # same object in most rows and as long as the rest of a row).
+    return redactor.table(table, done={f"{name}_json" for name in as_text})
 
 
 MESSAGE_COLUMNS: dict[ExportFormat, tuple[str, ...]] = {
@@ -108,16 +117,21 @@ def _expect_all(values: pa.Array | pa.ChunkedArray, allowed: pa.Array, where: st
         raise ValueError(f"{where}: {bad!r} is not one of {allowed.to_pylist()}")
 
 
-def _json_texts(values: list[Any]) -> list[str]:
-    """JSON text of each value; a value shared by many rows (the tool list) is encoded once."""
-    cache: dict[int, str] = {}
-    out = []
+def _json_texts(values: list[Any], redactor: Redactor | None = None) -> list[str]:
+    """JSON text of each value, redacted when a `redactor` is given; a value shared by many rows
+    (the tool list) is encoded and redacted once."""
+    cache: dict[int, int] = {}
+    texts: list[str] = []
+    index = []
     for value in values:
         key = id(value)
         if key not in cache:
-            cache[key] = json.dumps(value, ensure_ascii=False, sort_keys=True)
-        out.append(cache[key])
-    return out
+            cache[key] = len(texts)
+            texts.append(json.dumps(value, ensure_ascii=False, sort_keys=True))
+        index.append(cache[key])
+    if redactor is not None:
+        texts = redactor.texts(texts)
+    return [texts[i] for i in index]
 
 
 class ParquetSink:

@@ -247,14 +247,15 @@ def test_failure_midway_leaves_previous_output_and_no_temp_file(
 def test_invalid_row_is_refused_before_writing(
     fx: Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parquet: bool
 ) -> None:
-    real = export_module.sft_row
+    real = export_module.run_row
 
-    def robot_row(t: Trajectory) -> dict[str, Any]:
-        row = real(t)
-        row["messages"][0]["role"] = "robot"
-        return row
+    def robot_row(*args: Any) -> Any:
+        made = real(*args)
+        if made.row["messages"]:  # run C has none (skipped)
+            made.row["messages"][0]["role"] = "robot"
+        return made
 
-    monkeypatch.setattr(export_module, "sft_row", robot_row)
+    monkeypatch.setattr(export_module, "run_row", robot_row)
     out = tmp_path / "exports" / "sft"
     with pytest.raises(ValueError, match="robot"):
         export_dataset(
