@@ -9,7 +9,8 @@ Python API (stable):
   location of the max, SQNR, error against a float64 reference with attribution, the first
   divergence with its worst positions, self-added vs inherited error; verdict
   PASS | FAIL | PRECISION_FLOOR (report.py).
-- `tensor_diff(a, b) -> TensorDiff` — one chunked float64 pass over two tensors (metrics.py).
+- `tensor_diff(a, b) -> TensorDiff` — one fused chunked pass over two tensors, sums in float64
+  (metrics.py, chunk.py).
 - `error_sweep(run, sizes) -> SweepReport` — error at each problem size and its log-log slope
   (sweep.py).
 Every record has `.render()`: a short text for a model, decisive numbers first.
