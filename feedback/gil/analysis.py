@@ -79,7 +79,8 @@ class HolderEvidence(BaseModel):
     holder: str
     """Thread that held the GIL while the waiter waited ('nobody' during hand-offs)."""
     share: float
-    """Share of the waiter's waiting samples."""
+    """Share of the waiter's waiting samples; without `same_instant`, of all the trace's
+    samples."""
     python_stack: list[str] = Field(default_factory=list)
     """Holder's Python frames, innermost first (up to 5)."""
     native_top: list[str] = Field(default_factory=list)
@@ -91,6 +92,9 @@ class ThreadBlame(BaseModel):
     waiting: float
     evidence: list[HolderEvidence] = Field(default_factory=list)
     """The three most frequent holder stacks, most frequent first."""
+    same_instant: bool = True
+    """Evidence from the snapshots in which the waiter waited (`py-spy dump`); False: the GIL's
+    holders over the whole trace (`py-spy record --gil`), not only while this thread waited."""
 
 
 class GilReport(BaseModel):
@@ -111,9 +115,14 @@ class GilReport(BaseModel):
         for b in self.blame:
             for ev in b.evidence[:1]:
                 where = " <- ".join(ev.python_stack[:3]) or " / ".join(ev.native_top) or "?"
+                held = (
+                    f"meanwhile {ev.holder!r} held it {ev.share:.0%} of that time"
+                    if b.same_instant
+                    else f"over the trace {ev.holder!r} held it {ev.share:.0%} of the time"
+                )
                 lines.append(
                     f"thread {b.waiter!r} waits for the GIL in {b.waiting:.0%} of samples; "
-                    f"meanwhile {ev.holder!r} held it {ev.share:.0%} of that time, in {where}"
+                    f"{held}, in {where}"
                 )
         lines.append(
             f"{self.snapshots} snapshots over {self.duration_s:.1f} s via {self.method}"
@@ -131,8 +140,9 @@ class GilReport(BaseModel):
                 lines.append(f"  {t.thread}: active {t.running:.0%} idle {t.idle:.0%}; top {top}")
         for b in self.blame:
             for ev in b.evidence[1:3]:
+                when = f"while {b.waiter!r} waited" if b.same_instant else "over the trace"
                 lines.append(
-                    f"  also while {b.waiter!r} waited: {ev.holder!r} {ev.share:.0%} in "
+                    f"  also {when}: {ev.holder!r} {ev.share:.0%} in "
                     + (" <- ".join(ev.python_stack[:3]) or " / ".join(ev.native_top) or "?")
                 )
         lines.extend(f"warning: {w}" for w in self.warnings)

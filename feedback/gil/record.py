@@ -1,19 +1,23 @@
-"""Sample a running Python process with ONE long-lived `py-spy record` (the default sampler).
+"""Sample a running Python process with long-lived `py-spy record`s (the default sampler).
 
-`record_pid(pid, duration_s, interval_s)` starts `py-spy record --format chrometrace --threads
---idle [--native]` once, lets it sample for `duration_s`, stops it (SIGINT: py-spy writes its
-file) and rebuilds per-instant snapshots of every thread from the trace's begin/end events.
+`record_pid(pid, duration_s, interval_s)` starts, once per trace, two recorders side by side:
+- `py-spy record --native --idle --threads --format chrometrace`: every thread's stack with
+  native frames at each sample; the per-instant snapshots are rebuilt from the trace's begin/end
+  events. Native frames show who waits for the GIL (take_gil, a condition wait straight from the
+  interpreter), who sleeps and who runs native code;
+- `py-spy record --gil --idle --threads --nonblocking --format speedscope`: only the GIL's owner
+  at each sample (read from the interpreter), without pausing the target: the exact holding
+  shares and the holders' Python stacks (see `holders.py`).
 
-Why one process: a fresh `py-spy dump --native` per snapshot re-reads the target's memory maps
-and loads native symbols while the target is paused (~100-300 ms per dump here); a long-lived
-recorder does that once, then each sample pauses the target only while its threads are unwound
-(~1 ms with native frames, none with `nonblocking`).
+Why long-lived: a fresh `py-spy dump --native` per snapshot loads the native symbols of every
+library in the stacks while the target is paused (~70-300 ms per dump here, seconds for
+libtorch). A recorder does that once, on its first sample (and once more for each library first
+seen later); after that each sample pauses the target only while its threads are unwound.
 
-What it cannot see: `py-spy record` does not write GIL ownership. With native frames the holder
-is *inferred*: a thread whose innermost frames are Python or interpreter code (no libc wait, no
-extension) is executing bytecode, which needs the GIL. Native extension code that keeps the GIL
-counts as `running`. Without native frames (`native=False`) nothing tells a GIL wait from sleep,
-so every sample is marked `owns_gil=None` (GIL not visible).
+What it cannot see: chrometrace does not write GIL ownership, so in the snapshots the holder is
+*inferred* (a thread executing Python with only interpreter frames above it); the exact holders
+from `--gil` then replace the holding shares and the blame evidence, but they lose the instants:
+blame names who held the GIL over the trace, not only while the waiter waited.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from bisect import bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,78 +44,147 @@ from infra_agent.feedback.gil.analysis import (
     ThreadSample,
     blocked_in_syscall,
 )
+from infra_agent.feedback.gil.holders import HeldGil
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable, find_py_spy
 
 DEFAULT_INTERVAL_S = 0.1
-"""Seconds between samples of the long-lived recorder (10/s): ~1% pause with native frames."""
+"""Seconds between samples (10/s): after the first sample, pauses are ~1 ms per sample."""
 
 THREAD_FRAME = re.compile(r"^thread \((\d+)\)(?:: (.*))?$")
 
 
-def record_pid(
-    pid: int,
-    *,
-    duration_s: float = 5.0,
-    interval_s: float = DEFAULT_INTERVAL_S,
-    native: bool = True,
-    nonblocking: bool = False,
-) -> tuple[list[list[ThreadSample]], float]:
-    """Snapshots of `pid` over `duration_s` from one `py-spy record`; (snapshots, seconds).
+@dataclass
+class Recording:
+    """What the two recorders saw."""
 
-    Stops early, keeping what it has, when the process exits. `nonblocking` never pauses the
-    target and has no native frames (py-spy cannot unwind native stacks without pausing).
-    """
+    snapshots: list[list[ThreadSample]]
+    """Every thread at each sampling instant (native frames; GIL holder inferred)."""
+    held: list[HeldGil] | None
+    """Exact GIL holders (None when the `--gil` recorder failed)."""
+    ticks: int
+    """Samples attempted per recorder."""
+    duration_s: float
+    warnings: list[str] = field(default_factory=list)
+
+
+def record_pid(
+    pid: int, *, duration_s: float = 5.0, interval_s: float = DEFAULT_INTERVAL_S
+) -> Recording:
+    """Record `pid` for `duration_s` (see the module docstring); stops early, keeping what it
+    has, when the process exits. Raises PySpyUnavailable when py-spy cannot record it."""
     rate = max(1, round(1.0 / interval_s))
-    with_native = native and not nonblocking
     with tempfile.TemporaryDirectory(prefix="infra-agent-gil-") as tmp:
-        out = Path(tmp) / "trace.json"
-        cmd = [find_py_spy(), "record", "--pid", str(pid), "--rate", str(rate)]
-        cmd += ["--format", "chrometrace", "--threads", "--idle", "-o", str(out)]
-        # A bound of its own, so py-spy ends even if this process dies without stopping it.
-        cmd += ["--duration", str(math.ceil(duration_s) + 10)]
-        cmd += ["--native"] if with_native else []
-        cmd += ["--nonblocking"] if nonblocking else []
+        stacks_out, gil_out = Path(tmp) / "stacks.json", Path(tmp) / "gil.json"
+        # Each recorder has a bound of its own, so it ends even if this process dies first.
+        base = [find_py_spy(), "record", "--pid", str(pid), "--rate", str(rate), "--threads"]
+        base += ["--idle", "--duration", str(math.ceil(duration_s) + 10)]
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stacks = _Recorder([*base, "--native", "--format", "chrometrace", "-o", str(stacks_out)])
+        gil: _Recorder | None = None
         try:
-            try:
-                proc.wait(timeout=duration_s)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGINT)  # py-spy writes the trace on Ctrl-C
-            _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired as exc:
-            proc.kill()
-            proc.wait()
-            raise PySpyUnavailable(f"py-spy record of pid {pid} did not stop") from exc
+            # The holder-only recorder starts once the stack recorder samples, so both cover
+            # the same window (it writes nothing when nobody holds the GIL: the window counts).
+            stacks.attached.wait(timeout=30)
+            if stacks.proc.poll() is None:
+                gil = _Recorder([*base, "--gil", "--nonblocking", "--format", "speedscope",
+                                 "-o", str(gil_out)])  # fmt: skip
+                try:
+                    stacks.proc.wait(timeout=duration_s)
+                except subprocess.TimeoutExpired:
+                    pass
+            stop = time.perf_counter()
+            recorders = [r for r in (gil, stacks) if r is not None]
+            for r in recorders:
+                if r.proc.poll() is None:
+                    r.proc.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+            errors = {id(r): r.finish() for r in recorders}
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            for r in (stacks, gil):
+                if r is not None and r.proc.poll() is None:
+                    r.proc.kill()
+                    r.proc.wait()
         elapsed = time.perf_counter() - start
-        if not out.exists():
-            lines = [ln.strip() for ln in (err or "").splitlines() if ln.strip()]
-            why = next((ln for ln in lines if ln.startswith("Error")), lines[0] if lines else "")
-            raise PySpyUnavailable(
-                f"py-spy cannot record pid {pid}: {why[:200] or proc.returncode}"
-            )
+        events = _load(stacks_out, pid, errors[id(stacks)])
+        snapshots = snapshots_from_chrometrace(events, rate=rate)
+        warnings = []
+        held = None
+        if gil is not None:
+            try:
+                held = held_from_speedscope(_load(gil_out, pid, errors[id(gil)]))
+            except PySpyUnavailable as exc:
+                warnings.append(f"GIL holders not recorded ({exc}): holder inferred from stacks")
+    window = stop - (gil.attached_at if gil is not None and gil.attached_at else start)
+    ticks = max(round(window * rate), sum(h.samples for h in held or []), 1)
+    return Recording(snapshots, held, ticks, elapsed, warnings)
+
+
+class _Recorder:
+    """A running `py-spy record`; notes when it says it started sampling."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.attached = threading.Event()
+        self.attached_at = 0.0
+        threading.Thread(target=self._read, name="py-spy-stdout", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # also drains it
+            if not self.attached.is_set() and "Sampling process" in line:
+                self.attached_at = time.perf_counter()
+                self.attached.set()
+        self.attached.set()  # exited
+
+    def finish(self) -> str:
+        """Wait for it (after SIGINT) and return its error line ('' if none)."""
         try:
-            events = json.loads(out.read_text())
-        except ValueError as exc:
-            raise PySpyUnavailable(f"py-spy trace is not JSON: {exc}") from exc
-    return snapshots_from_chrometrace(events, rate=rate, native=with_native), elapsed
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        return next((ln.strip() for ln in err.splitlines() if ln.startswith("Error")), "")
+
+
+def _load(path: Path, pid: int, error: str) -> Any:
+    if not path.exists():
+        raise PySpyUnavailable(f"py-spy cannot record pid {pid}: {error[:200] or 'no output'}")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise PySpyUnavailable(f"py-spy output is not JSON: {exc}") from exc
+
+
+def held_from_speedscope(doc: Any) -> list[HeldGil]:
+    """Holder stacks and their sample counts from a `py-spy record --gil --threads` file."""
+    try:
+        frames = [Frame(name=f["name"], file=f.get("file") or "") for f in doc["shared"]["frames"]]
+        counts: Counter[tuple[int, str, tuple[str, ...]]] = Counter()
+        for profile in doc["profiles"]:
+            for sample in profile["samples"]:
+                stack = [frames[i] for i in reversed(sample)]  # innermost first
+                thread = next((m for f in stack if (m := THREAD_FRAME.match(f.name))), None)
+                if thread is None:
+                    continue
+                py = tuple(f.label(line=False) for f in stack if not THREAD_FRAME.match(f.name))
+                counts[(int(thread.group(1)), thread.group(2) or thread.group(1), py)] += 1
+    except (KeyError, IndexError, TypeError) as exc:
+        raise PySpyUnavailable(f"unexpected py-spy speedscope file: {exc!r}") from exc
+    return [
+        HeldGil(thread_id=tid, thread=name, python_stack=list(py), samples=c)
+        for (tid, name, py), c in counts.items()
+    ]
 
 
 def _frame(event: dict[str, Any]) -> Frame:
     args = event.get("args") or {}
     file, line, name = str(args.get("filename") or ""), int(args.get("line") or 0), event["name"]
-    # py-spy names a native frame's shared library as its file, with no line.
-    native = line == 0 and not file.endswith(".py") and not file.startswith("<")
+    # A native frame's file is its shared library, or its C source when it has debug info.
+    native = not file.endswith(".py") and not file.startswith("<")
     return Frame(name=name, file=file, line=line, native=native, module=file if native else "")
 
 
-def snapshots_from_chrometrace(
-    events: list[dict[str, Any]], *, rate: int, native: bool
-) -> list[list[ThreadSample]]:
+def snapshots_from_chrometrace(events: Any, *, rate: int) -> list[list[ThreadSample]]:
     """Every thread's stack at each sampling instant, from py-spy's chrometrace events.
 
     py-spy writes a begin (B) event per frame that appears and an end (E) event per frame that
@@ -147,21 +222,17 @@ def snapshots_from_chrometrace(
         for times, states in changes.values():
             i = bisect_right(times, at) - 1
             if i >= 0 and states[i]:
-                snap.append(_sample(states[i], native))
+                snap.append(_sample(states[i]))
         snapshots.append(snap)
     return snapshots
 
 
-def _sample(outer_first: list[Frame], native: bool) -> ThreadSample:
+def _sample(outer_first: list[Frame]) -> ThreadSample:
     frames = outer_first[::-1]
     thread = next((m for f in frames if (m := THREAD_FRAME.match(f.name))), None)
     frames = [f for f in frames if not THREAD_FRAME.match(f.name)]
     os_tid = int(thread.group(1)) if thread else 0
     name = (thread.group(2) or str(os_tid)) if thread else "?"
-    if not native:
-        return ThreadSample(
-            thread_id=os_tid, thread_name=name, active=True, owns_gil=None, frames=frames
-        )
     inner = frames[: _first_python(frames)]
     return ThreadSample(
         thread_id=os_tid,

@@ -16,6 +16,7 @@ from typing import Literal
 
 from infra_agent.errors import UserError
 from infra_agent.feedback.gil.analysis import GilReport, ThreadSample, analyze
+from infra_agent.feedback.gil.holders import merge_holders
 from infra_agent.feedback.gil.inprocess import METHOD as INPROCESS_METHOD
 from infra_agent.feedback.gil.pyspy import DEFAULT_INTERVAL_S as DUMP_INTERVAL_S
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable, sample_pid
@@ -23,9 +24,11 @@ from infra_agent.feedback.gil.record import DEFAULT_INTERVAL_S as RECORD_INTERVA
 from infra_agent.feedback.gil.record import record_pid
 
 Sampler = Literal["record", "dump"]
-"""`record`: one long-lived `py-spy record` (default, ~1% pause at 10 samples/s with native
-frames; GIL holder inferred). `dump`: a fresh `py-spy dump --json` per snapshot (reads GIL
-ownership exactly, but each native dump pauses the target ~100-300 ms while symbols load)."""
+"""`record`: two long-lived `py-spy record`s per trace (default; one pause of ~0.1-0.3 s on the
+first sample while native symbols load, then ~1 ms per sample; exact GIL holders without
+pausing, but blame over the whole trace). `dump`: a fresh `py-spy dump --json` per snapshot
+(GIL ownership and waits at the same instants, but with native frames each dump pauses the
+target ~0.1-0.3 s while symbols load: +30-60% slowdown at 1/s)."""
 
 
 def trace_pid(
@@ -40,9 +43,10 @@ def trace_pid(
 ) -> GilReport:
     """Sample a running Python process with py-spy; raises PySpyUnavailable if it cannot.
 
-    `sampler` defaults to `record`, or `dump` when `nonblocking` (a non-pausing dump still reads
-    GIL ownership; a non-pausing record sees neither ownership nor waits). `interval_s` defaults
-    to 0.1 s for `record` and 1 s for `dump`.
+    `sampler` defaults to `record`; to `dump` without native frames or when `nonblocking`
+    (a dump reads GIL ownership and thread activity without pausing; a recorder without native
+    frames could not tell waiting from sleeping). `interval_s` defaults to 0.1 s for `record`,
+    1 s for `dump`.
     """
     if pid <= 0:
         raise UserError(f"bad pid {pid}")
@@ -52,39 +56,60 @@ def trace_pid(
         raise UserError(f"no process with pid {pid}") from exc
     except PermissionError:
         pass  # exists, owned by someone else: py-spy will say whether it can attach
-    chosen: Sampler = sampler or ("dump" if nonblocking else "record")
-    if chosen not in ("record", "dump"):
-        raise UserError(f"unknown sampler {chosen!r} (record or dump)")
     with_native = native and not nonblocking
+    chosen: Sampler = sampler or ("record" if with_native else "dump")
     if chosen == "record":
-        interval = RECORD_INTERVAL_S if interval_s is None else interval_s
-        snapshots, elapsed = record_pid(
-            pid, duration_s=duration_s, interval_s=interval, native=native, nonblocking=nonblocking
-        )
-        rate = max(1, round(1.0 / interval))
-        method = f"py-spy record{' --native' if with_native else ''}, one process, {rate}/s"
-        method += " (GIL holder inferred from stacks)" if with_native else ""
-    else:
-        interval = DUMP_INTERVAL_S if interval_s is None else interval_s
-        snapshots, elapsed = sample_pid(
-            pid, duration_s=duration_s, interval_s=interval, native=native, nonblocking=nonblocking
-        )
-        method = f"py-spy dump --json{' --native' if with_native else ''}, one process per snapshot"
+        if not with_native:
+            raise UserError("sampler 'record' needs native frames; use sampler 'dump' without")
+        return _trace_record(pid, duration_s, interval_s or RECORD_INTERVAL_S, blame_threshold)
+    if chosen != "dump":
+        raise UserError(f"unknown sampler {chosen!r} (record or dump)")
+    snapshots, elapsed = sample_pid(
+        pid,
+        duration_s=duration_s,
+        interval_s=interval_s or DUMP_INTERVAL_S,
+        native=native,
+        nonblocking=nonblocking,
+    )
     if not snapshots:
         raise UserError(f"no samples of pid {pid} (did it exit?)")
+    method = f"py-spy dump --json{' --native' if with_native else ''}, one process per snapshot"
     report = analyze(
         snapshots, method=method, duration_s=elapsed, pid=pid, blame_threshold=blame_threshold
     )
-    if chosen == "record" and with_native:
-        report.gil_inferred = True
-        report.warnings.append(
-            "GIL holder inferred (py-spy record writes no ownership): a thread executing Python "
-            "holds it; native code keeping the GIL counts as runs-native (sampler='dump' reads it)"
-        )
     if not with_native:
         report.warnings.append(
             "no native frames: a thread waiting for the GIL counts as running or idle"
         )
+    return report
+
+
+def _trace_record(
+    pid: int, duration_s: float, interval_s: float, blame_threshold: float
+) -> GilReport:
+    rec = record_pid(pid, duration_s=duration_s, interval_s=interval_s)
+    if not rec.snapshots:
+        raise UserError(f"no samples of pid {pid} (did it exit?)")
+    rate = max(1, round(1.0 / interval_s))
+    exact = rec.held is not None
+    method = f"py-spy record --native{' + --gil' if exact else ''}, one process each, {rate}/s"
+    report = analyze(
+        rec.snapshots, method=method, duration_s=rec.duration_s, pid=pid,
+        blame_threshold=blame_threshold,
+    )  # fmt: skip
+    report.gil_inferred = True
+    if rec.held is not None:
+        merge_holders(report, rec.held, rec.ticks)
+        report.warnings.append(
+            "blame: GIL holders over the whole trace (py-spy record --gil), not only while the "
+            "waiter waited; sampler='dump' gives same-instant holders at a higher cost"
+        )
+    else:
+        report.warnings.append(
+            "GIL holder inferred: a thread executing Python holds it; native code keeping the "
+            "GIL counts as runs-native (sampler='dump' reads ownership)"
+        )
+    report.warnings.extend(rec.warnings)
     return report
 
 
