@@ -1,13 +1,13 @@
 """Export throughput: N synthetic trajectories from a real SQLite run store to each format.
 
-Prints, in one run, rows/s of
+Prints, in one run, side by side (interleaved, best of 3), rows/s of the rl/parquet
 
-- the full export (store -> trajectories -> validated rows -> file), per format and container;
-- its stages: reading + building the trajectories (redaction, rewards, schema validation),
-  turning them into rows, and writing the rows (validation + Arrow columns + Parquet);
-- a plain `pyarrow.Table.from_pylist(rows)` + `pq.write_table` of the same rows,
+- full export (store -> rows -> redacted, validated Parquet file), as `infra-agent export` runs it;
+- our writer alone on the exported rows (redaction, typed Arrow columns, column checks, zstd);
+- plain `pyarrow.Table.from_pylist(rows)` + `pq.write_table` of the same rows,
 
-so the writing stage can be compared with what Arrow alone costs. Usage:
+the ratio of the full export to the plain write, then where the export's CPU goes (per-phase
+timings through the exporter's own functions, and cProfile's top functions). Usage:
 
     .venv/bin/python benchmarks/bench_export.py [--n 10000] [--jobs N] [--all-formats] [--keep DIR]
 """
@@ -15,9 +15,10 @@ so the writing stage can be compared with what Arrow alone costs. Usage:
 from __future__ import annotations
 
 import argparse
-import functools
+import cProfile
+import io
 import json
-import os
+import pstats
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -48,10 +49,12 @@ from infra_agent.store.records import (
     StepRecord,
     ToolCall,
 )
-from infra_agent.trajectories.build import ReviewIndex, build_trajectory, load_run
-from infra_agent.trajectories.export import export_dataset
-from infra_agent.trajectories.formats import ARROW_SCHEMAS, ExportFormat, rl_row
+from infra_agent.trajectories.build import ReviewIndex, load_runs
+from infra_agent.trajectories.export import BATCH_ROWS, export_dataset
+from infra_agent.trajectories.formats import ARROW_SCHEMAS, ExportFormat
 from infra_agent.trajectories.redact import Redactor
+from infra_agent.trajectories.rewards import RewardWeights
+from infra_agent.trajectories.rows import run_row
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
 VERDICTS = [
@@ -135,83 +138,100 @@ def timed(fn: Any) -> tuple[Any, float, float]:
 
 def line(label: str, n: int, wall: float, cpu: float | None, note: str = "") -> str:
     cpu_part = f"{n / cpu:8.0f} rows/CPU-s" if cpu else " " * 17
-    return f"  {label:22s} {n / wall:8.0f} rows/s  {cpu_part}  ({wall:6.2f} s)  {note}"
+    return f"  {label:34s} {n / wall:8.0f} rows/s  {cpu_part}  ({wall:6.2f} s)  {note}"
+
+
+def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str, float, float]]:
+    """CPU and wall seconds of each phase of a one-process export, run batch by batch through
+    the exporter's own functions: read the store, build rows, Arrow columns, redaction, column
+    checks, Parquet writing."""
+    weights = RewardWeights().model_dump()
+    totals: dict[str, list[float]] = {}
+
+    def run(name: str, fn: Any) -> Any:
+        value, wall, cpu = timed(fn)
+        acc = totals.setdefault(name, [0.0, 0.0])
+        acc[0] += wall
+        acc[1] += cpu
+        return value
+
+    with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "x.parquet", "wb") as f:
+        sink = ParquetSink(f, ARROW_SCHEMAS[fmt])
+        runs = run("read store", lambda: list(store.iter_runs()))
+        review = run("read store", lambda: ReviewIndex(store))
+        for start in range(0, len(runs), BATCH_ROWS):
+            chunk = runs[start : start + BATCH_ROWS]
+            bundles = run("read store", lambda: load_runs(store, chunk, review))  # noqa: B023
+            rows = run(
+                "build rows",
+                lambda: [run_row(b, fmt, weights).row for b in bundles if b.steps],  # noqa: B023
+            )
+            table = run("Arrow columns", lambda: arrow_table(fmt, rows))  # noqa: B023
+            table = run("redaction", lambda: redactor.table(table))  # noqa: B023
+            run("column checks", lambda: check_table(fmt, table))  # noqa: B023
+            run("Parquet write (zstd)", lambda: sink.write(table))  # noqa: B023
+        run("Parquet write (zstd)", sink.close)
+    return [(name, wall, cpu) for name, (wall, cpu) in totals.items()]
+
+
+def profile_top(job: Any, n: int = 12) -> list[str]:
+    """The `n` functions with the most own time in one run of `job` (cProfile)."""
+    profiler = cProfile.Profile()
+    profiler.runcall(job)
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(n)
+    text = out.getvalue().splitlines()
+    start = next(i for i, t in enumerate(text) if t.strip().startswith("ncalls"))
+    return [t.replace(str(Path.cwd()) + "/", "") for t in text[start : start + n + 1]]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=10_000, help="Synthetic trajectories.")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the store and outputs here.")
-    parser.add_argument(
-        "--jobs", type=int, default=os.cpu_count() or 1, help="Workers, parallel run."
-    )
+    parser.add_argument("--jobs", type=int, default=1, help="Also time a parallel run (N > 1).")
     parser.add_argument(
         "--all-formats", action="store_true", help="Full export in all six formats."
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="Interleaved repetitions (best).")
+    parser.add_argument(
+        "--no-profile", action="store_true", help="Skip the cProfile run (about 2x the export)."
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         db = root / "runs.db"
-        if db.exists():
-            db.unlink()
-        _, t_pop, _ = timed(lambda: populate(db, args.n))
-        print(f"store: {args.n} runs written in {t_pop:.1f} s ({db.stat().st_size / 1e6:.0f} MB)")
+        if not db.exists():
+            _, t_pop, _ = timed(lambda: populate(db, args.n))
+            print(f"store: {args.n} runs written in {t_pop:.1f} s", end=" ")
+        else:
+            print("store: reused", end=" ")
+        print(f"({db.stat().st_size / 1e6:.0f} MB, {db})")
         store = open_store(db, readonly=True)
         redactor = Redactor.from_environment()
+        fmt = ExportFormat.RL
+        out = root / "rl.parquet"
 
-        print(f"\nfull export, {args.n} trajectories (store -> validated rows -> file):")
-        kinds = (
-            [(f, p) for f in ExportFormat for p in (False, True)]
-            if args.all_formats
-            else [(ExportFormat.RL, True)]
-        )
-        for fmt, parquet in kinds:
-            out = root / f"{fmt.value}.{'parquet' if parquet else 'jsonl'}"
-            job = functools.partial(
-                export_dataset, store, fmt, out, parquet=parquet, redactor=redactor
-            )
-            summary, wall, cpu = timed(job)
-            label = f"{fmt.value} {'parquet' if parquet else 'jsonl'}"
-            print(line(label, summary.rows, wall, cpu, f"{summary.bytes / 1e6:.1f} MB"))
-        if args.jobs > 1:
-            out = root / "rl-jobs.parquet"
-            summary, wall, _ = timed(
-                lambda: export_dataset(
-                    store, ExportFormat.RL, out, parquet=True, redactor=redactor, jobs=args.jobs
-                )
-            )
-            print(
-                line(
-                    f"rl parquet --jobs {args.jobs}",
-                    summary.rows,
-                    wall,
-                    None,
-                    "(workers' CPU not counted)",
-                )
-            )
+        def export() -> Any:
+            return export_dataset(store, fmt, out, parquet=True, redactor=redactor)
 
-        print("\nstages of the rl/parquet export (one process):")
-        t_build = t_rows = c_build = c_rows = 0.0
+        # The rows the export writes, for the writers alone (redacted, as the export writes them).
+        summary = export()
         rows = []
-        review, t_load, c_load = timed(lambda: ReviewIndex(store))
-        for run in store.iter_runs():
-            bundle, w, c = timed(lambda: load_run(store, run, review))  # noqa: B023
-            t_load, c_load = t_load + w, c_load + c
-            traj, w, c = timed(lambda: build_trajectory(bundle, redactor=redactor))  # noqa: B023
-            t_build, c_build = t_build + w, c_build + c
-            row, w, c = timed(lambda: rl_row(traj))  # noqa: B023
-            t_rows, c_rows = t_rows + w, c_rows + c
-            rows.append(row)
+        for r in pq.read_table(out).to_pylist():
+            r["tools"] = json.loads(r.pop("tools_json"))
+            rows.append(r)
         n = len(rows)
-        ours_path, plain_path = root / "stage-ours.parquet", root / "stage-plain.parquet"
+        assert n == summary.rows
+        ours_path, plain_path = root / "writer-ours.parquet", root / "writer-plain.parquet"
 
         def ours() -> None:
             with atomic_file(ours_path) as f:
-                sink = ParquetSink(f, ARROW_SCHEMAS[ExportFormat.RL])
-                for start in range(0, n, 512):
-                    table = arrow_table(ExportFormat.RL, rows[start : start + 512])
-                    check_table(ExportFormat.RL, table)
+                sink = ParquetSink(f, ARROW_SCHEMAS[fmt])
+                for start in range(0, n, BATCH_ROWS):
+                    table = arrow_table(fmt, rows[start : start + BATCH_ROWS], redactor)
+                    check_table(fmt, table)
                     sink.write(table)
                 sink.close()
 
@@ -223,37 +243,62 @@ def main() -> None:
         def plain() -> None:
             pq.write_table(pa.Table.from_pylist(flat), plain_path, compression="zstd")
 
-        # Interleave the two writers and keep the best of 3 each (the machine is shared).
-        t_ours, t_plain = [], []
-        for _ in range(3):
-            t_ours.append(timed(ours)[1:])
-            t_plain.append(timed(plain)[1:])
-        (w_ours, c_ours), (w_plain, c_plain) = min(t_ours), min(t_plain)
-        print(line("read store", n, t_load, c_load))
-        print(
-            line("build trajectories", n, t_build, c_build, "redaction, rewards, schema validation")
+        # Interleave the three and keep each one's best of --repeat (the machine is shared).
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(args.repeat):
+            for name, job in [("export", export), ("ours", ours), ("plain", plain)]:
+                _, wall, cpu = timed(job)
+                best[name] = min(best.get(name, (wall, cpu)), (wall, cpu))
+        (w_exp, c_exp), (w_ours, c_ours), (w_plain, c_plain) = (
+            best["export"],
+            best["ours"],
+            best["plain"],
         )
-        print(line("trajectories -> rows", n, t_rows, c_rows))
-        print(
-            line(
-                "write rows (ours)",
-                n,
-                w_ours,
-                c_ours,
-                "typed columns + column checks + zstd Parquet",
+        print(f"\nrl/parquet, {n} trajectories, best of {args.repeat} interleaved:")
+        print(line("full export (store -> file)", n, w_exp, c_exp, f"{summary.bytes / 1e6:.1f} MB"))
+        print(line("our writer alone (rows -> file)", n, w_ours, c_ours,
+                   "redaction + typed columns + checks + zstd"))  # fmt: skip
+        print(line("plain pyarrow (rows -> file)", n, w_plain, c_plain,
+                   "Table.from_pylist + write_table (zstd)"))  # fmt: skip
+        print(f"  full export / plain pyarrow: {c_exp / c_plain:.2f}x CPU time, "
+              f"{w_exp / w_plain:.2f}x wall time (goal: <= 2x)")  # fmt: skip
+        print(f"  our writer / plain pyarrow:  {c_ours / c_plain:.2f}x CPU time, "
+              f"{w_ours / w_plain:.2f}x wall time")  # fmt: skip
+
+        if args.jobs > 1:
+            job_out = root / "rl-jobs.parquet"
+            s, wall, _ = timed(
+                lambda: export_dataset(
+                    store, fmt, job_out, parquet=True, redactor=redactor, jobs=args.jobs
+                )
             )
-        )
-        print(
-            line(
-                "write rows (plain)", n, w_plain, c_plain, "Table.from_pylist + write_table (zstd)"
-            )
-        )
-        print(
-            f"  ours / plain write time: {w_ours / w_plain:.2f}x wall, {c_ours / c_plain:.2f}x CPU"
-        )
-        total = c_load + c_build + c_rows + c_ours
-        print(f"  CPU share of a one-process export: read {c_load / total:.0%}, build {c_build / total:.0%}, "
-              f"rows {c_rows / total:.0%}, write {c_ours / total:.0%}")  # fmt: skip
+            assert job_out.read_bytes() == out.read_bytes()
+            print(line(f"full export --jobs {args.jobs}", s.rows, wall, None,
+                       f"{wall / w_plain:.2f}x plain's wall time; same bytes"))  # fmt: skip
+
+        print("\nwhere a one-process rl/parquet export spends its CPU:")
+        parts = phases(store, redactor, fmt)
+        total = sum(cpu for _, _, cpu in parts)
+        for name, _wall, cpu in parts:
+            print(f"  {name:22s} {cpu * 1e6 / n:7.0f} us/row  {cpu / total:4.0%}  "
+                  f"({cpu / c_plain:4.2f}x plain pyarrow's whole write)")  # fmt: skip
+        print(f"  {'total':22s} {total * 1e6 / n:7.0f} us/row        "
+              f"({total / c_plain:4.2f}x plain pyarrow's whole write)")  # fmt: skip
+
+        if not args.no_profile:
+            print("\ncProfile of one full export (own time, top functions):")
+            for text in profile_top(export):
+                print("  " + text)
+
+        if args.all_formats:
+            print(f"\nfull export, every format, {args.n} runs:")
+            for f, parquet in [(f, p) for f in ExportFormat for p in (False, True)]:
+                path = root / f"{f.value}.{'parquet' if parquet else 'jsonl'}"
+                s, wall, cpu = timed(
+                    lambda: export_dataset(store, f, path, parquet=parquet, redactor=redactor)  # noqa: B023
+                )
+                label = f"{f.value} {'parquet' if parquet else 'jsonl'}"
+                print(line(label, s.rows, wall, cpu, f"{s.bytes / 1e6:.1f} MB"))
 
 
 if __name__ == "__main__":

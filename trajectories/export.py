@@ -11,6 +11,7 @@ appears at the output path.
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import time
@@ -311,6 +312,29 @@ def export_dataset(
     if strict_openai and (fmt is not ExportFormat.OPENAI_SFT or parquet):
         raise UserError("--strict-openai applies to --format openai-sft as JSONL only")
     started = time.perf_counter()
+    collecting = gc.isenabled()
+    gc.disable()  # an export allocates millions of small acyclic objects: no cycles to collect
+    try:
+        return _export(store, fmt, out, parquet, flt, redactor, weights, batch_rows, jobs,
+                       strict_openai, started)  # fmt: skip
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _export(
+    store: RunStore,
+    fmt: ExportFormat,
+    out: Path,
+    parquet: bool,
+    flt: ExportFilter | None,
+    redactor: Redactor | None,
+    weights: RewardWeights | None,
+    batch_rows: int,
+    jobs: int,
+    strict_openai: bool,
+    started: float,
+) -> ExportSummary:
     producer = _Producer(
         fmt,
         parquet,

@@ -40,7 +40,8 @@ class _Strict(BaseModel):
 class FunctionCall(_Strict):
     name: str
     arguments: str
-    """JSON text; exactly the model's text when it was not a JSON object."""
+    """JSON text: exports write the model's text verbatim (`{}` when blank), whether or not it is
+    a JSON object; `chat_messages` re-encodes the ATIF object (the raw text when not one)."""
 
 
 class ChatToolCall(_Strict):

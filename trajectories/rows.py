@@ -2,8 +2,9 @@
 
 `formats.sft_row` / `formats.rl_row` derive a row from the canonical `Trajectory`; building and
 validating that record costs about a millisecond a run, most of an export's time. These functions
-give the same rows (tests/trajectories/test_rows.py holds them equal on a realistic store) from a
-`RunBundle` directly. Rows come out *not yet redacted nor validated*: the exporter does both for a
+give the same rows from a `RunBundle` directly (tests/trajectories/test_rows.py holds them equal
+on a realistic store), except that tool-call arguments are the model's text verbatim rather than
+re-encoded from the parsed object (same JSON value, the model's own spacing). Rows come out *not yet redacted nor validated*: the exporter does both for a
 whole batch at once (`Redactor.table` / `Redactor.texts`, then the format's Arrow schema and
 `writers.check_table`).
 
@@ -14,7 +15,6 @@ result with no call before it stands on its own.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,12 +179,8 @@ def chat_messages(records: list[StepRecord]) -> list[dict[str, Any]]:
 
 
 def arguments_text(raw: str) -> str:
-    """Tool-call arguments as chat JSON text: a JSON object re-encoded as `build` parses it
-    (compact, key order kept), anything else exactly as the model wrote it, blank as `{}`."""
-    if not raw.strip():
-        return "{}"
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return raw
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else raw
+    """Tool-call arguments as chat JSON text: exactly what the model wrote (`{}` when blank).
+
+    Not re-encoded: a JSON object keeps the model's own spacing (what a fine-tuned model should
+    learn to write), and text that is not a JSON object stays as it was, as in `build`."""
+    return raw if raw.strip() else "{}"

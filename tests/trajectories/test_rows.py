@@ -20,13 +20,26 @@ from infra_agent.trajectories.rows import arguments_text, run_row
 
 
 def _both(bundle: RunBundle, fmt: ExportFormat, weights: RewardWeights) -> tuple[Any, Any]:
-    """(fast row, row from the Trajectory), both redacted and as JSON would hold them."""
+    """(fast row, row from the Trajectory), both redacted and as JSON would hold them, tool-call
+    arguments that are JSON objects parsed (the fast path keeps the model's spacing)."""
     redactor = Redactor.from_environment()
     fast = run_row(bundle, fmt, weights.model_dump()).row
     fast = json.loads(redactor.texts([json.dumps(fast, ensure_ascii=False)])[0])
     t = build_trajectory(bundle, redactor=redactor, weights=weights)
     slow = sft_row(t) if fmt is ExportFormat.OPENAI_SFT else rl_row(t)
-    return fast, json.loads(json.dumps(slow, ensure_ascii=False))
+    return _parsed_arguments(fast), _parsed_arguments(json.loads(json.dumps(slow)))
+
+
+def _parsed_arguments(row: dict[str, Any]) -> dict[str, Any]:
+    messages = row.get("messages", []) + row.get("prompt", []) + row.get("completion", [])
+    for call in [c for m in messages for c in m.get("tool_calls") or []]:
+        try:
+            value = json.loads(call["function"]["arguments"])
+        except ValueError:
+            continue  # not JSON: kept verbatim by both paths
+        if isinstance(value, dict):
+            call["function"]["arguments"] = value
+    return row
 
 
 @pytest.mark.parametrize("fmt", [ExportFormat.OPENAI_SFT, ExportFormat.RL])
@@ -86,7 +99,7 @@ def test_conversation_edge_cases_match(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "raw, text",
-    [("", "{}"), (" \n", "{}"), ('{"a":1}', '{"a": 1}'), ("[1]", "[1]"), ('{"a": ', '{"a": ')],
+    [("", "{}"), (" \n", "{}"), ('{"a":1}', '{"a":1}'), ("[1]", "[1]"), ('{"a": ', '{"a": ')],
 )
 def test_arguments_text(raw: str, text: str) -> None:
     assert arguments_text(raw) == text
