@@ -28,6 +28,7 @@ from infra_agent.experiments.arms import (
     worker_guard,
 )
 from infra_agent.experiments.measure import ArmError, ExperimentTimeout, decide, evidence, measure
+from infra_agent.experiments.procwatch import ProcessWatch
 from infra_agent.experiments.verdict import (
     CorrectnessEvidence,
     Evidence,
@@ -303,6 +304,14 @@ class Experiment:
                     except Exception:  # noqa: BLE001 - finish must not mask the verdict
                         pass
             self.arms.close()
+            if arms is not None:
+                watched = {
+                    arm.name: arm._worker.watch.summary()
+                    for arm in arms
+                    if isinstance(getattr(arm._worker, "watch", None), ProcessWatch)
+                }
+                if watched:  # python tasks: what the leftover-work guard saw in each worker
+                    self.evidence.extra["process_watch"] = watched
         self.evidence.log_tail = self.log_tail[-4000:]
         self.evidence.extra["fresh_input_seeds"] = len(self.seeds.used)
         self.evidence.extra["static_rules_allowed"] = sorted(

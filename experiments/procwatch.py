@@ -213,6 +213,16 @@ class ProcessWatch:
                 return pid
         return None
 
+    def summary(self) -> dict[str, object]:
+        """What the watch saw, for the experiment's evidence: how it looked, the threads alive
+        after warm-up, and the later threads it let pass because they were measured idle."""
+        return {
+            "method": self.method,
+            "threads_after_warmup": self.warm_threads,
+            "idle_pool_threads_tolerated": len(self.tolerated),
+            "pool_threads_allowed": self.pool_threads,
+        }
+
     def mark_warm(self, reported_threads: int = 0) -> None:
         """Record the worker's thread count after warm-up (compute pools started lazily)."""
         if self.method == "self-report":

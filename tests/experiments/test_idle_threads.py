@@ -114,6 +114,11 @@ def test_torch_threads_knob_is_not_rejected() -> None:
     result = run_experiment(task, knob_patch({"threads": 2})).result
     assert result.verdict not in (Verdict.REJECTED, Verdict.FAILED), result.render()
     assert result.evidence.performance is not None
+    # What the leftover-work guard let pass is in the evidence, per arm.
+    watch = result.evidence.extra["process_watch"]
+    assert set(watch) == {"baseline", "candidate"}  # type: ignore[arg-type]
+    assert watch["candidate"]["idle_pool_threads_tolerated"] >= 1  # type: ignore[index]
+    assert watch["candidate"]["pool_threads_allowed"] >= 1  # type: ignore[index]
 
 
 def test_thread_burning_after_return_is_rejected(pytask, make_patch, backend: str) -> None:
