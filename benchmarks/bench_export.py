@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import pstats
@@ -161,7 +162,10 @@ def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str,
         review = run("read store", lambda: ReviewIndex(store))
         for start in range(0, len(runs), BATCH_ROWS):
             chunk = runs[start : start + BATCH_ROWS]
-            bundles = run("read store", lambda: load_runs(store, chunk, review))  # noqa: B023
+            bundles = run(
+                "read store",
+                lambda: load_runs(store, chunk, review, patches=False),  # noqa: B023
+            )
             rows = run(
                 "build rows",
                 lambda: [run_row(b, fmt, weights).row for b in bundles if b.steps],  # noqa: B023
@@ -216,12 +220,16 @@ def main() -> None:
         def export() -> Any:
             return export_dataset(store, fmt, out, parquet=True, redactor=redactor)
 
-        # The rows the export writes, for the writers alone (redacted, as the export writes them).
+        # The rows the export writes (made by the exporter's functions), for the writers alone.
         summary = export()
-        rows = []
-        for r in pq.read_table(out).to_pylist():
-            r["tools"] = json.loads(r.pop("tools_json"))
-            rows.append(r)
+        review = ReviewIndex(store)
+        weights = RewardWeights().model_dump()
+        runs = list(store.iter_runs())
+        rows = [
+            run_row(bundle, fmt, weights).row
+            for start in range(0, len(runs), BATCH_ROWS)
+            for bundle in load_runs(store, runs[start : start + BATCH_ROWS], review, patches=False)
+        ]
         n = len(rows)
         assert n == summary.rows
         ours_path, plain_path = root / "writer-ours.parquet", root / "writer-plain.parquet"
@@ -244,11 +252,14 @@ def main() -> None:
             pq.write_table(pa.Table.from_pylist(flat), plain_path, compression="zstd")
 
         # Interleave the three and keep each one's best of --repeat (the machine is shared).
+        # All three without cyclic GC, as the export runs.
         best: dict[str, tuple[float, float]] = {}
+        gc.disable()
         for _ in range(args.repeat):
             for name, job in [("export", export), ("ours", ours), ("plain", plain)]:
                 _, wall, cpu = timed(job)
                 best[name] = min(best.get(name, (wall, cpu)), (wall, cpu))
+        gc.enable()
         (w_exp, c_exp), (w_ours, c_ours), (w_plain, c_plain) = (
             best["export"],
             best["ours"],
@@ -277,7 +288,9 @@ def main() -> None:
                        f"{wall / w_plain:.2f}x plain's wall time; same bytes"))  # fmt: skip
 
         print("\nwhere a one-process rl/parquet export spends its CPU:")
+        gc.disable()
         parts = phases(store, redactor, fmt)
+        gc.enable()
         total = sum(cpu for _, _, cpu in parts)
         for name, _wall, cpu in parts:
             print(f"  {name:22s} {cpu * 1e6 / n:7.0f} us/row  {cpu / total:4.0%}  "

@@ -91,9 +91,12 @@ def load_run(store: RunStore, run: RunRecord, review: ReviewIndex | None = None)
     return load_runs(store, [run], review or ReviewIndex(store, run.id))[0]
 
 
-def load_runs(store: RunStore, runs: list[RunRecord], review: ReviewIndex) -> list[RunBundle]:
+def load_runs(
+    store: RunStore, runs: list[RunRecord], review: ReviewIndex, *, patches: bool = True
+) -> list[RunBundle]:
     """`load_run` of each run, in order, with a few queries for all of them when the store
-    offers bulk reads (`store.base.BulkReads`)."""
+    offers bulk reads (`store.base.BulkReads`). `patches=False` leaves `RunBundle.patches` empty
+    (the chat and RL rows do not show patch bodies)."""
     ids = [run.id for run in runs]
     if isinstance(store, BulkReads):
         steps, experiments = store.steps_of_runs(ids), store.experiments_of_runs(ids)
@@ -121,17 +124,19 @@ def load_runs(store: RunStore, runs: list[RunRecord], review: ReviewIndex) -> li
                 decisions={p.id: list(review.decisions.get(p.id, [])) for p in proposals},
             )
         )
+    if not patches:
+        return bundles
     wanted = [patch_id for b in bundles for patch_id in patch_order(b)]
     if isinstance(store, BulkReads):
-        patches = store.patches_by_id(wanted)
+        found = store.patches_by_id(wanted)
     else:
-        patches = {}
+        found = {}
         for patch_id in dict.fromkeys(wanted):
             patch = store.get_patch(patch_id)
             if patch is not None:
-                patches[patch_id] = patch
+                found[patch_id] = patch
     for b in bundles:
-        b.patches = {i: patches[i] for i in patch_order(b) if i in patches}
+        b.patches = {i: found[i] for i in patch_order(b) if i in found}
     return bundles
 
 

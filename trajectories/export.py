@@ -154,8 +154,10 @@ class _Producer:
     strict_openai: bool = False
 
     def batch(self, store: RunStore, runs: list[RunRecord], review: ReviewIndex) -> _Batch:
-        bundles = load_runs(store, [run for run in runs if self.flt.admits_run(run)], review)
-        if self.fmt is ExportFormat.ATIF:
+        admitted = [run for run in runs if self.flt.admits_run(run)]
+        atif = self.fmt is ExportFormat.ATIF
+        bundles = load_runs(store, admitted, review, patches=atif)
+        if atif:
             return self._trajectories(bundles)
         return self._rows(bundles)
 

@@ -255,12 +255,21 @@ def trajectory_scores(
     results: Sequence[ExperimentResult], review_scores: Sequence[float]
 ) -> dict[str, float]:
     """The components of `trajectory_reward`, as plain floats."""
+    candidates = [(candidate_scores(r), Flag.SUSPICIOUS in r.flags) for r in results]
+    return aggregate_scores(candidates, review_scores)
+
+
+def aggregate_scores(
+    candidates: Sequence[tuple[Mapping[str, float], bool]], review_scores: Sequence[float]
+) -> dict[str, float]:
+    """Trajectory components from each experiment's `candidate_scores` and whether it was flagged
+    suspicious (a suspicious win is not a proven one), plus the proposals' review scores."""
     values: dict[str, float] = {}
     for fn in CANDIDATE_REWARDS:
-        pool = results
-        if fn.name == "proven_improvement":  # a suspicious win is not a proven one
-            pool = [r for r in results if Flag.SUSPICIOUS not in r.flags]
-        scores = [fn.score(r) for r in pool]
+        if fn.name == "proven_improvement":
+            scores = [c[fn.name] for c, flagged in candidates if not flagged]
+        else:
+            scores = [c[fn.name] for c, _ in candidates]
         values[fn.name] = _aggregate(fn.aggregate, scores)
     values["review"] = sum(review_scores) / len(review_scores) if review_scores else 0.0
     return values
