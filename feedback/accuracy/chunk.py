@@ -1,7 +1,7 @@
 """The fused chunked pass behind `tensor_diff`: every metric of one chunk from one `b - a`.
 
 Per chunk (a = baseline, b = candidate, d = b - a, all in the work dtype):
-`Σa², Σb², Σd²` (squared 2-norms), `Σ|d|`, `max|d|`, and, only when max|d| > atol, the count of
+`Σa², Σb², Σd²`, `Σ|d|`, `max|d|`, and, only when max|d| > atol, the count of
 |d| > atol + rtol·|a|. Element-wise work reuses per-thread scratch buffers (no allocation per
 chunk). A chunk whose sums are not finite (NaN/inf inside, or float32 overflow) is redone in
 float64 on the slow path, which leaves non-finite elements out of the sums and counts them.
@@ -30,6 +30,9 @@ MIN_PER_THREAD = 1 << 20
 MAX_THREADS = 4
 """Python threads at most: each op holds the GIL for a few µs of its ~10 µs, so more threads
 would only queue for it."""
+
+TINY = 2.0**-60
+"""A float32 sum of squares below this may have lost squares to underflow (each under 2^-126)."""
 
 EXACT_COUNT = 1 << 24
 """A float32 sum of 0/1 flags is exact up to this many elements."""
@@ -77,10 +80,16 @@ def _in_work(x: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
     return buffer[: x.numel()].copy_(x)
 
 
-def _square_sum(x: torch.Tensor) -> float:
-    """Σx² as a Python float: the square of the 2-norm, one pass, no BLAS call (MKL's dot
-    wakes its own thread pool for a 16K-element vector)."""
-    return float(torch.linalg.vector_norm(x)) ** 2
+def _square_sum(x: torch.Tensor, scratch: torch.Tensor) -> float:
+    """Σx² of one chunk as a Python float: a cascade sum of the squares (as accurate as
+    `torch.sum`; a vectorized norm or BLAS dot accumulates lane by lane and, on mixed
+    magnitudes, loses small squares: 5e-5 relative was seen; MKL's dot also wakes its own
+    thread pool). A float32 sum below `TINY` is redone in float64: squares of values under
+    ~1e-19 are denormal or zero in float32."""
+    total = float(torch.mul(x, x, out=scratch[: x.numel()]).sum())
+    if total < TINY and x.dtype == torch.float32:
+        total = float(torch.square(x.double()).sum())
+    return total
 
 
 def diff_chunk(
@@ -89,14 +98,14 @@ def diff_chunk(
     """One chunk's numbers, and |d| (non-finite disagreements as inf) for locating the max.
 
     Element-wise work runs in the inputs' precision (float32 for float32 and 16-bit inputs:
-    b - a of two nearby floats is exact, Sterbenz) with accurate reductions over at most a chunk
-    (vectorized norm, cascade sum); the caller adds chunks in float64.
+    b - a of two nearby floats is exact, Sterbenz) with cascade sums over at most a chunk; the
+    caller adds chunks in float64.
     """
     work = s.work
     n = a_in.numel()
     a, b = _in_work(a_in, s.a), _in_work(b_in, s.b)
     d = torch.sub(b, a, out=s.d[:n])
-    aa, bb, dd = _square_sum(a), _square_sum(b), _square_sum(d)
+    aa, bb, dd = _square_sum(a, s.tol), _square_sum(b, s.tol), _square_sum(d, s.tol)
     nonfinite = 0
     if not (math.isfinite(aa) and math.isfinite(bb) and math.isfinite(dd)):
         # Slow path, only for chunks holding NaN/inf (or float32 overflow): equal infinities
@@ -109,7 +118,7 @@ def diff_chunk(
         a = torch.where(both, a, 0.0)
         b = torch.where(both, b, 0.0)
         d = b - a
-        aa, bb, dd = _square_sum(a), _square_sum(b), _square_sum(d)
+        aa, bb, dd = (float(torch.square(x).sum()) for x in (a, b, d))
         d.abs_()
         sum_abs = float(d.sum())
         d = torch.where(bad, math.inf, d)

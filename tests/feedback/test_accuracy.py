@@ -3,6 +3,7 @@
 import math
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 
@@ -129,3 +130,121 @@ def test_tensor_diff_chunking_and_non_finite_values() -> None:
     assert d.nonfinite == 1 and d.max_abs_at == [3, 3] and math.isinf(d.max_abs)
     with pytest.raises(UserError, match="shape mismatch"):
         tensor_diff(a, b[:3])
+
+
+def reference_diff(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> dict:
+    """The metrics of `tensor_diff`, unchunked and all in float64: the ground truth."""
+    x, y = a.double().reshape(-1), b.double().reshape(-1)
+    both = torch.isfinite(x) & torch.isfinite(y)
+    bad = ~both & (x != y)
+    x, y = torch.where(both, x, 0.0), torch.where(both, y, 0.0)
+    d = (y - x).abs()
+    located = torch.where(bad, math.inf, d)
+    aa, bb, dd = (float(torch.square(t).sum()) for t in (x, y, d))
+    n = d.numel()
+    at = int(torch.argmax(located))
+    return {
+        "rel_diff": dd / (aa + bb),
+        "mean_abs": float(d.sum()) / n,
+        "rmse": math.sqrt(dd / n),
+        "sqnr_db": 10 * math.log10(aa / dd),
+        "max_abs": float(located[at]),
+        "max_abs_at": [int(i) for i in numpy.unravel_index(at, tuple(a.shape))],
+        "violations": int((located > atol + rtol * x.abs()).sum()),
+        "nonfinite": int(bad.sum()),
+    }
+
+
+def clear_noise(n: int, g: torch.Generator, tol: float) -> torch.Tensor:
+    """Differences either well inside (tol/100) or well outside (tol·10) the tolerance, so a
+    float32 and a float64 count of violations must agree exactly."""
+    sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
+    outside = torch.rand(n, generator=g) < 0.01
+    return sign * torch.where(outside, tol * 10, tol / 100)
+
+
+def assert_matches(diff: object, ref: dict) -> None:
+    got = diff.model_dump()  # type: ignore[attr-defined]
+    for key in ("max_abs", "max_abs_at", "violations", "nonfinite"):
+        assert got[key] == ref[key], key
+    for key in ("rel_diff", "mean_abs", "rmse", "sqnr_db"):
+        assert got[key] == pytest.approx(ref[key], rel=1e-5), key
+
+
+def test_fused_pass_matches_float64_reference_on_random_data_across_chunks_and_threads() -> None:
+    g = torch.Generator().manual_seed(3)
+    n = (1 << 21) + 17  # 65 chunks, a ragged last one; enough for 2 threads
+    a = torch.randn(n, generator=g)
+    b = a + clear_noise(n, g, 1.2e-5).float()
+    rtol, atol = 1.3e-6, 1e-5
+    ref = reference_diff(a, b, rtol, atol)
+    assert ref["violations"] > 1000
+    one = tensor_diff(a, b, threads=1)
+    two = tensor_diff(a, b, threads=2)
+    assert one.model_dump() == two.model_dump()  # chunk order fixed: threads change nothing
+    assert_matches(two, ref)
+    assert two.baseline_at_max == float(a[ref["max_abs_at"][0]])
+    small = tensor_diff(a[:5000].reshape(50, 100), b[:5000].reshape(50, 100), chunk=333)
+    assert_matches(small, reference_diff(a[:5000].reshape(50, 100), b[:5000], rtol, atol))
+
+
+def test_max_location_is_the_first_of_equal_maxima_in_different_chunks() -> None:
+    a = torch.zeros(300_000)
+    b = a.clone()
+    b[[70_000, 250_000]] = 2.0
+    b[[250_001]] = -2.0
+    for threads in (1, 2):
+        d = tensor_diff(a, b, chunk=4096, threads=threads)
+        assert d.max_abs == 2.0 and d.max_abs_at == [70_000] and d.violations == 3
+
+
+def test_non_finite_values_spread_over_chunks() -> None:
+    g = torch.Generator().manual_seed(4)
+    n = 1 << 21
+    a = torch.randn(n, generator=g)
+    b = a + clear_noise(n, g, 1.2e-5).float()
+    a[40_000] = b[40_000] = float("-inf")  # equal: not counted, not a difference
+    b[100_000] = float("nan")
+    a[1_500_000] = float("inf")
+    b[1_900_000] = float("-inf")
+    ref = reference_diff(a, b, 1.3e-6, 1e-5)
+    assert ref["nonfinite"] == 3 and ref["max_abs_at"] == [100_000]
+    for threads in (1, 2):
+        assert_matches(tensor_diff(a, b, threads=threads), ref)
+    # float32 overflow of b - a (finite inputs): redone in float64, not counted as non-finite
+    a2, b2 = torch.zeros(100_000), torch.zeros(100_000)
+    a2[77_777], b2[77_777] = -3e38, 3e38
+    over = tensor_diff(a2, b2)
+    assert over.nonfinite == 0 and over.max_abs == pytest.approx(6e38) and over.violations == 1
+    assert over.max_abs_at == [77_777] and math.isfinite(over.rmse)
+
+
+def test_denormal_inputs() -> None:
+    g = torch.Generator().manual_seed(5)
+    n = 50_000
+    a = torch.randn(n, generator=g) * 1e-40  # float32 denormals (< 1.2e-38)
+    steps = torch.randint(-3, 4, (n,), generator=g).float()
+    b = a + steps * 1.4e-45  # a few of the smallest denormal steps
+    assert float(a.abs().max()) < 1.2e-38 and bool((a != b).any())
+    ref = reference_diff(a, b, 0.0, 0.0)
+    exact = tensor_diff(a, b, rtol=0.0, atol=0.0, chunk=1000)
+    assert exact.violations == ref["violations"] == int((a != b).sum())
+    assert_matches(exact, ref)
+    assert tensor_diff(a, b).violations == 0  # within the default atol
+
+
+def test_16_bit_and_float64_inputs_match_the_reference() -> None:
+    g = torch.Generator().manual_seed(6)
+    n = 1 << 20
+    a = torch.randn(n, generator=g)
+    b = (a + 1e-2 * torch.randn(n, generator=g)).bfloat16()
+    rtol, atol = 1.6e-2, 1e-5
+    d = tensor_diff(a, b, threads=2)
+    ref = reference_diff(a, b, rtol, atol)
+    assert d.rtol == rtol and d.dtypes == ["float32", "bfloat16"]
+    for key in ("max_abs", "max_abs_at", "nonfinite"):
+        assert d.model_dump()[key] == ref[key]
+    assert d.violations == pytest.approx(ref["violations"], abs=2)  # float32 vs float64 boundary
+    assert d.rel_diff == pytest.approx(ref["rel_diff"], rel=1e-5)
+    a64, b64 = a.double(), a.double() + clear_noise(n, g, 2e-7)
+    assert_matches(tensor_diff(a64, b64), reference_diff(a64, b64, 1e-7, 1e-7))
