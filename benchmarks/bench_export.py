@@ -171,7 +171,10 @@ def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str,
                 lambda: [run_row(b, fmt, weights).row for b in bundles if b.steps],  # noqa: B023
             )
             table = run("Arrow columns", lambda: arrow_table(fmt, rows))  # noqa: B023
-            table = run("redaction", lambda: redactor.table(table))  # noqa: B023
+            # As `arrow_table(..., redactor)` does: the JSON-text column once per distinct value.
+            tools = list({id(r["tools"]): json.dumps(r["tools"]) for r in rows}.values())
+            run("redaction", lambda: redactor.texts(tools))  # noqa: B023
+            table = run("redaction", lambda: redactor.table(table, done={"tools_json"}))  # noqa: B023
             run("column checks", lambda: check_table(fmt, table))  # noqa: B023
             run("Parquet write (zstd)", lambda: sink.write(table))  # noqa: B023
         run("Parquet write (zstd)", sink.close)

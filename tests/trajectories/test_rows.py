@@ -103,3 +103,21 @@ def test_conversation_edge_cases_match(tmp_path: Path) -> None:
 )
 def test_arguments_text(raw: str, text: str) -> None:
     assert arguments_text(raw) == text
+
+
+def test_bulk_reads_equal_per_run_reads(fx: Fixture) -> None:
+    from infra_agent.store.base import BulkReads
+    from infra_agent.trajectories.build import load_runs
+
+    store = open_store(fx.db, readonly=True)
+    assert isinstance(store, BulkReads)
+    runs = list(store.iter_runs())
+    ids = [r.id for r in runs] + ["no-such-run"]
+    assert store.steps_of_runs(ids) == {r.id: store.steps(r.id) for r in runs if store.steps(r.id)}
+    assert store.experiments_of_runs(ids) == {r.id: store.experiments(r.id) for r in runs}
+    patch_ids = ["a" * 64, "e" * 64, "0" * 64]
+    assert store.patches_by_id(patch_ids) == {
+        i: p for i in patch_ids if (p := store.get_patch(i)) is not None
+    }
+    review = ReviewIndex(store)
+    assert load_runs(store, runs, review) == [load_run(store, r) for r in runs]
