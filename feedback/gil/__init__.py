@@ -1,13 +1,20 @@
 """GIL and stack tracer: which threads hold the GIL, which wait for it, and who is to blame.
 
 Python API (stable):
-- `trace_pid(pid, duration_s=5, interval_s=1.0, native=True) -> GilReport` — attach with
-  py-spy (`dump --json --native`, repeated; each dump pauses the target briefly);
-- `trace_command(argv, duration_s=5, startup_s=0.5) -> GilReport` — start a command, sample it,
-  stop it; for a Python script whose process py-spy cannot attach to, falls back to in-process
-  sampling (marked `gil_visible=False`);
+- `trace_pid(pid, duration_s=5, interval_s=None, native=True, sampler=None) -> GilReport` —
+  attach with py-spy. Default sampler `record`: two long-lived `py-spy record`s per trace
+  (native stacks at 10/s, blocking; GIL owner only, non-blocking): one pause of ~0.1-0.3 s on
+  the first sample while native symbols load, then ~1 ms per sample; blame names who held the
+  GIL over the trace. `sampler="dump"`: a fresh `py-spy dump --json [--native]` per snapshot
+  (1/s; holders at the same instants as the waits, but each native dump pauses the target
+  ~0.1-0.3 s). Without native frames or with `nonblocking`, dumps (no pause, no GIL waits);
+  when `record` fails (native unwinding across a sandbox), non-pausing dumps;
+- `trace_command(argv, duration_s=5, startup_s=0.5, sampler=None) -> GilReport` — start a
+  command, sample it, stop it; for a Python script whose process py-spy cannot attach to,
+  falls back to in-process sampling (marked `gil_visible=False`);
 - `InProcessSampler` — sample this process's threads (no GIL visibility);
-- `analyze(snapshots, method=..., duration_s=...)` — shares and blame from any snapshots.
+- `analyze(snapshots, method=..., duration_s=...)` — shares and blame from any snapshots;
+  `merge_holders(report, held, ticks)` — exact holders from `py-spy record --gil` into it.
 `GilReport.render()`: the most-waiting thread and who held the GIL meanwhile, first.
 """
 
@@ -21,23 +28,30 @@ from infra_agent.feedback.gil.analysis import (
     analyze,
     classify,
 )
+from infra_agent.feedback.gil.holders import HeldGil, merge_holders
 from infra_agent.feedback.gil.inprocess import InProcessSampler
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable, dump_once, parse_dump, sample_pid
-from infra_agent.feedback.gil.trace import trace_command, trace_pid
+from infra_agent.feedback.gil.record import Recording, record_pid
+from infra_agent.feedback.gil.trace import Sampler, trace_command, trace_pid
 
 __all__ = [
     "Frame",
     "GilReport",
+    "HeldGil",
     "HolderEvidence",
     "InProcessSampler",
     "PySpyUnavailable",
+    "Recording",
+    "Sampler",
     "ThreadBlame",
     "ThreadGil",
     "ThreadSample",
     "analyze",
     "classify",
     "dump_once",
+    "merge_holders",
     "parse_dump",
+    "record_pid",
     "sample_pid",
     "trace_command",
     "trace_pid",

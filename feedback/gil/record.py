@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import signal
 import subprocess
@@ -85,6 +86,9 @@ def record_pid(
             # The holder-only recorder starts once the stack recorder samples, so both cover
             # the same window (it writes nothing when nobody holds the GIL: the window counts).
             stacks.attached.wait(timeout=30)
+            if stacks.unwind_error:
+                raise PySpyUnavailable(f"py-spy cannot unwind native stacks of pid {pid}: "
+                                       f"{stacks.unwind_error[:200]}")  # fmt: skip
             if stacks.proc.poll() is None:
                 gil = _Recorder([*base, "--gil", "--nonblocking", "--format", "speedscope",
                                  "-o", str(gil_out)])  # fmt: skip
@@ -99,10 +103,10 @@ def record_pid(
                     r.proc.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
             errors = {id(r): r.finish() for r in recorders}
         finally:
-            for r in (stacks, gil):
-                if r is not None and r.proc.poll() is None:
-                    r.proc.kill()
-                    r.proc.wait()
+            for left in (stacks, gil):
+                if left is not None and left.proc.poll() is None:
+                    left.proc.kill()
+                    left.proc.wait()
         elapsed = time.perf_counter() - start
         events = _load(stacks_out, pid, errors[id(stacks)])
         snapshots = snapshots_from_chrometrace(events, rate=rate)
@@ -119,21 +123,41 @@ def record_pid(
 
 
 class _Recorder:
-    """A running `py-spy record`; notes when it says it started sampling."""
+    """A running `py-spy record`; notes when it starts sampling, and whether py-spy is retrying
+    to attach because native unwinding fails (it would retry for ~10 s before giving up)."""
 
     def __init__(self, cmd: list[str]) -> None:
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = {**os.environ, "RUST_LOG": "py_spy::python_spy=info"}  # its retry reasons
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         self.attached = threading.Event()
         self.attached_at = 0.0
-        threading.Thread(target=self._read, name="py-spy-stdout", daemon=True).start()
+        self.unwind_error = ""
+        self.errors: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read_out, name="py-spy-stdout", daemon=True),
+            threading.Thread(target=self._read_err, name="py-spy-stderr", daemon=True),
+        ]
+        for t in self._readers:
+            t.start()
 
-    def _read(self) -> None:
+    def _read_out(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:  # also drains it
             if not self.attached.is_set() and "Sampling process" in line:
                 self.attached_at = time.perf_counter()
                 self.attached.set()
         self.attached.set()  # exited
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            if "retrying" in line and "UNW_" in line:
+                self.unwind_error = line.split("Error:", 1)[-1].strip()
+                self.attached.set()
+            elif line.startswith("Error"):
+                self.errors.append(line.strip())
 
     def finish(self) -> str:
         """Wait for it (after SIGINT) and return its error line ('' if none)."""
@@ -142,8 +166,9 @@ class _Recorder:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        return next((ln.strip() for ln in err.splitlines() if ln.startswith("Error")), "")
+        for t in self._readers:
+            t.join(timeout=5)
+        return self.errors[0] if self.errors else ""
 
 
 def _load(path: Path, pid: int, error: str) -> Any:

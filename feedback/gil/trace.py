@@ -45,8 +45,9 @@ def trace_pid(
 
     `sampler` defaults to `record`; to `dump` without native frames or when `nonblocking`
     (a dump reads GIL ownership and thread activity without pausing; a recorder without native
-    frames could not tell waiting from sleeping). `interval_s` defaults to 0.1 s for `record`,
-    1 s for `dump`.
+    frames could not tell waiting from sleeping), and when the default `record` fails (native
+    unwinding fails across some sandboxes), to non-pausing dumps without native frames.
+    `interval_s` defaults to 0.1 s for `record`, 1 s for `dump`.
     """
     if pid <= 0:
         raise UserError(f"bad pid {pid}")
@@ -61,7 +62,22 @@ def trace_pid(
     if chosen == "record":
         if not with_native:
             raise UserError("sampler 'record' needs native frames; use sampler 'dump' without")
-        return _trace_record(pid, duration_s, interval_s or RECORD_INTERVAL_S, blame_threshold)
+        try:
+            return _trace_record(pid, duration_s, interval_s or RECORD_INTERVAL_S, blame_threshold)
+        except PySpyUnavailable as exc:
+            if sampler == "record":
+                raise
+            # Native unwinding fails across some sandboxes: a dump without native frames still
+            # reads GIL ownership and thread activity, and never pauses the target.
+            report = trace_pid(
+                pid,
+                duration_s=duration_s,
+                interval_s=interval_s,
+                nonblocking=True,
+                blame_threshold=blame_threshold,
+            )
+            report.warnings.append(f"record sampler failed ({exc}); used non-pausing dumps")
+            return report
     if chosen != "dump":
         raise UserError(f"unknown sampler {chosen!r} (record or dump)")
     snapshots, elapsed = sample_pid(
