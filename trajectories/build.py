@@ -30,14 +30,14 @@ from infra_agent.trajectories.atif import AGENT_NAME, Trajectory
 from infra_agent.trajectories.environment import ENVIRONMENT_KEY, recorded_environment
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import (
+    COMPONENTS,
     RewardWeights,
+    aggregate_scores,
     candidate_scores,
     correctness,
-    proposal_scores,
     proven_improvement,
     review_score,
     reward_dict,
-    trajectory_scores,
 )
 
 _SOURCE = {"system": "system", "user": "user", "harness": "system", "assistant": "agent"}
@@ -166,11 +166,12 @@ def trajectory_tree(bundle: RunBundle, weights: RewardWeights | None = None) -> 
     steps = _steps(bundle.steps, run.model)
     results = [e.result for e in bundle.experiments]
     w = (weights or RewardWeights()).model_dump()
+    rewards = run_rewards(bundle, w)
     proposals = [
         _proposal(p, bundle.decisions.get(p.id, []), reward_dict(scores, w))
-        for p, scores in proposal_rewards(bundle)
+        for p, scores in rewards.proposals
     ]
-    reward = run_reward(bundle, w)
+    reward = rewards.trajectory
 
     env = recorded_environment(run.config)
     config = {k: v for k, v in run.config.items() if k != ENVIRONMENT_KEY}
@@ -233,25 +234,29 @@ def trajectory_tree(bundle: RunBundle, weights: RewardWeights | None = None) -> 
     return tree
 
 
-def proposal_rewards(bundle: RunBundle) -> list[tuple[ProposalRecord, dict[str, float]]]:
-    """Each proposal of the run with its reward components (its latest backing experiment's,
-    plus the review)."""
-    experiments = {e.id: e.result for e in bundle.experiments}
-    out = []
+@dataclass
+class RunRewards:
+    """The rewards of one run, from one scoring of each experiment."""
+
+    trajectory: dict[str, Any]
+    """The trajectory reward as a `Reward` dict (see rewards.reward_dict)."""
+    proposals: list[tuple[ProposalRecord, dict[str, float]]]
+    """Each proposal with its components: its latest backing experiment's, plus the review."""
+
+
+def run_rewards(bundle: RunBundle, weights: dict[str, float]) -> RunRewards:
+    """`rewards.trajectory_reward` and `rewards.proposal_reward` of the run, each experiment
+    scored once."""
+    scores = {e.id: candidate_scores(e.result) for e in bundle.experiments}
+    candidates = [(scores[e.id], Flag.SUSPICIOUS in e.result.flags) for e in bundle.experiments]
+    reviews, proposals = [], []
     for p in bundle.proposals:
-        backing = [experiments[i] for i in p.experiment_ids if i in experiments]
-        scores = proposal_scores(
-            backing[-1] if backing else None, p, bundle.decisions.get(p.id, [])
-        )
-        out.append((p, scores))
-    return out
-
-
-def run_reward(bundle: RunBundle, weights: dict[str, float]) -> dict[str, Any]:
-    """The trajectory reward of the run as a `Reward` dict (see rewards.reward_dict)."""
-    reviews = [review_score(p, bundle.decisions.get(p.id, [])) for p in bundle.proposals]
-    scores = trajectory_scores([e.result for e in bundle.experiments], reviews)
-    return reward_dict(scores, weights)
+        review = review_score(p, bundle.decisions.get(p.id, []))
+        reviews.append(review)
+        backing = [i for i in p.experiment_ids if i in scores]
+        base = scores[backing[-1]] if backing else dict.fromkeys(COMPONENTS, 0.0)
+        proposals.append((p, base | {"review": review}))
+    return RunRewards(reward_dict(aggregate_scores(candidates, reviews), weights), proposals)
 
 
 def _steps(records: list[StepRecord], model: str | None) -> list[dict[str, Any]]:

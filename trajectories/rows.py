@@ -24,8 +24,7 @@ from infra_agent.trajectories.build import (
     RunBundle,
     best_candidate,
     patch_order,
-    proposal_rewards,
-    run_reward,
+    run_rewards,
     token_totals,
 )
 from infra_agent.trajectories.formats import ExportFormat, specs_for_tools
@@ -49,7 +48,8 @@ def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> 
     messages = chat_messages(bundle.steps)
     called = {c.name for s in bundle.steps for c in s.tool_calls}
     tools = specs_for_tools(run.config.get("tools"), called)
-    reward = run_reward(bundle, weights)
+    rewards = run_rewards(bundle, weights)
+    reward = rewards.trajectory
     verdicts = [e.result.verdict.value for e in _by_patch(bundle)]
     best = best_candidate(bundle.experiments)
     reviewed = bundle.reviewed
@@ -104,7 +104,7 @@ def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> 
                 "reward": weighted_total(scores, weights),
                 "reward_components": scores,
             }
-            for p, scores in proposal_rewards(bundle)
+            for p, scores in rewards.proposals
         ],
     }
     return RunRow(row, reward["total"], verdicts)
