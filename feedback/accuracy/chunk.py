@@ -24,6 +24,9 @@ fit in a core's L2 cache (512 KB here), and every op stays just below torch's pa
 (32768 elements), so it runs on the calling thread instead of waking the OpenMP pool: on a busy
 machine each such wake-up can wait a scheduler time slice for a descheduled pool thread."""
 
+DEVICE_CHUNK = 1 << 24
+"""Elements per chunk on a GPU: each chunk costs a few host syncs, not cache misses."""
+
 MIN_PER_THREAD = 1 << 20
 """Elements per extra thread at least (starting one costs ~100 µs)."""
 

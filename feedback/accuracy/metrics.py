@@ -27,7 +27,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from infra_agent.errors import UserError
-from infra_agent.feedback.accuracy.chunk import CHUNK, ChunkSums, run_chunks
+from infra_agent.feedback.accuracy.chunk import CHUNK, DEVICE_CHUNK, ChunkSums, run_chunks
 
 # Defaults of torch.testing.assert_close: dtype -> (rtol, atol).
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -89,17 +89,20 @@ def tensor_diff(
     *,
     rtol: float | None = None,
     atol: float | None = None,
-    chunk: int = CHUNK,
+    chunk: int | None = None,
     threads: int | None = None,
 ) -> TensorDiff:
     """Compare two tensors of the same shape; tolerances default per dtype (see module doc).
 
-    `chunk`: elements per chunk; `threads`: worker threads (default: torch's intra-op count).
+    `chunk`: elements per chunk (default `CHUNK` on CPU, `DEVICE_CHUNK` on a GPU);
+    `threads`: CPU worker threads (default: torch's intra-op thread count, at most 4).
     """
     if tuple(baseline.shape) != tuple(candidate.shape):
         raise UserError(
             f"shape mismatch: baseline {tuple(baseline.shape)} vs candidate {tuple(candidate.shape)}"
         )
+    if chunk is None:
+        chunk = CHUNK if baseline.device.type == "cpu" else DEVICE_CHUNK
     if chunk < 1:
         raise UserError(f"chunk must be at least 1 element, got {chunk}")
     d_rtol, d_atol = default_tolerance(baseline.dtype, candidate.dtype)
