@@ -6,12 +6,15 @@ Python API:
   calls, observations, tokens/cost/logprobs, patches with experiment evidence and verdicts,
   proposals with review decisions, rewards, environment fingerprint), redacted and validated.
 - `export.export_dataset(store, fmt, out, parquet=, flt=ExportFilter(...), redactor=, weights=,
-  jobs=) -> ExportSummary`: one JSONL or Parquet file, atomically, rows validated first.
+  jobs=) -> ExportSummary`: one JSONL or Parquet file, atomically, rows redacted and validated
+  per batch first. `rows.run_row(bundle, fmt, weights)`: an openai-sft / rl row straight from the
+  store records (the export's fast path; equal to `formats.sft_row` / `rl_row` of the Trajectory).
 - `formats`: row models (`SftRow`, `RlRow`), their Arrow schemas, `trajectory_from_parquet_row`.
 - `rewards`: named reward components with weights (`DEFAULT_WEIGHTS`, `parse_weights`,
   `reweight`); the table of definitions is in that module's docstring.
 - `redact.redact_text(text)`: secrets out of text (store writers call it before writing);
-  `redact.Redactor.from_environment(patterns, extra=...)` for a configured redactor.
+  `redact.Redactor.from_environment(patterns, extra=...)` for a configured redactor, with
+  `texts(list)` / `table(pa.Table)` redacting a whole batch (one RE2 pass picks the candidates).
 - `environment.capture_environment()`: package versions and hardware, for the agent to keep in
   `RunRecord.config["environment"]` at run start (exports then carry it).
 CLI: `infra-agent export --format openai-sft|rl|atif --out PATH [--parquet] [filters]`.
