@@ -241,13 +241,16 @@ def snapshots_from_chrometrace(events: Any, *, rate: int) -> list[list[ThreadSam
     t0, t_end = min(all_times), max(all_times)
     n = max(1, round((t_end - t0) * rate))
     snapshots = []
+    samples: dict[tuple[int, int], ThreadSample] = {}  # a stack held over many instants
     for k in range(n):
         at = t0 + (k + 0.5) / rate
         snap = []
-        for times, states in changes.values():
+        for tid, (times, states) in changes.items():
             i = bisect_right(times, at) - 1
             if i >= 0 and states[i]:
-                snap.append(_sample(states[i]))
+                if (tid, i) not in samples:
+                    samples[(tid, i)] = _sample(states[i])
+                snap.append(samples[(tid, i)])
         snapshots.append(snap)
     return snapshots
 
