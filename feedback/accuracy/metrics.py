@@ -8,15 +8,15 @@ Measures (a = baseline, b = candidate, d = b - a; per-chunk sums accumulated in 
 NaN/inf: equal infinities count as equal; any other non-finite element counts in `nonfinite`
 and as a violation with |d| = inf, and is left out of the sums.
 
-How it stays within 2x of a plain `(b - a).abs().max()` (the work is in chunk.py):
-tensors are flattened and cut into chunks of `CHUNK` elements (64 KB of float32), small enough
-that after the first read of a and b every metric's pass over the chunk hits the CPU cache, and
-below torch's parallel grain so each op runs on the thread that calls it. A few Python threads
-take chunks from a shared counter (torch ops release the GIL); no OpenMP barrier per op, which on
-a busy machine costs a scheduler time slice each time a pool thread is descheduled. Each chunk's
-sums are stored by chunk index and added in chunk order at the end, so the result does not depend
-on the number of threads. The location of the max is found afterwards by re-running the one chunk
-that holds it.
+How it keeps up with a plain `(b - a).abs().max()` (details in chunk.py): tensors are flattened
+and cut into chunks of `CHUNK` elements (512 KB of float32), small enough that after the first
+read of a and b every metric's pass over the chunk hits the CPU cache; a few worker threads take
+chunks from a shared counter, each running its ops on one OpenMP thread (no pool barrier per small
+op). Each chunk's sums are stored by chunk index and added in chunk order in float64 at the end,
+so the result does not depend on the number of threads. The location of the max is found
+afterwards by re-running the one chunk that holds it. Chunk sums of squares are cascade sums
+(float64 redo when float32 squares underflow), more accurate than the 4M-element BLAS dots used
+before (rmse was off by 1e-5 relative on 128M elements; now ~1e-7).
 """
 
 from __future__ import annotations

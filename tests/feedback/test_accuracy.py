@@ -248,3 +248,28 @@ def test_16_bit_and_float64_inputs_match_the_reference() -> None:
     assert d.rel_diff == pytest.approx(ref["rel_diff"], rel=1e-5)
     a64, b64 = a.double(), a.double() + clear_noise(n, g, 2e-7)
     assert_matches(tensor_diff(a64, b64), reference_diff(a64, b64, 1e-7, 1e-7))
+
+
+def test_worker_error_surfaces_and_leaves_no_threads_or_settings_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from infra_agent.feedback.accuracy import chunk as chunk_module
+
+    a = torch.randn(1 << 21, generator=torch.Generator().manual_seed(8))
+    before_threads, before_omp = threading.active_count(), torch.get_num_threads()
+    tensor_diff(a, a + 1, threads=2)
+    assert torch.get_num_threads() == before_omp
+    real = chunk_module.diff_chunk
+
+    def failing(s, a_in, b_in, rtol, atol):  # type: ignore[no-untyped-def]
+        if a_in.data_ptr() == a.data_ptr() + 5 * chunk_module.CHUNK * 4:
+            raise RuntimeError("chunk 5 broke")
+        return real(s, a_in, b_in, rtol, atol)
+
+    monkeypatch.setattr(chunk_module, "diff_chunk", failing)
+    with pytest.raises(RuntimeError, match="chunk 5 broke"):
+        tensor_diff(a, a + 1, threads=2)
+    assert threading.active_count() == before_threads
+    assert torch.get_num_threads() == before_omp
