@@ -1,7 +1,7 @@
 """The fused chunked pass behind `tensor_diff`: every metric of one chunk from one `b - a`.
 
 Per chunk (a = baseline, b = candidate, d = b - a, all in the work dtype):
-`Σa², Σb², Σd²`, `Σ|d|`, `max|d|`, and, only when max|d| > atol, the count of
+`Σa², Σb², Σd²`, `Σ|d|`, `max|d|`, max |d|/ulp(a) (ulp.py), and, only when max|d| > atol, the count of
 |d| > atol + rtol·|a|. Element-wise work reuses per-thread scratch buffers (no allocation per
 chunk). A chunk whose sums are not finite (NaN/inf inside, or float32 overflow) is redone in
 float64 on the slow path, which leaves non-finite elements out of the sums and counts them.
@@ -22,6 +22,8 @@ import threading
 from dataclasses import dataclass
 
 import torch
+
+from infra_agent.feedback.accuracy.ulp import max_ulp, ulp_dtype, ulp_scale
 
 CHUNK = 1 << 17
 """Elements per chunk on CPU (131072: 512 KB per float32 buffer). After the first read of a and b
@@ -45,8 +47,10 @@ TINY = 2.0**-60
 EXACT_COUNT = 1 << 24
 """A float32 sum of 0/1 flags is exact up to this many elements."""
 
-_Row = tuple[float, float, float, float, float, int, int]
-"""One chunk's (Σa², Σb², Σd², Σ|d|, max|d|, violations, nonfinite)."""
+_INT = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+_Row = tuple[float, float, float, float, float, float, int, int]
+"""One chunk's (Σa², Σb², Σd², Σ|d|, max|d|, max ulps, violations, nonfinite)."""
 
 
 @dataclass
@@ -59,6 +63,7 @@ class ChunkSums:
     abs: float
     max_abs: float
     max_at: int
+    max_ulp: float | None
     violations: int
     nonfinite: int
 
@@ -66,14 +71,24 @@ class ChunkSums:
 class _Scratch:
     """Chunk-sized buffers for one thread, reused for every chunk it takes."""
 
-    def __init__(self, chunk: int, work: torch.dtype, device: torch.device, atol: float) -> None:
+    def __init__(
+        self,
+        chunk: int,
+        work: torch.dtype,
+        device: torch.device,
+        atol: float,
+        ulp: torch.dtype | None,
+    ) -> None:
         self.work = work
+        self.ulp = ulp_scale(work, ulp) if ulp is not None else None
+        self.ulp_of = ulp
         self.size = chunk
         self.a = torch.empty(chunk, dtype=work, device=device)
         self.b = torch.empty(chunk, dtype=work, device=device)
         self.d = torch.empty(chunk, dtype=work, device=device)
         self.tol = torch.empty(chunk, dtype=work, device=device)
         self.atol = torch.tensor(atol, dtype=work, device=device)
+        self.bits = torch.empty(chunk, dtype=_INT[work], device=device)
 
 
 def work_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
@@ -137,6 +152,12 @@ def diff_chunk(
         d.abs_()
         sum_abs = float(d.sum())
     m = float(d.max())
+    ulps = 0.0
+    if s.ulp_of is not None and m > 0:
+        if a.dtype != work:  # slow path: float64 values
+            ulps = max_ulp(d, a, ulp_scale(torch.float64, s.ulp_of))
+        else:
+            ulps = max_ulp(d, a, s.ulp, s.bits if full else s.bits[:n], t)
     violations = 0
     if m > atol and a.dtype != work:  # slow path: float64 copies
         violations = int(torch.count_nonzero(d > a.abs().mul_(rtol).add_(atol)))
@@ -145,7 +166,7 @@ def diff_chunk(
         torch.add(s.atol, tol, alpha=rtol, out=tol)  # atol + rtol·|a| in one pass
         outside = torch.gt(d, tol, out=tol)  # 1.0 / 0.0: a float kernel, 2x a bool one
         violations = int(outside.sum() if n <= EXACT_COUNT else torch.count_nonzero(outside))
-    return (aa, bb, dd, sum_abs, m, violations, nonfinite), d
+    return (aa, bb, dd, sum_abs, m, ulps, violations, nonfinite), d
 
 
 def run_chunks(
@@ -161,6 +182,7 @@ def run_chunks(
     n = a.numel()
     count = -(-n // chunk)
     work = work_dtype(a, b)
+    ulp_of = ulp_dtype(a.dtype, b.dtype)
     size = min(chunk, max(n, 1))
     wanted = threads if threads is not None else torch.get_num_threads()
     wanted = max(1, min(wanted, MAX_THREADS, n // MIN_PER_THREAD))
@@ -175,7 +197,7 @@ def run_chunks(
         if one_omp_thread:
             torch.set_num_threads(1)  # this thread's OpenMP setting (see module doc)
         try:
-            scratch = _Scratch(size, work, a.device, atol)
+            scratch = _Scratch(size, work, a.device, atol, ulp_of)
             while not stop.is_set():
                 with claim:
                     i = next_chunk[0]
@@ -209,7 +231,7 @@ def run_chunks(
     done = [r for r in rows if r is not None]
     if len(done) != count:
         raise RuntimeError(f"accuracy diff: {count - len(done)} chunks were not processed")
-    return _combine(done, a, b, rtol, atol, chunk, size, work)
+    return _combine(done, a, b, rtol, atol, chunk, _Scratch(size, work, a.device, atol, ulp_of))
 
 
 def _combine(
@@ -219,26 +241,28 @@ def _combine(
     rtol: float,
     atol: float,
     chunk: int,
-    size: int,
-    work: torch.dtype,
+    scratch: _Scratch,
 ) -> ChunkSums:
     """Chunk rows added in chunk order; the max located by re-running its chunk."""
     aa = bb = dd = sum_abs = 0.0
     violations = nonfinite = 0
-    max_abs, best = -1.0, 0
-    for i, (r_aa, r_bb, r_dd, r_abs, r_max, r_viol, r_nonfinite) in enumerate(rows):
+    max_abs, best, ulps = -1.0, 0, 0.0
+    for i, (r_aa, r_bb, r_dd, r_abs, r_max, r_ulp, r_viol, r_nonfinite) in enumerate(rows):
         aa += r_aa
         bb += r_bb
         dd += r_dd
         sum_abs += r_abs
         violations += r_viol
         nonfinite += r_nonfinite
+        ulps = max(ulps, r_ulp)
         if r_max > max_abs:
             max_abs, best = r_max, i
     max_at = 0
     if rows:
         lo = best * chunk
-        scratch = _Scratch(size, work, a.device, atol)
         _, d = diff_chunk(scratch, a[lo : lo + chunk], b[lo : lo + chunk], rtol, atol)
         max_at = lo + int(torch.argmax(d))
-    return ChunkSums(aa, bb, dd, sum_abs, max_abs, max_at, violations, nonfinite)
+    ulp_of = ulp_dtype(a.dtype, b.dtype)
+    return ChunkSums(
+        aa, bb, dd, sum_abs, max_abs, max_at, ulps if ulp_of else None, violations, nonfinite
+    )

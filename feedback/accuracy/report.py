@@ -76,6 +76,10 @@ class AccuracyReport(BaseModel):
                 f"{'x' if d.violations else '.'} {p.name}: rel {d.rel_diff:.2e} max {d.max_abs:.3g}"
                 f"@{d.max_abs_at} sqnr {d.sqnr_db:.1f}dB viol {d.violations}/{d.numel}"
             )
+            if d.max_ulp is not None:
+                line += f" ulp {d.max_ulp:.3g}"
+            if d.nonfinite:
+                line += f" nonfinite {d.nonfinite}"
             if p.candidate_err_f64 is not None:
                 line += (
                     f" f64err b {p.baseline_err_f64:.2e} c {p.candidate_err_f64:.2e} ({p.blame})"

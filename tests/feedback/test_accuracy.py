@@ -273,3 +273,41 @@ def test_worker_error_surfaces_and_leaves_no_threads_or_settings_behind(
         tensor_diff(a, a + 1, threads=2)
     assert threading.active_count() == before_threads
     assert torch.get_num_threads() == before_omp
+
+
+def steps(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """x moved k[i] representable values away from zero, element by element (k <= 7)."""
+    out = x.clone()
+    away = torch.where(x < 0, -math.inf, math.inf).to(x.dtype)
+    for j in range(int(k.max())):
+        out = torch.where(k > j, torch.nextafter(out, away), out)
+    return out
+
+
+def test_max_ulp_counts_representable_steps_in_the_less_precise_dtype() -> None:
+    g = torch.Generator().manual_seed(9)
+    n = (1 << 21) + 5
+    sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
+    a = sign * (1 + torch.rand(n, generator=g) / 2)  # within [1, 1.5): no binade crossed
+    k = torch.randint(0, 6, (n,), generator=g)
+    k[1_234_567] = 7
+    b = steps(a, k)
+    assert tensor_diff(a, b, threads=2).max_ulp == 7.0
+    assert tensor_diff(a, a.clone()).max_ulp == 0.0
+    tiny = torch.full((1000,), 1e-42)  # float32 denormals: spacing 2^-149
+    assert tensor_diff(tiny, steps(tiny, torch.full((1000,), 3))).max_ulp == 3.0
+    a16 = a[:4096].bfloat16()
+    b16 = steps(a16, k[:4096])
+    assert tensor_diff(a16, b16).max_ulp == float(k[:4096].max())
+    assert tensor_diff(a16.float(), b16).max_ulp == float(k[:4096].max())  # bf16 units
+    h = torch.full((100,), 1e-6).half()  # float16 denormal
+    assert tensor_diff(h, steps(h, torch.full((100,), 2))).max_ulp == 2.0
+    a64 = a[:1000].double()
+    assert tensor_diff(a64, steps(a64, k[:1000])).max_ulp == float(k[:1000].max())
+    nan = b.clone()
+    nan[99] = float("nan")
+    assert tensor_diff(a, nan).max_ulp == math.inf
+    assert tensor_diff(torch.arange(10), torch.arange(10) + 1).max_ulp is None
+    x = torch.randn(4, 8, generator=g)
+    text = compare_paths({"x": x}, {"x": steps(x, torch.full((4, 8), 2))}).render()
+    assert " ulp 2 " in text + " "
