@@ -1,6 +1,9 @@
 """GIL tracer: py-spy on real programs (both samplers), the record sampler's parsing and merge,
 classification rules, in-process fallback."""
 
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +20,7 @@ from infra_agent.feedback.gil import (
     classify,
     dump_once,
     trace_command,
+    trace_pid,
 )
 from infra_agent.feedback.gil.holders import HeldGil, merge_holders
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable
@@ -176,6 +180,38 @@ def test_in_process_fallback_is_marked_blind_to_the_gil() -> None:
     busy = next(x for x in r.threads if x.thread == "busy")
     assert busy.running > 0.5 and busy.holding == 0
     assert "NOT visible" in r.render()
+
+
+def test_default_sampler_falls_back_when_native_unwinding_fails(
+    tmp_path: Path, py_spy: None
+) -> None:
+    """In another pid namespace (as in the local sandbox), py-spy can fail to unwind native
+    stacks, after ~10 s of retries: the default sampler sees that at once and uses non-pausing
+    dumps, which still name the GIL holder."""
+    script = tmp_path / "native_holder.py"
+    script.write_text(NATIVE_HOLDER)
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare")
+    argv = [unshare, "--pid", "--fork", "--mount-proc", sys.executable, str(script)]
+    proc = subprocess.Popen(argv, start_new_session=True, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.0)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        pids = children.read_text().split() if children.exists() else []
+        if proc.poll() is not None or not pids:
+            pytest.skip(f"cannot make a pid namespace here: {proc.stderr.read()!r}")  # type: ignore[union-attr]
+        start = time.perf_counter()
+        report = trace_pid(int(pids[0]), duration_s=1.0, interval_s=0.1)
+        if not any("record sampler failed" in w for w in report.warnings):
+            pytest.skip("py-spy unwinds native stacks across pid namespaces here")
+        assert time.perf_counter() - start < 8.0
+        assert report.method.startswith("py-spy dump --json,")
+        main = next(t for t in report.threads if t.thread == "MainThread")
+        assert main.holding > 0.5
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _event(ph: str, tid: int, ts_us: int, name: str, file: str = "", line: int = 0) -> dict:
