@@ -7,6 +7,7 @@ Part of a serving task (`deployment.toml` next to `task.toml`), for example:
     launch = "venv"                      # the project's cached SGLang venv ("command": own argv)
     gpus = 0
     ready_timeout_s = 240
+    network = "isolated"                 # own network namespace, loopback only ("host": unconfined)
     [deployment.server_args]             # passed as --name value (true: --name; false: omitted)
     device = "cpu"
     max-total-tokens = 32768
@@ -58,6 +59,10 @@ class DeploymentSpec(BaseModel):
     """Seconds to wait for readiness before the start counts as failed."""
     stop_timeout_s: float = 20.0
     """Seconds between SIGTERM and SIGKILL when stopping."""
+    network: Literal["isolated", "host"] = "isolated"
+    """'isolated': the server gets its own network namespace with only a loopback (no route out,
+    the host's 127.0.0.1 services unreachable; needs root, else it falls back to the host network
+    and says why); 'host': the host network (e.g. multi-node NCCL)."""
     overlay_files: list[str] = Field(default_factory=list)
     """Workspace paths of SGLang modules (e.g. 'sglang/srt/layers/sampler.py') that override the
     installed package through a private PYTHONPATH overlay (source patches)."""

@@ -16,8 +16,11 @@ sample(arm, seed): one workload run -> {output_throughput (tok/s), ttft/tpot per
 health(arm, seed): the output health guard over a longer-output workload plus every output the
     arm produced while sampled; health_problems names each rule the candidate trips more often.
 
-The server runs as a process on this machine (it needs loopback to be reached); the arm's
-sandbox provides its patched workspace copy. Params (task.toml [params]): num_prompts,
+The server runs as a process on this machine, in its own network namespace (loopback only: patched
+SGLang code reaches neither the network nor the host's services; `serving/netns.py`), and every
+request goes through `Server.call`; the evidence's health table names the server's network
+(`server_network`: isolated, or host with the reason). The arm's sandbox provides its patched
+workspace copy. Params (task.toml [params]): num_prompts,
 input_len, output_len, max_concurrency (0: all at once), request_rate (0: all at once), api,
 health_prompts, health_output_len, gate_prompts, gate_output_len, temperature.
 """
@@ -122,8 +125,8 @@ class ServingHarness(Harness):
         arm.state["outputs"] = []
         self.arms[arm.name] = arm
         # Warm-up: first requests pay for lazy initialisation.
-        run_workload(
-            self.server(arm).url,
+        self.server(arm).call(
+            run_workload,
             random_sessions(8, 16, 8, vocab_size=self.vocab, seed=1),
             self.load(seed=1),
         )
@@ -165,10 +168,10 @@ class ServingHarness(Harness):
 
     def check(self, arm: Arm, seed: int) -> CheckResult:
         prompts = gate_prompts(self.gate, vocab_size=self.vocab, seed=seed)
-        mine = answer(self.server(arm).url, prompts, self.gate)
+        mine = self.server(arm).call(answer, prompts, self.gate)
         if seed not in self.references:
-            self.references[seed] = answer(
-                self.server(self.arms["baseline"]).url, prompts, self.gate
+            self.references[seed] = self.server(self.arms["baseline"]).call(
+                answer, prompts, self.gate
             )
         result = compare_answers(self.references[seed], mine, self.gate)
         return CheckResult(
@@ -187,7 +190,7 @@ class ServingHarness(Harness):
             vocab_size=self.vocab,
             seed=seed,
         )
-        result = run_workload(self.server(arm).url, sessions, self.load(seed))
+        result = self.server(arm).call(run_workload, sessions, self.load(seed))
         _verify(result.records, [t.output_len for s in sessions for t in s.turns])
         arm.state["outputs"].extend(result.records)
         return summarize(result).sample()
@@ -202,11 +205,11 @@ class ServingHarness(Harness):
             range_ratio=0.0,
             seed=seed,
         )
-        result = run_workload(self.server(arm).url, sessions, self.load(seed))
+        result = self.server(arm).call(run_workload, sessions, self.load(seed))
         records: list[RequestRecord] = list(arm.state.get("outputs", [])) + result.records
         report = self.score(records)
         arm.state["health_report"] = report
-        return report.as_health()
+        return {**report.as_health(), "server_network": self.server(arm).network.render()}
 
     @staticmethod
     def score(records: list[RequestRecord]) -> HealthReport:

@@ -3,9 +3,14 @@
     with Server.start(spec, workdir, knobs={...}) as server:   # raises ServerFailed with log tail
         server.url  # http://127.0.0.1:PORT
 
-The server runs in its own process session; `stop()` sends SIGTERM to the whole group, waits
-`stop_timeout_s`, then SIGKILLs the group and any descendant that left it, and waits until none
-is alive. A broken flag, a crash during start or a server that is not ready in time raises
+The server runs in its own process session and, by default, in its own network namespace with
+only a loopback (`serving/netns.py`: patched SGLang code cannot reach the network or the host's
+127.0.0.1 services). Requests go through `server.call(fn, *args)`, which runs `fn(url, *args)`
+on a thread inside that namespace; `server.url` is a host-loopback relay for callers that only
+take a URL. Without the privileges for it the server runs on the host network and says so
+(`server.network.render()`, first line of its log). `stop()` sends SIGTERM to the whole group,
+waits `stop_timeout_s`, then SIGKILLs the group and any descendant that left it, waits until none
+is alive, and closes the namespace's thread, relay and descriptor (the namespace dies with them). A broken flag, a crash during start or a server that is not ready in time raises
 `ServerFailed` (a `CandidateFailure`, so the experiment engine records FAILED) with the log tail.
 """
 
@@ -21,17 +26,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from infra_agent.errors import UserError
 from infra_agent.sandboxes import cleanup as cleanup_registry
+from infra_agent.serving import netns
 from infra_agent.serving.deployment import ArgValue, DeploymentSpec, args_to_argv
 from infra_agent.serving.env import ensure_sglang_env, env_python
 from infra_agent.serving.tiny_model import write_tiny_model
 from infra_agent.tasks.harness import CandidateFailure
 
+T = TypeVar("T")
 PR_SET_PDEATHSIG = 1
 PORT_ATTEMPTS = 3
 SHIM_DIR = Path(__file__).parent / "kernel_shim"
@@ -150,6 +158,14 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _get(url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url + path, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
 class Server:
     """One server process group. Use `Server.start(...)`; always `stop()` (or use `with`)."""
 
@@ -161,7 +177,10 @@ class Server:
         port: int,
         workdir: Path,
         spec: DeploymentSpec,
+        network: netns.Network | None = None,
     ) -> None:
+        self.network = network or netns.Network(mode="host", reason="not started by Server.start")
+        """Where the server's sockets live (isolated namespace, or host with the reason)."""
         self.argv = argv
         self.env = env
         self.port = port
@@ -172,10 +191,35 @@ class Server:
         self.ready_s: float | None = None
         """Seconds from process start to the first 200 from the health path."""
         self._known: set[int] = set()
+        self._ns_fd: int | None = None
+        self._ns_thread: netns.NamespaceThread | None = None
+        self._relay: netns.Relay | None = None
+
+    @property
+    def direct_url(self) -> str:
+        """The server's address where it listens: valid in its namespace (inside `call`)."""
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """An address any thread of this process can use (a relay when the server is isolated).
+        Measurements use `call`, which reaches the server without the relay."""
+        if self.network.mode == "host":
+            return self.direct_url
+        if self._relay is None:
+            if self._ns_fd is None:
+                raise ServerFailed("the server is not running", kind="crash")
+            self._relay = netns.Relay(self._ns_fd, self.port)
+        return f"http://127.0.0.1:{self._relay.port}"
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """fn(url, *args, **kwargs) where the server's address is reachable: the namespace's own
+        thread when isolated (sockets fn opens live there), this thread otherwise."""
+        if self.network.mode == "host":
+            return fn(self.direct_url, *args, **kwargs)
+        if self._ns_thread is None:
+            raise ServerFailed("the server is not running", kind="crash", log_tail=self.log_tail())
+        return self._ns_thread.run(fn, self.direct_url, *args, **kwargs)
 
     @classmethod
     def start(
@@ -189,6 +233,7 @@ class Server:
     ) -> Server:
         """Start and wait for readiness; on any failure the server is stopped and ServerFailed raised."""
         workdir.mkdir(parents=True, exist_ok=True)
+        network = netns.choose(spec.network)
         for attempt in range(PORT_ATTEMPTS):
             port = free_port()
             argv, env = launch_command(
@@ -198,7 +243,9 @@ class Server:
                 model_cache=model_cache or workdir / "models",
                 overlay=overlay,
             )
-            server = cls(argv, env, port=port, workdir=workdir, spec=spec)
+            if network.mode == "isolated":
+                argv = netns.confine(argv)
+            server = cls(argv, env, port=port, workdir=workdir, spec=spec, network=network)
             server._spawn()
             try:
                 server.wait_ready(spec.ready_timeout_s)
@@ -217,6 +264,8 @@ class Server:
 
     def _spawn(self) -> None:
         with self.log_path.open("ab") as log:
+            log.write(f"infra-agent: server network: {self.network.render()}\n".encode())
+            log.flush()
             self.proc = subprocess.Popen(
                 self.argv,
                 env=self.env,
@@ -233,6 +282,18 @@ class Server:
         # Normal exit, exceptions, Ctrl-C and SIGTERM/SIGHUP of this process stop the server
         # (SGLang's own children die with their parent when this one is SIGKILLed).
         cleanup_registry.register(self)
+        if self.network.mode == "isolated":
+            try:
+                self._ns_fd = netns.open_namespace(self.proc.pid)
+            except OSError as exc:
+                if self.proc.poll() is None:
+                    raise ServerFailed(
+                        f"server did not get its own network namespace ({exc})",
+                        kind="crash",
+                        log_tail=self.log_tail(),
+                    ) from exc
+                return  # it exited: wait_ready reports how, with the log tail
+            self._ns_thread = netns.NamespaceThread(self._ns_fd, f"server-net-{self.port}")
 
     def cleanup(self) -> None:
         """Alias of stop() for the process-wide cleanup registry."""
@@ -246,11 +307,8 @@ class Server:
         return "\n".join(text.splitlines()[-lines:])
 
     def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=timeout_s) as resp:
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+        """(status, body) of GET path on the server."""
+        return self.call(_get, path, timeout_s)
 
     def wait_ready(self, timeout_s: float) -> float:
         """Poll the health path until 200; return seconds waited. ServerFailed on exit/timeout."""
@@ -267,7 +325,7 @@ class Server:
             self._known |= descendants(self.proc.pid)
             try:
                 status, _ = self.get(self.spec.health_path, timeout_s=2.0)
-            except (OSError, urllib.error.URLError):
+            except OSError:  # URLError included
                 status = 0
             if status == 200:
                 self._check_identity()
@@ -336,8 +394,28 @@ class Server:
         while any(_alive(p) for p in stubborn) and time.monotonic() < deadline:
             time.sleep(0.1)
         self.proc = None
+        self._close_network()
         cleanup_registry.unregister(self)
         return len(stubborn)
+
+    def _close_network(self) -> None:
+        """Release everything of ours that holds the server's namespace (it dies with them)."""
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
+        if self._ns_thread is not None:
+            self._ns_thread.close()
+            self._ns_thread = None
+        if self._ns_fd is not None:
+            ns = os.fstat(self._ns_fd).st_ino
+            os.close(self._ns_fd)
+            self._ns_fd = None
+            # Threads the namespace's thread started (resolver pools) end shortly after it.
+            deadline = time.monotonic() + 15
+            while (left := netns.own_threads_in(ns)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if left:
+                print(f"warning: threads still in the server's namespace: {left}", file=sys.stderr)
 
     @staticmethod
     def _signal_group(pid: int, sig: int) -> None:

@@ -60,12 +60,16 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
             sessions = random_sessions(
                 p.num_prompts, p.input_len, p.output_len, vocab_size=vocab, seed=1
             )
-            result = run_workload(
-                server.url, sessions, LoadSpec(request_rate=p.request_rate or math.inf)
+            result = server.call(
+                run_workload, sessions, LoadSpec(request_rate=p.request_rate or math.inf)
             )
+            network = server.network.render()
     metrics = summarize(result)
     shown = (
         ", ".join(f"{k}={v}" for k, v in sorted((patch.knobs if patch else {}).items()))
         or "baseline"
     )
-    return ToolResult(content=f"{shown}: {metrics.render()}", data=metrics.model_dump(mode="json"))
+    return ToolResult(
+        content=f"{shown}: {metrics.render()}\nserver network: {network}",
+        data={**metrics.model_dump(mode="json"), "server_network": network},
+    )

@@ -14,6 +14,7 @@ import pytest
 
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import Flag, Verdict
+from infra_agent.serving import netns
 from infra_agent.serving.accuracy import GateConfig, answer, compare_answers, gate_prompts
 from infra_agent.serving.datasets import coding_agent_sessions, random_sessions
 from infra_agent.serving.deployment import load_deployment
@@ -59,8 +60,10 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
 
 def test_workloads_on_the_real_server(server: Server) -> None:
-    result = run_workload(
-        server.url, random_sessions(24, 48, 12, vocab_size=1024, seed=3), LoadSpec(seed=3)
+    if netns.unavailable() is None:  # patched SGLang code would run without a network
+        assert server.network.mode == "isolated", server.network.render()
+    result = server.call(
+        run_workload, random_sessions(24, 48, 12, vocab_size=1024, seed=3), LoadSpec(seed=3)
     )
     metrics = summarize(result)
     print(metrics.render())
@@ -71,12 +74,13 @@ def test_workloads_on_the_real_server(server: Server) -> None:
         # One chunk per decode step; SGLang merges steps a slow reader has not taken yet.
         assert 1 <= len(rec.itl_s) <= rec.output_tokens - 1
     # OpenAI API, and the multi-turn coding-agent shape reusing the shared prefix.
+    # Through the relay: a caller that only has a URL (here the OpenAI API) reaches it too.
     openai = run_workload(
         server.url, random_sessions(4, 32, 8, vocab_size=1024, seed=4), LoadSpec(api="completions")
     )
     assert all(r.success and r.meta["completion_tokens"] == r.output_tokens for r in openai.records)
-    agent = run_workload(
-        server.url,
+    agent = server.call(
+        run_workload,
         coding_agent_sessions(
             3,
             vocab_size=1024,
@@ -96,15 +100,15 @@ def test_workloads_on_the_real_server(server: Server) -> None:
 def test_gate_health_and_stress_on_the_real_server(server: Server) -> None:
     cfg = GateConfig(prompts=4, output_len=12)
     prompts = gate_prompts(cfg, vocab_size=1024, seed=5)
-    a, b = answer(server.url, prompts, cfg), answer(server.url, prompts, cfg)
+    a, b = server.call(answer, prompts, cfg), server.call(answer, prompts, cfg)
     gate = compare_answers(a, b, cfg)
     assert gate.passed and gate.positions > 0, gate.render()
-    run = run_workload(
-        server.url, random_sessions(8, 32, 96, range_ratio=0, vocab_size=1024, seed=6), LoadSpec()
+    run = server.call(
+        run_workload, random_sessions(8, 32, 96, range_ratio=0, vocab_size=1024, seed=6), LoadSpec()
     )
     report = ServingHarness.score(run.records)
     assert report.outputs == 8 and report.unhealthy == 0, report.render()
-    stress = run_stress(server.url, StressSpec(repeats=12, probe_concurrency=3, background_concurrency=2,
+    stress = server.call(run_stress, StressSpec(repeats=12, probe_concurrency=3, background_concurrency=2,
                                                 background_input_len=64, background_output_len=16, output_len=12))  # fmt: skip
     print(stress.render())
     assert stress.completed == 12 and stress.background_requests > 0
@@ -114,8 +118,11 @@ def test_stop_leaves_nothing_running(server: Server) -> None:
     assert server.proc is not None
     tree = descendants(server.proc.pid) | {server.proc.pid}
     assert len(tree) >= 3  # launcher, scheduler, detokenizer
+    ns = netns.namespace_id(server.proc.pid)
     server.stop()
     assert not any(_alive(p) for p in tree)
+    if server.network.mode == "isolated":
+        assert netns.users(ns) == [], netns.own_threads_in(ns)  # nothing left in it
 
 
 def test_broken_flag_fails_with_the_log_tail(tmp_path: Path) -> None:
@@ -157,6 +164,9 @@ def test_degenerate_sampler_patch_is_not_improved() -> None:
     assert any("repetition_loop" in reason for reason in result.reasons), result.reasons
     assert result.evidence.health["candidate_rule.repetition_loop"] > 0
     assert result.evidence.health["baseline_rule.repetition_loop"] == 0
+    # The patched SGLang ran with no network (where this machine allows it).
+    if netns.unavailable() is None:
+        assert str(result.evidence.health["candidate_server_network"]).startswith("isolated")
 
 
 def test_knob_patch_for_a_gpu_only_flag_is_refused_on_cpu() -> None:
