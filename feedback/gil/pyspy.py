@@ -1,11 +1,14 @@
-"""Sample a running Python process with py-spy: repeated `py-spy dump --json --native`.
+"""The `dump` sampler: repeated `py-spy dump --json [--native]`, a fresh py-spy per snapshot.
 
 `sample_pid(pid, duration_s, interval_s)` returns snapshots (every thread, innermost frame
-first) with py-spy's `owns_gil` flag. Each dump pauses the target while its threads are unwound
-(tens of ms with native frames on a quiet machine, more under load), so the default rate is one
-snapshot per second (`DEFAULT_INTERVAL_S`); `native=False` pauses less but cannot tell a GIL wait
-from native work; `nonblocking=True` does not pause at all (Python frames only, may be torn). Needs ptrace
-permission on the target (root, same user with kernel.yama.ptrace_scope=0, or CAP_SYS_PTRACE).
+first) with py-spy's `owns_gil` flag and thread activity, read at the same instant as the
+stacks. The cost: each py-spy re-reads the target's maps, and with native frames loads the
+symbols of every library in the stacks while the target is paused (~70-300 ms per dump here,
+seconds with libtorch), hence one snapshot per second (`DEFAULT_INTERVAL_S`) and +30-60%
+slowdown even so; `record.py` is the default sampler for that reason. `native=False` pauses
+briefly but cannot tell a GIL wait from native work; `nonblocking=True` does not pause at all
+(Python frames only, may be torn). Needs ptrace permission on the target (root, same user with
+kernel.yama.ptrace_scope=0, or CAP_SYS_PTRACE).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from infra_agent.errors import UserError
 from infra_agent.feedback.gil.analysis import Frame, ThreadSample
 
 DEFAULT_INTERVAL_S = 1.0
-"""Seconds between snapshots: bounds the tracer's pauses to a few % of the target's time."""
+"""Seconds between snapshots of the `dump` sampler."""
 
 
 class PySpyUnavailable(UserError):
