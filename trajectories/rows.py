@@ -46,7 +46,12 @@ def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> 
     """The `fmt` row (openai-sft or rl) of one run, unredacted. `weights`: component -> weight."""
     run = bundle.run
     messages = chat_messages(bundle.steps)
-    called = {c.name for s in bundle.steps for c in s.tool_calls}
+    called: set[str] = set()
+    n_calls = 0
+    for step in bundle.steps:
+        if step.tool_calls:
+            n_calls += len(step.tool_calls)
+            called.update(c.name for c in step.tool_calls)
     tools = specs_for_tools(run.config.get("tools"), called)
     rewards = run_rewards(bundle, weights)
     reward = rewards.trajectory
@@ -89,7 +94,7 @@ def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> 
             "reviewed": reviewed,
             "suspicious": sum(Flag.SUSPICIOUS in r.flags for r in results),
             "n_messages": len(messages),
-            "n_tool_calls": sum(len(s.tool_calls) for s in bundle.steps),
+            "n_tool_calls": n_calls,
             "n_experiments": len(results),
             "total_prompt_tokens": totals["total_prompt_tokens"],
             "total_completion_tokens": totals["total_completion_tokens"],
@@ -117,63 +122,49 @@ def _by_patch(bundle: RunBundle) -> list[Any]:
     ]
 
 
-@dataclass
-class _Turn:
-    """One ATIF step: the message that opened it (None for harness notes and orphan tool
-    results) and the tool results folded into it."""
-
-    message: dict[str, Any] | None
-    results: list[tuple[str | None, str]]
-    """(tool_call_id, content) in order."""
-    errors: dict[str | None, str]
-    """tool_call_id -> the tool's error report (shown when the result is empty)."""
-
-
 def chat_messages(records: list[StepRecord]) -> list[dict[str, Any]]:
     """The conversation the model saw, in OpenAI chat shape (`formats.chat_messages` of the
     run's `Trajectory`)."""
-    turns: list[_Turn] = []
-    owner: dict[str, _Turn] = {}  # tool_call_id -> the assistant turn that made the call
-    last_agent: _Turn | None = None
+    # One ATIF step per entry: [opening message or None (harness note, orphan tool result),
+    # [(tool_call_id, content) of the results folded into it], {tool_call_id: error}].
+    turns: list[list[Any]] = []
+    owner: dict[str, list[Any]] = {}  # tool_call_id -> the assistant turn that made the call
+    last_agent: list[Any] | None = None
     for rec in records:
-        if rec.role == "tool":
+        role = rec.role
+        if role == "tool":
             turn = owner.get(rec.tool_call_id or "") or last_agent
             if turn is None:  # a tool result with no call before it: keep it, on its own
-                turn = _Turn(None, [], {})
+                turn = [None, [], {}]
                 turns.append(turn)
-            turn.results.append((rec.tool_call_id, rec.content))
+            turn[1].append((rec.tool_call_id, rec.content))
             if rec.error:
-                turn.errors[rec.tool_call_id] = rec.error
+                turn[2][rec.tool_call_id] = rec.error
             continue
-        if rec.role == "harness":  # a note of the agent loop: logged, never shown to the model
-            turns.append(_Turn(None, [], {}))
+        if role == "harness":  # a note of the agent loop: logged, never shown to the model
             continue
-        message: dict[str, Any] = {"role": rec.role, "content": rec.content}
-        turn = _Turn(message, [], {})
+        message: dict[str, Any] = {"role": role, "content": rec.content}
+        turn = [message, [], {}]
         turns.append(turn)
-        if rec.role != "assistant":
+        if role != "assistant":
             continue
         last_agent = turn
         if rec.reasoning_content is not None:
             message["reasoning_content"] = rec.reasoning_content
         if rec.tool_calls:
-            message["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": arguments_text(call.arguments)},
-                }
-                for call in rec.tool_calls
-            ]
+            calls = []
             for call in rec.tool_calls:
+                function = {"name": call.name, "arguments": arguments_text(call.arguments)}
+                calls.append({"id": call.id, "type": "function", "function": function})
                 owner[call.id] = turn
+            message["tool_calls"] = calls
     out: list[dict[str, Any]] = []
-    for turn in turns:
-        if turn.message is not None:
-            out.append(turn.message)
-        for call_id, content in turn.results:
+    for message, results, errors in turns:
+        if message is not None:
+            out.append(message)
+        for call_id, content in results:
             # An empty result with an error: the error is what the model was shown.
-            shown = content or turn.errors.get(call_id) or ""
+            shown = content or errors.get(call_id) or ""
             out.append({"role": "tool", "content": shown, "tool_call_id": call_id})
     return out
 
