@@ -289,8 +289,19 @@ def gil(
     pid: Annotated[int | None, typer.Option("--pid", help="Attach to a running process.")] = None,
     duration_s: Annotated[float, typer.Option(help="Sampling time, seconds.")] = 5.0,
     interval_s: Annotated[
-        float, typer.Option(help="Time between snapshots, seconds (each pauses the target).")
-    ] = 1.0,
+        float | None,
+        typer.Option(
+            help="Time between snapshots, seconds (default 0.1 with record, 1.0 with dump).",
+            min=0.001,
+        ),
+    ] = None,
+    sampler: Annotated[
+        str | None,
+        typer.Option(
+            help="record: long-lived py-spy recorders, ~1 ms pause per snapshot (default); "
+            "dump: one py-spy dump per snapshot, same-instant blame, ~100 ms pause each."
+        ),
+    ] = None,
     native: Annotated[
         bool, typer.Option("--native/--no-native", help="Native frames (needed to see GIL waits).")
     ] = True,
@@ -303,8 +314,13 @@ def gil(
 
     if (pid is None) == (not command):
         raise UserError("give either --pid PID or a COMMAND to start, not both")
+    if sampler not in (None, "record", "dump"):
+        raise UserError(f"--sampler must be 'record' or 'dump', not '{sampler}'")
+    chosen: Any = sampler
     if pid is not None:
-        report = trace_pid(pid, duration_s=duration_s, interval_s=interval_s, native=native)
+        report = trace_pid(
+            pid, duration_s=duration_s, interval_s=interval_s, native=native, sampler=chosen
+        )
     else:
         assert command is not None
         report = trace_command(
@@ -313,5 +329,6 @@ def gil(
             interval_s=interval_s,
             startup_s=startup_s,
             native=native,
+            sampler=chosen,
         )
     _finish("gil", report, report.render(), as_json=as_json, run_id=run_id)

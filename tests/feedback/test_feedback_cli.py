@@ -128,18 +128,25 @@ def test_bench_detects_a_slower_function(tmp_path: Path) -> None:
     assert len(doc["baseline_samples_s"]) == doc["comparison"]["n_baseline"]
 
 
-def test_gil_on_a_started_script(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sampler", [None, "dump"])
+def test_gil_on_a_started_script(tmp_path: Path, sampler: str | None) -> None:
     why = _py_spy_can_attach()
     if why is not None:
         pytest.skip(f"py-spy cannot attach here: {why}")
     script = tmp_path / "two_threads.py"
     script.write_text(PROGRAM)
-    doc = _json(
-        ["feedback", "gil", str(script), "--duration-s", "2", "--interval-s", "0.1", "--json"]
-    )
+    choice = ["--sampler", sampler] if sampler else []
+    doc = _json(["feedback", "gil", str(script), "--duration-s", "2", *choice, "--json"])
+    assert (sampler or "record") in doc["method"]
     assert doc["gil_visible"] is True
     assert {t["thread"] for t in doc["threads"]} >= {"spinner", "io", "MainThread"}
     assert doc["blame"][0]["waiter"] == "io"
+
+
+def test_gil_sampler_must_be_known() -> None:
+    done = run_cli("feedback", "gil", "--pid", "1", "--sampler", "perf", "--json")
+    assert done.returncode == 2 and done.stdout == ""
+    assert "--sampler must be 'record' or 'dump'" in done.stderr
 
 
 def test_bad_input_is_one_line_error_and_no_stdout(tmp_path: Path) -> None:
