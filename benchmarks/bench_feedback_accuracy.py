@@ -5,7 +5,8 @@
 "1 GiB of float32 tensors" is read as the input size: a and b are 512 MiB each (2 x 128 Mi
 elements), b = a + 1e-3·noise, so nearly every chunk has tolerance violations to count (the
 slowest case of `tensor_diff`). `tensor_diff` computes rel diff, max/mean abs (with location),
-RMSE, SQNR, the tolerance violation count and NaN/inf handling in one chunked pass.
+RMSE, SQNR, max ULP distance, the tolerance violation count and NaN/inf handling in one chunked
+pass.
 
 Each repetition times both, alternating which goes first (ABBA), and prints its ratio
 plain/ours (throughput of ours as a fraction of plain; target >= 0.5); the summary gives the
@@ -73,7 +74,7 @@ def main() -> None:
     print(f"throughput ratio ours/plain = {ratio:.2f} (target >= {TARGET}: {verdict})")
     d = tensor_diff(a, b)
     print(f"(result: rel {d.rel_diff:.3e}, max {d.max_abs:.3g} at {d.max_abs_at}, "
-          f"{d.violations} violations)")  # fmt: skip
+          f"{d.max_ulp:.3g} ulps, {d.violations} violations)")  # fmt: skip
 
 
 if __name__ == "__main__":

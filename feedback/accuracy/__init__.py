@@ -9,8 +9,9 @@ Python API (stable):
   location of the max, SQNR, error against a float64 reference with attribution, the first
   divergence with its worst positions, self-added vs inherited error; verdict
   PASS | FAIL | PRECISION_FLOOR (report.py).
-- `tensor_diff(a, b) -> TensorDiff` — one fused chunked pass over two tensors, sums in float64
-  (metrics.py, chunk.py).
+- `tensor_diff(a, b) -> TensorDiff` — one fused chunked pass over two tensors (rel diff, max/mean
+  abs with location, RMSE, SQNR, max ULP distance, tolerance violations, NaN/inf), sums in
+  float64 (metrics.py, chunk.py, ulp.py).
 - `error_sweep(run, sizes) -> SweepReport` — error at each problem size and its log-log slope
   (sweep.py).
 Every record has `.render()`: a short text for a model, decisive numbers first.

@@ -1,8 +1,8 @@
 """The fused chunked pass behind `tensor_diff`: every metric of one chunk from one `b - a`.
 
-Per chunk (a = baseline, b = candidate, d = b - a, all in the work dtype):
-`Σa², Σb², Σd²`, `Σ|d|`, `max|d|`, max |d|/ulp(a) (ulp.py), and, only when max|d| > atol, the count of
-|d| > atol + rtol·|a|. Element-wise work reuses per-thread scratch buffers (no allocation per
+Per chunk (a = baseline, b = candidate, d = b - a, all in the work dtype): `Σa², Σb², Σd²`,
+`Σ|d|`, `max|d|`, max |d|/ulp(a) (ulp.py), and, only when max|d| > atol, the count of
+|d| > atol + rtol·|a|: 18 ops, each over the cache-resident chunk. Element-wise work reuses per-thread scratch buffers (no allocation per
 chunk). A chunk whose sums are not finite (NaN/inf inside, or float32 overflow) is redone in
 float64 on the slow path, which leaves non-finite elements out of the sums and counts them.
 
@@ -10,7 +10,7 @@ float64 on the slow path, which leaves non-finite elements out of the sums and c
 GIL) and keeps each chunk's numbers by chunk index; they are added in chunk order in float64 at
 the end, so the result does not depend on the number of threads. Each worker runs its ops on one
 OpenMP thread (`torch.set_num_threads(1)` inside the worker; with torch's OpenMP backend the
-setting is per thread, the caller's stays as it was): ~14 small ops per chunk on a 2-thread
+setting is per thread, the caller's stays as it was): the small ops of a chunk on a 2-thread
 OpenMP pool each wait at a barrier, and on a busy machine that wait is a scheduler time slice
 whenever the other pool thread is descheduled (measured: 2-3x slower than one thread).
 """
@@ -29,8 +29,8 @@ CHUNK = 1 << 17
 """Elements per chunk on CPU (131072: 512 KB per float32 buffer). After the first read of a and b
 from memory, every other pass over the chunk hits the cache (a, b, d and one scratch buffer: 2 MB
 per worker, within an 8 MB L3), and each op is long enough (~50 µs) to hide the few µs of Python
-and dispatch it costs. Measured on the 2-core CI machine under load, against 32K-element chunks:
-about 20% faster; 256K-element chunks fall out of the cache."""
+and dispatch it costs. Measured on the 2-core CI machine (CPU time per element, one worker):
+16K-element chunks 14 ns, 32K 9.4 ns, 64K 7.2 ns, 128K 6.6 ns; 256K fall out of the cache."""
 
 DEVICE_CHUNK = 1 << 24
 """Elements per chunk on a GPU: each chunk costs a few host syncs, not cache misses."""
