@@ -4,7 +4,7 @@ Measures (a = baseline, b = candidate, d = b - a; per-chunk sums accumulated in 
 - `rel_diff` = 1 - 2·Σab / Σ(a² + b²) (SGLang's comparator; 0 when equal, 1 when orthogonal);
 - `max_abs` (with the position of the max as an index tuple), `mean_abs`, `rmse` = sqrt(Σd²/n);
 - `sqnr_db` = 10·log10(Σa² / Σd²) (inf when equal);
-- `max_ulp` = max |d| / ulp(a), in the less precise input dtype's units in the last place;
+- `max_ulp` = max |d| / ulp(a): ULP error against the baseline, in the less precise dtype;
 - `violations`: elements with |d| > atol + rtol·|a| (torch.testing.assert_close's rule).
 NaN/inf: equal infinities count as equal; any other non-finite element counts in `nonfinite`
 and as a violation with |d| = inf, and is left out of the sums.
@@ -71,10 +71,10 @@ class TensorDiff(BaseModel):
     nonfinite: int = 0
     """Elements where either side is NaN or infinite."""
     max_ulp: float | None = None
-    """Largest |candidate - baseline| in units in the last place of the baseline value, counted
-    in the less precise input dtype (bf16 vs float32: bf16 ulps); exact when both values share a
-    binade, within 2x across one (see ulp.py); inf on a non-finite disagreement; None unless both
-    inputs are floating point."""
+    """Largest ULP error against the baseline, |candidate - baseline| / ulp(baseline), counted
+    in the less precise input dtype (bf16 vs float32: bf16 ulps). The count of representable
+    values between the two when they share a binade; unbounded near a zero baseline (ulp.py);
+    inf on a non-finite disagreement; None unless both inputs are floating point."""
 
     @property
     def within_tolerance(self) -> bool:

@@ -1,11 +1,13 @@
-"""Distance in units in the last place (ULP) of the baseline, as the fused chunk pass needs it.
+"""ULP error against the baseline, as the fused chunk pass needs it.
 
-ulp(a) = 2^(max(e, e_min) - m): the spacing of the *less precise* input dtype's floats at the
-baseline value a (e: a's binary exponent, e_min: that dtype's smallest normal exponent, m: its
-mantissa bits). The distance of one element is |b - a| / ulp(a): an integer when a and b share a
-binade (b - a is then exact), within a factor 2 of the count of floats between them when they
-straddle a power of two. bf16 vs float32 is measured in bf16 ulps, float16 denormals in float16's
-denormal spacing.
+The libm convention: error = |b - a| / ulp(a), with ulp(a) = 2^(max(e, e_min) - m) the spacing
+of the *less precise* input dtype's floats at the baseline value a (e: a's binary exponent,
+e_min: that dtype's smallest normal exponent, m: its mantissa bits). It equals the number of
+representable values between a and b when both lie in one binade (b - a is then exact), is within
+a factor 2 of that count when b is in a neighbouring binade, and grows without bound as a nears
+zero (a = 0 counts in units of the smallest denormal: b = 1e-3 against a = 0 is ~1e42 float32
+ulps), so a huge max ULP error with a small max |b - a| points at baseline values near zero.
+bf16 vs float32 is counted in bf16 ulps, float16 denormals in float16's denormal spacing.
 
 The exponent is read from a's bit pattern in the work dtype: `bits & exponent_mask`, clamped to
 e_min and viewed back as a float is exactly 2^e; two integer ops, a division and a max per chunk.

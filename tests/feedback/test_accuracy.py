@@ -304,6 +304,8 @@ def test_max_ulp_counts_representable_steps_in_the_less_precise_dtype() -> None:
     assert tensor_diff(h, steps(h, torch.full((100,), 2))).max_ulp == 2.0
     a64 = a[:1000].double()
     assert tensor_diff(a64, steps(a64, k[:1000])).max_ulp == float(k[:1000].max())
+    zero = torch.zeros(10)  # a zero baseline counts in units of the smallest denormal
+    assert tensor_diff(zero, zero + 1e-3).max_ulp == pytest.approx(1e-3 * 2.0**149, rel=1e-6)
     nan = b.clone()
     nan[99] = float("nan")
     assert tensor_diff(a, nan).max_ulp == math.inf
