@@ -12,7 +12,9 @@ the end, so the result does not depend on the number of threads. Each worker run
 OpenMP thread (`torch.set_num_threads(1)` inside the worker; with torch's OpenMP backend the
 setting is per thread, the caller's stays as it was): the small ops of a chunk on a 2-thread
 OpenMP pool each wait at a barrier, and on a busy machine that wait is a scheduler time slice
-whenever the other pool thread is descheduled (measured: 2-3x slower than one thread).
+whenever the other pool thread is descheduled (measured: 2-3x slower than one thread). Threads
+that make their first torch call while a diff runs start with one thread too, and with a
+non-OpenMP torch build the setting is process-wide until the diff ends; it is restored after.
 """
 
 from __future__ import annotations
