@@ -36,11 +36,6 @@ def atomic_file(path: Path) -> Iterator[IO[bytes]]:
         raise
 
 
-def jsonl_lines(rows: list[dict[str, Any]]) -> bytes:
-    """Rows as JSON lines (UTF-8, keys in schema order)."""
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
-
-
 def arrow_table(
     fmt: ExportFormat, rows: list[dict[str, Any]], redactor: Redactor | None = None
 ) -> pa.Table:
