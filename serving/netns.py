@@ -14,6 +14,11 @@ threads on Linux, so a thread that joined the server's namespace (`setns`) opens
 Joining another namespace needs CAP_SYS_ADMIN (root): without it, or without `unshare`/`ip`, the
 server runs on the host network and says so (`Network.render`: "host (unconfined: <reason>)").
 The namespace dies with the last process, thread, socket or descriptor that uses it.
+
+Confined: TCP/UDP to anywhere, the host's loopback services, abstract UNIX sockets (they belong
+to the network namespace). Not confined (the server is not in the workspace sandbox): the file
+system, so UNIX sockets with a path (a docker.sock under /tmp, for example) stay reachable; the
+process table; the user (root where the driver is root).
 """
 
 from __future__ import annotations
