@@ -2,7 +2,9 @@
 
 Prints, in one run, side by side (interleaved, best of 3), rows/s of the rl/parquet
 
-- full export (store -> rows -> redacted, validated Parquet file), as `infra-agent export` runs it;
+- full export (store -> rows -> redacted, validated Parquet file), as `infra-agent export` runs it
+  (rows from the store's trusted JSON bodies), and the same from validated records (the reference
+  path, `trusted_bodies=False`);
 - our writer alone on the exported rows (redaction, typed Arrow columns, column checks, zstd);
 - plain `pyarrow.Table.from_pylist(rows)` + `pq.write_table` of the same rows,
 
@@ -50,8 +52,8 @@ from infra_agent.store.records import (
     StepRecord,
     ToolCall,
 )
-from infra_agent.trajectories.build import ReviewIndex, load_runs
-from infra_agent.trajectories.export import BATCH_ROWS, export_dataset
+from infra_agent.trajectories.build import ReviewIndex
+from infra_agent.trajectories.export import BATCH_ROWS, export_dataset, load_row_runs
 from infra_agent.trajectories.formats import ARROW_SCHEMAS, ExportFormat
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
@@ -164,11 +166,11 @@ def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str,
             chunk = runs[start : start + BATCH_ROWS]
             bundles = run(
                 "read store",
-                lambda: load_runs(store, chunk, review, patches=False),  # noqa: B023
+                lambda: load_row_runs(store, chunk, review),  # noqa: B023
             )
             rows = run(
                 "build rows",
-                lambda: [run_row(b, fmt, weights).row for b in bundles if b.steps],  # noqa: B023
+                lambda: [m.row for b in bundles if (m := run_row(b, fmt, weights)).skip is None],  # noqa: B023
             )
             table = run("Arrow columns", lambda: arrow_table(fmt, rows))  # noqa: B023
             # As `arrow_table(..., redactor)` does: the JSON-text column once per distinct value.
@@ -223,6 +225,13 @@ def main() -> None:
         def export() -> Any:
             return export_dataset(store, fmt, out, parquet=True, redactor=redactor)
 
+        validated_out = root / "rl-validated.parquet"
+
+        def validated() -> Any:  # the reference path: every record validated again
+            return export_dataset(
+                store, fmt, validated_out, parquet=True, redactor=redactor, trusted_bodies=False
+            )
+
         # The rows the export writes (made by the exporter's functions), for the writers alone.
         summary = export()
         review = ReviewIndex(store)
@@ -231,7 +240,7 @@ def main() -> None:
         rows = [
             run_row(bundle, fmt, weights).row
             for start in range(0, len(runs), BATCH_ROWS)
-            for bundle in load_runs(store, runs[start : start + BATCH_ROWS], review, patches=False)
+            for bundle in load_row_runs(store, runs[start : start + BATCH_ROWS], review)
         ]
         n = len(rows)
         assert n == summary.rows
@@ -259,7 +268,8 @@ def main() -> None:
         best: dict[str, tuple[float, float]] = {}
         gc.disable()
         for _ in range(args.repeat):
-            for name, job in [("export", export), ("ours", ours), ("plain", plain)]:
+            jobs = [("export", export), ("validated", validated), ("ours", ours), ("plain", plain)]
+            for name, job in jobs:
                 _, wall, cpu = timed(job)
                 best[name] = min(best.get(name, (wall, cpu)), (wall, cpu))
         gc.enable()
@@ -270,6 +280,10 @@ def main() -> None:
         )
         print(f"\nrl/parquet, {n} trajectories, best of {args.repeat} interleaved:")
         print(line("full export (store -> file)", n, w_exp, c_exp, f"{summary.bytes / 1e6:.1f} MB"))
+        w_val, c_val = best["validated"]
+        assert validated_out.read_bytes() == out.read_bytes()
+        print(line("  same, validated records", n, w_val, c_val,
+                   f"{c_val / c_plain:.2f}x plain's CPU; same bytes"))  # fmt: skip
         print(line("our writer alone (rows -> file)", n, w_ours, c_ours,
                    "redaction + typed columns + checks + zstd"))  # fmt: skip
         print(line("plain pyarrow (rows -> file)", n, w_plain, c_plain,

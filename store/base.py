@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from infra_agent.store.records import (
     DecisionRecord,
@@ -69,3 +69,16 @@ class BulkReads(Protocol):
     def steps_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[StepRecord]]: ...
     def experiments_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[ExperimentRecord]]: ...
     def patches_by_id(self, patch_ids: Sequence[str]) -> dict[str, PatchRecord]: ...
+
+
+@runtime_checkable
+class TrustedBodies(Protocol):
+    """Optional bulk reads of the stored JSON bodies, parsed but not validated again (every body
+    was validated when written): `StepRecord` / `ExperimentRecord` in their
+    `model_dump(mode="json")` shape, keyed by run id as in `BulkReads`. Exports of many runs use
+    them to skip building records they only read a few fields of."""
+
+    def step_bodies_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]: ...
+    def experiment_bodies_of_runs(
+        self, run_ids: Sequence[str]
+    ) -> dict[str, list[dict[str, Any]]]: ...

@@ -12,8 +12,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from infra_agent.errors import StoreError
@@ -232,6 +233,36 @@ class SQLiteRunStore:
             PatchRecord, "SELECT id, body FROM patches WHERE id IN ({})", patch_ids
         )
         return {patch_id: patches[0] for patch_id, patches in found.items()}
+
+    def step_bodies_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """`steps_of_runs` as the stored JSON bodies, parsed but not validated (each in the shape
+        of `StepRecord.model_dump(mode="json")`): run id -> bodies in seq order. For exports of
+        many runs: every body was validated when it was written, and parsing is a few times
+        cheaper than building the records."""
+        return self._grouped_bodies(
+            "SELECT run_id, body FROM steps WHERE run_id IN ({}) ORDER BY run_id, seq", run_ids
+        )
+
+    def experiment_bodies_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """`experiments_of_runs` as parsed, unvalidated JSON bodies (`ExperimentRecord`'s shape)."""
+        return self._grouped_bodies(
+            "SELECT run_id, body FROM experiments WHERE run_id IN ({}) ORDER BY run_id, started_at, id",
+            run_ids,
+        )  # fmt: skip
+
+    def _grouped_bodies(self, sql: str, keys: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        unique = list(dict.fromkeys(keys))
+        loads = orjson.loads
+        for start in range(0, len(unique), self._IN_CHUNK):
+            chunk = unique[start : start + self._IN_CHUNK]
+            rows = self._conn().execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall()
+            try:
+                for key, body in rows:
+                    out.setdefault(key, []).append(loads(body))
+            except orjson.JSONDecodeError as exc:
+                raise StoreError(f"run store {self.path}: a stored body is not JSON") from exc
+        return out
 
     _IN_CHUNK = 500
     """Ids per `IN (...)` query (SQLite allows 999 parameters in old builds)."""

@@ -54,6 +54,9 @@ class RunBundle:
     decisions: dict[str, list[DecisionRecord]] = field(default_factory=dict)
     """Proposal id -> its decisions, oldest first."""
     patches: dict[str, PatchRecord] = field(default_factory=dict)
+    step_bodies: list[dict[str, Any]] | None = None
+    """The steps as the store's parsed JSON bodies (`trusted.load_trusted_runs`, for the chat and
+    RL rows), `steps` then left empty; None when `steps` holds the records."""
 
     @property
     def reviewed(self) -> bool:

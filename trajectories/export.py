@@ -2,7 +2,8 @@
 
 Runs are read in the store's creation order (created_at, then id) and handled in batches, so the
 same store and filters always produce the same bytes. `openai-sft` and `rl` rows are made from
-the store records directly (`rows.run_row`); `atif` rows are the validated `Trajectory` records.
+the store records directly (`rows.run_row`, on the store's trusted JSON bodies when it offers
+them: `trusted.load_trusted_runs`); `atif` rows are the validated `Trajectory` records.
 Every batch is redacted (`Redactor.table` / `Redactor.texts`) and validated against its format's
 schema (the fixed Arrow schema plus `writers.check_table`; pydantic for `Trajectory` and strict
 OpenAI rows) before it is written, and the file is written atomically: on any error nothing
@@ -30,7 +31,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import Verdict
 from infra_agent.store import open_store
-from infra_agent.store.base import RunStore
+from infra_agent.store.base import RunStore, TrustedBodies
 from infra_agent.store.records import RunRecord
 from infra_agent.trajectories.atif import VerdictCounts
 from infra_agent.trajectories.build import (
@@ -50,6 +51,7 @@ from infra_agent.trajectories.formats import (
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
 from infra_agent.trajectories.rows import run_row
+from infra_agent.trajectories.trusted import load_trusted_runs
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
 BATCH_ROWS = 512
@@ -152,14 +154,14 @@ class _Producer:
     redactor: Redactor
     weights: RewardWeights
     strict_openai: bool = False
+    trusted_bodies: bool = True
 
     def batch(self, store: RunStore, runs: list[RunRecord], review: ReviewIndex) -> _Batch:
         admitted = [run for run in runs if self.flt.admits_run(run)]
         atif = self.fmt is ExportFormat.ATIF
-        bundles = load_runs(store, admitted, review, patches=atif)
         if atif:
-            return self._trajectories(bundles)
-        return self._rows(bundles)
+            return self._trajectories(load_runs(store, admitted, review))
+        return self._rows(load_row_runs(store, admitted, review, trusted=self.trusted_bodies))
 
     def _rows(self, bundles: list[RunBundle]) -> _Batch:
         out, rows = _Batch(), []
@@ -169,10 +171,8 @@ class _Producer:
             if not self.flt.admits(bundle, made.reward):
                 continue
             out.matched += 1
-            if not bundle.steps:
-                out.skipped["no steps recorded"] += 1
-            elif not any(s.role == "assistant" for s in bundle.steps):
-                out.skipped["no assistant message"] += 1
+            if made.skip is not None:
+                out.skipped[made.skip] += 1
             else:
                 rows.append(made.row)
                 out.rewards.append(made.reward)
@@ -242,6 +242,17 @@ class _Producer:
 OPENAI_ROWS = TypeAdapter(list[OpenAIChatRow])
 
 
+def load_row_runs(
+    store: RunStore, runs: list[RunRecord], review: ReviewIndex, *, trusted: bool = True
+) -> list[RunBundle]:
+    """The bundles `rows.run_row` makes the chat and RL rows of: from the store's trusted bodies
+    when it offers them and `trusted` (`trusted.load_trusted_runs`), else its validated records
+    (same rows either way)."""
+    if trusted and isinstance(store, TrustedBodies):
+        return load_trusted_runs(store, runs, review)
+    return load_runs(store, runs, review, patches=False)
+
+
 def _produce_batch(db: str, runs: list[RunRecord], producer: _Producer) -> _Batch:
     """Worker process: its own read-only connection to the store."""
     store = open_store(db, readonly=True)
@@ -298,13 +309,16 @@ def export_dataset(
     batch_rows: int = BATCH_ROWS,
     jobs: int = 1,
     strict_openai: bool = False,
+    trusted_bodies: bool = True,
 ) -> ExportSummary:
     """Write the selected runs to `out` as one JSONL or Parquet file, atomically.
 
     With `jobs` > 1, trajectories are built and validated in that many worker processes (each
     with its own read-only connection to a SQLite store), while this process writes, in the same
     order as with one job. `strict_openai` (openai-sft JSONL only) writes only the keys OpenAI's
-    fine-tuning API accepts (no `metadata`, no `reasoning_content`). Raises UserError (nothing written) when no run matches, when `out` is
+    fine-tuning API accepts (no `metadata`, no `reasoning_content`). `trusted_bodies=False`
+    builds the chat and RL rows from validated records instead of the store's trusted bodies
+    (the reference path: same bytes, slower). Raises UserError (nothing written) when no run matches, when `out` is
     a directory, or when a run cannot be represented in the schema.
     """
     if out.is_dir():
@@ -318,7 +332,7 @@ def export_dataset(
     gc.disable()  # an export allocates millions of small acyclic objects: no cycles to collect
     try:
         return _export(store, fmt, out, parquet, flt, redactor, weights, batch_rows, jobs,
-                       strict_openai, started)  # fmt: skip
+                       strict_openai, trusted_bodies, started)  # fmt: skip
     finally:
         if collecting:
             gc.enable()
@@ -335,6 +349,7 @@ def _export(
     batch_rows: int,
     jobs: int,
     strict_openai: bool,
+    trusted_bodies: bool,
     started: float,
 ) -> ExportSummary:
     producer = _Producer(
@@ -344,6 +359,7 @@ def _export(
         redactor or Redactor.from_environment(),
         weights or RewardWeights(),
         strict_openai,
+        trusted_bodies,
     )
     runs = _Counted(store.iter_runs())
     chunks = _chunks(iter(runs), batch_rows)

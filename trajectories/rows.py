@@ -19,13 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra_agent.experiments.verdict import Flag
-from infra_agent.store.records import StepRecord
 from infra_agent.trajectories.build import (
     RunBundle,
     best_candidate,
     patch_order,
     run_rewards,
-    token_totals,
 )
 from infra_agent.trajectories.formats import ExportFormat, specs_for_tools
 from infra_agent.trajectories.rewards import weighted_total
@@ -40,18 +38,34 @@ class RunRow:
     """Trajectory reward under the export's weights."""
     verdicts: list[str]
     """Experiment verdicts in patch, then experiment order (`Trajectory.verdicts()`)."""
+    skip: str | None = None
+    """Why the run forms no row of a chat format ('no steps recorded', 'no assistant
+    message'); None when it does."""
 
 
 def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> RunRow:
-    """The `fmt` row (openai-sft or rl) of one run, unredacted. `weights`: component -> weight."""
+    """The `fmt` row (openai-sft or rl) of one run, unredacted. `weights`: component -> weight.
+
+    The steps are read as step bodies (`step_bodies`): `bundle.step_bodies` when the store gave
+    them (`trusted.load_trusted_runs`), else the records' dumps; both give the same row."""
     run = bundle.run
-    messages = chat_messages(bundle.steps)
+    steps = step_bodies(bundle)
+    messages = chat_messages(steps)
     called: set[str] = set()
     n_calls = 0
-    for step in bundle.steps:
-        if step.tool_calls:
-            n_calls += len(step.tool_calls)
-            called.update(c.name for c in step.tool_calls)
+    has_assistant = False
+    for step in steps:
+        if step["role"] == "assistant":
+            has_assistant = True
+        calls = step["tool_calls"]
+        if calls:
+            n_calls += len(calls)
+            called.update(c["name"] for c in calls)
+    skip = None
+    if not steps:
+        skip = "no steps recorded"
+    elif not has_assistant:
+        skip = "no assistant message"
     tools = specs_for_tools(run.config.get("tools"), called)
     rewards = run_rewards(bundle, weights)
     reward = rewards.trajectory
@@ -71,12 +85,12 @@ def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> 
                 "best_speedup": best["best_speedup"],
             },
         }
-        return RunRow(row, reward["total"], verdicts)
+        return RunRow(row, reward["total"], verdicts, skip)
     if fmt is not ExportFormat.RL:
         raise ValueError(f"{fmt.value}: not a row format of this module")
     split = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
     results = [e.result for e in bundle.experiments]
-    totals = token_totals(bundle.steps)
+    totals = _token_totals(steps)
     row = {
         "session_id": run.id,
         "task": run.task,
@@ -112,7 +126,7 @@ def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> 
             for p, scores in rewards.proposals
         ],
     }
-    return RunRow(row, reward["total"], verdicts)
+    return RunRow(row, reward["total"], verdicts, skip)
 
 
 def _by_patch(bundle: RunBundle) -> list[Any]:
@@ -122,41 +136,70 @@ def _by_patch(bundle: RunBundle) -> list[Any]:
     ]
 
 
-def chat_messages(records: list[StepRecord]) -> list[dict[str, Any]]:
+STEP_KEYS = frozenset({"role", "content", "reasoning_content", "tool_calls", "tool_call_id",
+                       "error", "prompt_tokens", "completion_tokens", "cost_usd"})  # fmt: skip
+"""The keys of a step body the rows read."""
+
+
+def step_bodies(bundle: RunBundle) -> list[dict[str, Any]]:
+    """The run's steps as bodies in `StepRecord.model_dump(mode="json")` shape (at least
+    `STEP_KEYS`): the store's parsed bodies when the bundle carries them, else dumps of its
+    records."""
+    if bundle.step_bodies is not None:
+        return bundle.step_bodies
+    return [s.model_dump(mode="json", include=STEP_KEYS) for s in bundle.steps]
+
+
+def _token_totals(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """`build.token_totals` of step bodies."""
+
+    def total(key: str) -> Any:
+        present = [v for s in steps if (v := s[key]) is not None]
+        return sum(present) if present else None
+
+    return {
+        "total_prompt_tokens": total("prompt_tokens"),
+        "total_completion_tokens": total("completion_tokens"),
+        "total_cost_usd": total("cost_usd"),
+    }
+
+
+def chat_messages(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The conversation the model saw, in OpenAI chat shape (`formats.chat_messages` of the
-    run's `Trajectory`)."""
+    run's `Trajectory`), from step bodies (see `step_bodies`)."""
     # One ATIF step per entry: [opening message or None (harness note, orphan tool result),
     # [(tool_call_id, content) of the results folded into it], {tool_call_id: error}].
     turns: list[list[Any]] = []
     owner: dict[str, list[Any]] = {}  # tool_call_id -> the assistant turn that made the call
     last_agent: list[Any] | None = None
-    for rec in records:
-        role = rec.role
+    for rec in steps:
+        role = rec["role"]
         if role == "tool":
-            turn = owner.get(rec.tool_call_id or "") or last_agent
+            call_id = rec["tool_call_id"]
+            turn = owner.get(call_id or "") or last_agent
             if turn is None:  # a tool result with no call before it: keep it, on its own
                 turn = [None, [], {}]
                 turns.append(turn)
-            turn[1].append((rec.tool_call_id, rec.content))
-            if rec.error:
-                turn[2][rec.tool_call_id] = rec.error
+            turn[1].append((call_id, rec["content"]))
+            if rec["error"]:
+                turn[2][call_id] = rec["error"]
             continue
         if role == "harness":  # a note of the agent loop: logged, never shown to the model
             continue
-        message: dict[str, Any] = {"role": role, "content": rec.content}
+        message: dict[str, Any] = {"role": role, "content": rec["content"]}
         turn = [message, [], {}]
         turns.append(turn)
         if role != "assistant":
             continue
         last_agent = turn
-        if rec.reasoning_content is not None:
-            message["reasoning_content"] = rec.reasoning_content
-        if rec.tool_calls:
+        if rec["reasoning_content"] is not None:
+            message["reasoning_content"] = rec["reasoning_content"]
+        if rec["tool_calls"]:
             calls = []
-            for call in rec.tool_calls:
-                function = {"name": call.name, "arguments": arguments_text(call.arguments)}
-                calls.append({"id": call.id, "type": "function", "function": function})
-                owner[call.id] = turn
+            for call in rec["tool_calls"]:
+                function = {"name": call["name"], "arguments": arguments_text(call["arguments"])}
+                calls.append({"id": call["id"], "type": "function", "function": function})
+                owner[call["id"]] = turn
             message["tool_calls"] = calls
     out: list[dict[str, Any]] = []
     for message, results, errors in turns:

@@ -12,11 +12,18 @@ from trajectory_store import Fixture
 
 from infra_agent.store import open_store
 from infra_agent.store.records import RunRecord, StepRecord, ToolCall
-from infra_agent.trajectories.build import ReviewIndex, RunBundle, build_trajectory, load_run
+from infra_agent.trajectories.build import (
+    ReviewIndex,
+    RunBundle,
+    build_trajectory,
+    load_run,
+    load_runs,
+)
 from infra_agent.trajectories.formats import ExportFormat, rl_row, sft_row
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
 from infra_agent.trajectories.rows import arguments_text, run_row
+from infra_agent.trajectories.trusted import load_trusted_runs
 
 
 def _both(bundle: RunBundle, fmt: ExportFormat, weights: RewardWeights) -> tuple[Any, Any]:
@@ -87,6 +94,7 @@ def test_conversation_edge_cases_match(tmp_path: Path) -> None:
     for fmt in (ExportFormat.OPENAI_SFT, ExportFormat.RL):
         fast, slow = _both(load_run(store, run), fmt, RewardWeights())
         assert fast == slow
+    _assert_trusted_rows_identical(store)
     messages = fast["prompt"] + fast["completion"]
     assert [m["content"] for m in messages][:5] == [
         "before any call",
@@ -106,8 +114,7 @@ def test_arguments_text(raw: str, text: str) -> None:
 
 
 def test_bulk_reads_equal_per_run_reads(fx: Fixture) -> None:
-    from infra_agent.store.base import BulkReads
-    from infra_agent.trajectories.build import load_runs
+    from infra_agent.store.base import BulkReads, TrustedBodies
 
     store = open_store(fx.db, readonly=True)
     assert isinstance(store, BulkReads)
@@ -121,3 +128,76 @@ def test_bulk_reads_equal_per_run_reads(fx: Fixture) -> None:
     }
     review = ReviewIndex(store)
     assert load_runs(store, runs, review) == [load_run(store, r) for r in runs]
+    assert isinstance(store, TrustedBodies)
+    assert store.step_bodies_of_runs(ids) == {
+        r.id: [s.model_dump(mode="json") for s in store.steps(r.id)]
+        for r in runs
+        if store.steps(r.id)
+    }
+    assert store.experiment_bodies_of_runs(ids) == {
+        r.id: [e.model_dump(mode="json") for e in store.experiments(r.id)] for r in runs
+    }
+
+
+def _assert_trusted_rows_identical(store: Any, weights: RewardWeights | None = None) -> None:
+    """The rows from the store's trusted bodies (`trusted.load_trusted_runs`) are the rows from
+    its validated records, byte for byte as JSON, with the same reward, verdicts and skip reason."""
+    w = (weights or RewardWeights()).model_dump()
+    runs = list(store.iter_runs())
+    review = ReviewIndex(store)
+    trusted = load_trusted_runs(store, runs, review)
+    validated = load_runs(store, runs, review, patches=False)
+    assert [b.run.id for b in trusted] == [b.run.id for b in validated]
+    for t, v in zip(trusted, validated, strict=True):
+        assert t.step_bodies is not None and not t.steps
+        for fmt in (ExportFormat.OPENAI_SFT, ExportFormat.RL):
+            a, b = run_row(t, fmt, w), run_row(v, fmt, w)
+            assert json.dumps(a.row) == json.dumps(b.row), (t.run.id, fmt)
+            assert (a.reward, a.verdicts, a.skip) == (b.reward, b.verdicts, b.skip)
+
+
+@pytest.mark.parametrize("weights", [RewardWeights(), RewardWeights(review=3.0, failure=0.0)])
+def test_trusted_rows_identical_to_validated_rows(fx: Fixture, weights: RewardWeights) -> None:
+    _assert_trusted_rows_identical(open_store(fx.db, readonly=True), weights)
+
+
+def test_trusted_rows_of_runs_without_steps_or_assistant(tmp_path: Path) -> None:
+    """Runs that form no row keep their skip reason; an experiment recorded without the run id
+    but named by a proposal still counts (read as a record)."""
+    from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
+    from infra_agent.store.records import ExperimentRecord, ProposalRecord
+
+    store = open_store(tmp_path / "s.db")
+    empty = RunRecord(task="t", objective="latency", policy="llm")
+    user_only = RunRecord(task="t", objective="latency", policy="llm")
+    for run in (empty, user_only):
+        store.put_run(run)
+    store.add_step(StepRecord(run_id=user_only.id, role="user", content="hi", cost_usd=0.5))
+    result = ExperimentResult(task="t", patch_id="p" * 64, verdict=Verdict.REJECTED,
+                              reasons=["x"], flags=[Flag.SUSPICIOUS])  # fmt: skip
+    loose = ExperimentRecord(run_id=None, task="t", patch_id="p" * 64, result=result)
+    store.put_experiment(loose)
+    store.put_proposal(ProposalRecord(run_id=user_only.id, task="t", patch_id="p" * 64,
+                                      patch_hash="p" * 64, experiment_ids=[loose.id]))  # fmt: skip
+    store.close()
+    store = open_store(tmp_path / "s.db", readonly=True)
+    _assert_trusted_rows_identical(store)
+    review = ReviewIndex(store)
+    skips = [run_row(b, ExportFormat.RL, RewardWeights().model_dump()).skip
+             for b in load_trusted_runs(store, list(store.iter_runs()), review)]  # fmt: skip
+    assert sorted(skips) == ["no assistant message", "no steps recorded"]
+
+
+@pytest.mark.parametrize("fmt", [ExportFormat.OPENAI_SFT, ExportFormat.RL])
+@pytest.mark.parametrize("parquet", [False, True])
+def test_export_from_trusted_bodies_writes_the_same_bytes(
+    fx: Fixture, tmp_path: Path, fmt: ExportFormat, parquet: bool
+) -> None:
+    from infra_agent.trajectories.export import export_dataset
+
+    store = open_store(fx.db, readonly=True)
+    fast, slow = tmp_path / "fast.out", tmp_path / "slow.out"
+    a = export_dataset(store, fmt, fast, parquet=parquet)
+    b = export_dataset(store, fmt, slow, parquet=parquet, trusted_bodies=False)
+    assert fast.read_bytes() == slow.read_bytes()
+    assert a.model_dump(exclude={"path", "seconds"}) == b.model_dump(exclude={"path", "seconds"})
