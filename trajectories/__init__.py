@@ -8,7 +8,10 @@ Python API:
 - `export.export_dataset(store, fmt, out, parquet=, flt=ExportFilter(...), redactor=, weights=,
   jobs=) -> ExportSummary`: one JSONL or Parquet file, atomically, rows redacted and validated
   per batch first. `rows.run_row(bundle, fmt, weights)`: an openai-sft / rl row straight from the
-  store records (the export's fast path; equal to `formats.sft_row` / `rl_row` of the Trajectory).
+  store records (the export's fast path; equal to `formats.sft_row` / `rl_row` of the Trajectory);
+  `trusted.load_trusted_runs(store, runs, review)`: the bundles for it from the store's parsed
+  JSON bodies without validating them again (what the export uses; `trusted_bodies=False` for
+  validated records, same bytes).
 - `formats`: row models (`SftRow`, `RlRow`), their Arrow schemas, `trajectory_from_parquet_row`.
 - `rewards`: named reward components with weights (`DEFAULT_WEIGHTS`, `parse_weights`,
   `reweight`); the table of definitions is in that module's docstring.

@@ -4,7 +4,10 @@
 validating that record costs about a millisecond a run, most of an export's time. These functions
 give the same rows from a `RunBundle` directly (tests/trajectories/test_rows.py holds them equal
 on a realistic store), except that tool-call arguments are the model's text verbatim rather than
-re-encoded from the parsed object (same JSON value, the model's own spacing). Rows come out *not yet redacted nor validated*: the exporter does both for a
+re-encoded from the parsed object (same JSON value, the model's own spacing). The steps are read
+as plain step bodies (dicts in `StepRecord`'s JSON shape): the export passes the store's parsed
+bodies (`trusted.load_trusted_runs`), other callers the records (dumped here); both give the
+same bytes. Rows come out *not yet redacted nor validated*: the exporter does both for a
 whole batch at once (`Redactor.table` / `Redactor.texts`, then the format's Arrow schema and
 `writers.check_table`).
 

@@ -1,15 +1,17 @@
-"""Run bundles for the chat and RL rows from the store's JSON bodies, without validating them again.
+"""Run bundles for the chat and RL rows from the store's JSON bodies, not validated again.
 
 The store validated every record when it wrote it, so an export of many runs need not rebuild
 the records it reads only a few fields of: `load_trusted_runs` gives `build.load_runs(...,
 patches=False)`'s bundles with the steps as the parsed bodies (`RunBundle.step_bodies`, what
-`rows.run_row` reads) and each experiment as a record holding only what the rewards, verdicts and
-best-candidate metrics read (`trusted_experiment`, a small view built without validation). Parsing with orjson costs about a third of
-pydantic's validation per body (about 4 us a step, 15-20 us an experiment with its samples).
+`rows.run_row` reads) and each experiment as a small view holding only what the rewards, verdicts
+and best-candidate metrics read (`trusted_experiment`). Parsing with orjson costs about a third
+of pydantic's validation per step body, and about half per experiment (its samples included).
+Proposals, decisions and runs are still read as validated records (one of each per run).
 
 The safety net is unchanged: the exporter redacts every batch and checks it against the format's
 Arrow schema (`writers.check_table`), and tests/trajectories/test_rows.py holds these rows equal
-to the ones from validated records, byte for byte.
+to the ones from validated records, byte for byte (`export_dataset(..., trusted_bodies=False)`
+is that reference path).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from infra_agent.trajectories.build import ReviewIndex, RunBundle
 
 @dataclass(frozen=True, slots=True)
 class _Measured:
-    """The performance and correctness evidence fields the rewards and metrics read."""
+    """The performance evidence fields the rewards and metrics read."""
 
     speedup: float
     ci_low: float
@@ -34,6 +36,8 @@ class _Measured:
 
 @dataclass(frozen=True, slots=True)
 class _Checked:
+    """The correctness evidence fields the rewards read."""
+
     passed: bool
     baseline_err_f64: float | None
     candidate_err_f64: float | None
