@@ -53,17 +53,8 @@ def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> 
     them (`trusted.load_trusted_runs`), else the records' dumps; both give the same row."""
     run = bundle.run
     steps = step_bodies(bundle)
-    messages = chat_messages(steps)
-    called: set[str] = set()
-    n_calls = 0
-    has_assistant = False
-    for step in steps:
-        if step["role"] == "assistant":
-            has_assistant = True
-        calls = step["tool_calls"]
-        if calls:
-            n_calls += len(calls)
-            called.update(c["name"] for c in calls)
+    called: set[str] = set()  # names of the tools the run called
+    messages, n_calls, has_assistant = _conversation(steps, called)
     skip = None
     if not steps:
         skip = "no steps recorded"
@@ -170,6 +161,16 @@ def _token_totals(steps: list[dict[str, Any]]) -> dict[str, Any]:
 def chat_messages(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The conversation the model saw, in OpenAI chat shape (`formats.chat_messages` of the
     run's `Trajectory`), from step bodies (see `step_bodies`)."""
+    return _conversation(steps, set())[0]
+
+
+def _conversation(
+    steps: list[dict[str, Any]], called: set[str]
+) -> tuple[list[dict[str, Any]], int, bool]:
+    """(`chat_messages`, tool calls made by any step, whether an assistant step exists), in one
+    pass over the steps; adds the called tools' names to `called`."""
+    n_calls = 0
+    has_assistant = False
     # One ATIF step per entry: [opening message or None (harness note, orphan tool result),
     # [(tool_call_id, content) of the results folded into it], {tool_call_id: error}].
     turns: list[list[Any]] = []
@@ -177,6 +178,10 @@ def chat_messages(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     last_agent: list[Any] | None = None
     for rec in steps:
         role = rec["role"]
+        tool_calls = rec["tool_calls"]
+        if tool_calls:
+            n_calls += len(tool_calls)
+            called.update([c["name"] for c in tool_calls])
         if role == "tool":
             call_id = rec["tool_call_id"]
             turn = owner.get(call_id or "") or last_agent
@@ -195,11 +200,12 @@ def chat_messages(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if role != "assistant":
             continue
         last_agent = turn
+        has_assistant = True
         if rec["reasoning_content"] is not None:
             message["reasoning_content"] = rec["reasoning_content"]
-        if rec["tool_calls"]:
+        if tool_calls:
             calls = []
-            for call in rec["tool_calls"]:
+            for call in tool_calls:
                 function = {"name": call["name"], "arguments": arguments_text(call["arguments"])}
                 calls.append({"id": call["id"], "type": "function", "function": function})
                 owner[call["id"]] = turn
@@ -212,7 +218,7 @@ def chat_messages(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
             # An empty result with an error: the error is what the model was shown.
             shown = content or errors.get(call_id) or ""
             out.append({"role": "tool", "content": shown, "tool_call_id": call_id})
-    return out
+    return out, n_calls, has_assistant
 
 
 def arguments_text(raw: str) -> str:
