@@ -305,10 +305,11 @@ class Experiment:
                         pass
             self.arms.close()
             if arms is not None:
+                watches = {arm.name: getattr(arm._worker, "watch", None) for arm in arms}
                 watched = {
-                    arm.name: arm._worker.watch.summary()
-                    for arm in arms
-                    if isinstance(getattr(arm._worker, "watch", None), ProcessWatch)
+                    name: watch.summary()
+                    for name, watch in watches.items()
+                    if isinstance(watch, ProcessWatch)
                 }
                 if watched:  # python tasks: what the leftover-work guard saw in each worker
                     self.evidence.extra["process_watch"] = watched

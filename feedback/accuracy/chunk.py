@@ -159,6 +159,7 @@ def diff_chunk(
         if a.dtype != work:  # slow path: float64 values
             ulps = max_ulp(d, a, ulp_scale(torch.float64, s.ulp_of))
         else:
+            assert s.ulp is not None  # set whenever ulp_of is
             ulps = max_ulp(d, a, s.ulp, s.bits if full else s.bits[:n], t)
     violations = 0
     if m > atol and a.dtype != work:  # slow path: float64 copies
