@@ -141,7 +141,7 @@ def step_bodies(bundle: RunBundle) -> list[dict[str, Any]]:
     records."""
     if bundle.step_bodies is not None:
         return bundle.step_bodies
-    return [s.model_dump(mode="json", include=STEP_KEYS) for s in bundle.steps]
+    return [s.model_dump(mode="json", include=set(STEP_KEYS)) for s in bundle.steps]
 
 
 def _token_totals(steps: list[dict[str, Any]]) -> dict[str, Any]:
