@@ -51,7 +51,7 @@ def main() -> None:
                 sessions = random_sessions(
                     args.prompts, args.input_len, args.output_len, vocab_size=1024, seed=rep
                 )
-                metrics = summarize(run_workload(servers[name].url, sessions, LoadSpec(seed=rep)))
+                metrics = summarize(servers[name].call(run_workload, sessions, LoadSpec(seed=rep)))
                 samples[name].append(metrics.output_throughput)
                 print(f"rep {rep} arm {name}: {metrics.render()}", flush=True)
         comparison = compare_samples(samples["A"], samples["B"], higher_is_better=True, paired=True)
