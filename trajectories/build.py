@@ -110,14 +110,7 @@ def load_runs(
     for run in runs:
         proposals = list(review.proposals.get(run.id, []))
         run_experiments = list(experiments.get(run.id, []))
-        known = {e.id for e in run_experiments}
-        for proposal in proposals:
-            for exp_id in proposal.experiment_ids:
-                if exp_id not in known:
-                    exp = store.get_experiment(exp_id)
-                    if exp is not None:
-                        run_experiments.append(exp)
-                        known.add(exp_id)
+        add_proposal_experiments(store, proposals, run_experiments)
         bundles.append(
             RunBundle(
                 run=run,
@@ -141,6 +134,21 @@ def load_runs(
     for b in bundles:
         b.patches = {i: found[i] for i in patch_order(b) if i in found}
     return bundles
+
+
+def add_proposal_experiments(
+    store: RunStore, proposals: list[ProposalRecord], experiments: list[Any]
+) -> None:
+    """Append to `experiments` those the proposals name but the run's own list lacks (recorded
+    without the run id), read from the store."""
+    known = {e.id for e in experiments}
+    for proposal in proposals:
+        for exp_id in proposal.experiment_ids:
+            if exp_id not in known:
+                exp = store.get_experiment(exp_id)
+                if exp is not None:
+                    experiments.append(exp)
+                    known.add(exp_id)
 
 
 def build_trajectory(

@@ -22,7 +22,7 @@ from typing import Any, cast
 from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.store.base import RunStore, TrustedBodies
 from infra_agent.store.records import ExperimentRecord, RunRecord
-from infra_agent.trajectories.build import ReviewIndex, RunBundle
+from infra_agent.trajectories.build import ReviewIndex, RunBundle, add_proposal_experiments
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +107,8 @@ def load_trusted_runs(
     bundles = []
     for run in runs:
         proposals = list(review.proposals.get(run.id, []))
-        run_experiments = [trusted_experiment(b) for b in experiments.get(run.id, [])]
-        known = {e.id for e in run_experiments}
-        for proposal in proposals:
-            for exp_id in proposal.experiment_ids:
-                if exp_id not in known:  # named by a proposal, recorded without the run id
-                    exp = store.get_experiment(exp_id)
-                    if exp is not None:
-                        run_experiments.append(exp)
-                        known.add(exp_id)
+        run_experiments: list[Any] = [trusted_experiment(b) for b in experiments.get(run.id, [])]
+        add_proposal_experiments(store, proposals, run_experiments)
         bundles.append(
             RunBundle(
                 run=run,
