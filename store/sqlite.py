@@ -108,6 +108,9 @@ class SQLiteRunStore:
                 )
         elif tables and not readonly:
             raise StoreError(f"run store {self.path}: not an infra-agent database (no meta table)")
+        elif readonly:
+            # An empty file (a writer is creating it right now) or another program's database.
+            raise StoreError(f"run store {self.path}: not an initialised infra-agent database")
         if readonly:
             return
         with self.transaction():

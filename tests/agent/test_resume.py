@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from infra_agent.errors import StoreError
 from infra_agent.store import open_store
 
 
@@ -24,7 +25,10 @@ def _started(db: Path) -> tuple[str | None, int, int]:
     """(run id, experiments finished, experiments started) as the store shows them now."""
     if not db.exists():
         return None, 0, 0
-    store = open_store(db, readonly=True)
+    try:
+        store = open_store(db, readonly=True)
+    except StoreError:  # the CLI has created the file but not yet its tables
+        return None, 0, 0
     try:
         runs = store.list_runs()
         if not runs:

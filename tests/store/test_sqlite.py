@@ -246,3 +246,14 @@ def test_body_reads_are_the_records_json_and_refuse_a_broken_body(tmp_path: Path
         store._conn().execute("UPDATE steps SET body='{not json' WHERE seq=1")
     with pytest.raises(StoreError, match="not JSON"):
         store.step_bodies_of_runs([run.id])
+
+
+def test_reader_of_a_file_not_yet_initialised_gets_a_clear_error(tmp_path: Path) -> None:
+    """A reader that opens the file between its creation and its schema (a writer starting up)
+    gets a StoreError naming the file, not sqlite's 'no such table'."""
+    db = tmp_path / "runs.db"
+    sqlite3.connect(db).close()  # an empty database file, as a starting writer leaves it
+    with pytest.raises(StoreError, match="runs.db: not an initialised infra-agent database"):
+        SQLiteRunStore(db, readonly=True)
+    open_store(db).close()
+    assert SQLiteRunStore(db, readonly=True).list_runs() == []
