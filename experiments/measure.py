@@ -162,24 +162,34 @@ def decide(
 ) -> tuple[Verdict, list[str], list[Flag], dict[str, float]]:
     """Verdict, reasons, flags and secondary metrics (medians) from a measurement.
 
-    IMPROVED only if the interval excludes 1.0, the speedup exceeds 1 + min_effect and the sign
-    test's interval of per-pair speedups also excludes 1.0 (where it applies: at least 6 pairs);
+    IMPROVED only if the speedup exceeds 1 + min_effect, the interval's low end exceeds
+    1 + min_effect/2 (confident of at least half the minimum effect, not merely of some change:
+    two worker processes running the same code differ by a percent or two, which a 95% interval
+    alone would call a change in one A/A experiment of ten on a loaded machine) and the sign
+    test's interval of per-pair speedups excludes 1.0 (where it applies: at least 6 pairs);
     REGRESSED symmetrically; NO_CHANGE otherwise. Any broken constraint is a REGRESSED."""
     c, metric = m.comparison, manifest.metric
     sp, lo, hi, effect = c.speedup, c.ci_low, c.ci_high, manifest.min_effect
+    margin = 1.0 + effect / 2
     numbers = (
         f"speedup {sp:.3f}x (95% CI {lo:.3f}-{hi:.3f}, n={min(c.n_baseline, c.n_candidate)}/arm); "
         f"{metric.name} median {c.baseline_median:.4g} -> {c.candidate_median:.4g} {metric.unit}"
     )
-    if lo > 1.0 and sp > 1.0 + effect:
+    if lo > margin and sp > 1.0 + effect:
         verdict, reasons = Verdict.IMPROVED, [f"better with confidence: {numbers}"]
-    elif hi < 1.0 and sp < 1.0 / (1.0 + effect):
+    elif hi < 1.0 / margin and sp < 1.0 / (1.0 + effect):
         verdict, reasons = Verdict.REGRESSED, [f"worse with confidence: {numbers}"]
     elif lo <= 1.0 <= hi:
         verdict, reasons = (
             Verdict.NO_CHANGE,
             [f"within noise, the interval includes 1.0: {numbers}"],
         )
+    elif sp > 1.0 + effect or sp < 1.0 / (1.0 + effect):
+        verdict = Verdict.NO_CHANGE
+        reasons = [
+            f"not shown: the interval reaches within half the task's minimum effect of "
+            f"{effect:.0%} ({1 / margin:.3f}-{margin:.3f}); {numbers}"
+        ]
     else:
         verdict = Verdict.NO_CHANGE
         reasons = [f"effect below the task's minimum of {effect:.0%}: {numbers}"]
