@@ -118,6 +118,10 @@ class ReviewSettings(BaseModel):
     """Reviewer name -> token. Empty: a token is generated and printed at start-up."""
     policy: Path | None = None
     """Risk policy TOML (glob rules over files/knobs -> auto-approve | review | forbid)."""
+    session_idle_minutes: float = Field(default=480.0, gt=0)
+    """A reviewer's browser session ends after this long without a request (minutes)."""
+    session_max_hours: float = Field(default=24.0, gt=0)
+    """A reviewer's browser session ends this long after sign-in, however busy (hours)."""
 
 
 class TaskSettings(BaseModel):

@@ -328,13 +328,15 @@ def serve_cmd(
     tokens: dict[str, Any] = {
         name: secret.get_secret_value() for name, secret in settings.review.tokens.items()
     }
+    idle_s = settings.review.session_idle_minutes * 60
+    max_s = settings.review.session_max_hours * 3600
     try:
         if token is not None:
-            auth = ReviewerAuth({**tokens, (reviewer or _default_reviewer()): token})
-        elif tokens:
-            auth = ReviewerAuth(tokens)
+            tokens[reviewer or _default_reviewer()] = token
+        if tokens:
+            auth = ReviewerAuth(tokens, idle_timeout_s=idle_s, max_age_s=max_s)
         else:
-            auth = ReviewerAuth.generated(reviewer)
+            auth = ReviewerAuth.generated(reviewer, idle_timeout_s=idle_s, max_age_s=max_s)
     except ValueError as exc:
         raise UserError(f"review tokens: {exc}") from None
     policy = load_policy(settings.review.policy)

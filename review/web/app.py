@@ -113,7 +113,8 @@ def _session(request: Request, server: ReviewServer) -> Session:
     if session is None:
         raise Refused(
             401,
-            "not signed in: open the URL printed when the server started (it carries ?token=...)",
+            "not signed in (or the session ended: signed out, idle too long or too old): open "
+            "the URL printed when the server started (it carries ?token=...)",
         )
     return session
 
@@ -247,6 +248,14 @@ def create_app(server: ReviewServer) -> FastAPI:
         if not server.auth.csrf_ok(session, csrf_token):
             raise Refused(403, "missing or wrong CSRF token: reload the page and try again")
         return session
+
+    @app.post("/logout", response_model=None)
+    def logout(request: Request, csrf_token: str = Form("")) -> Response:
+        _post(request, csrf_token)
+        server.auth.end_session(request.cookies.get(SESSION_COOKIE))
+        response = page(request, "signed_out.html")
+        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+        return response
 
     @app.post("/proposals/{proposal_id}/decide", response_model=None)
     def decide_action(

@@ -444,6 +444,15 @@ def test_reject_and_request_changes(page, server: Served) -> None:  # type: igno
     store.close()
 
 
+def test_sign_out_ends_the_browser_session(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{server.base}/proposals/{server.ids['changes']}")
+    page.click("#sign-out")
+    assert "Your session has ended" in page.inner_text("#signed-out")
+    response = page.goto(f"{server.base}/proposals/{server.ids['changes']}")
+    assert response is not None and response.status == 401
+    assert "not signed in" in page.inner_text("#refusal")
+
+
 def test_stale_proposal_refused_until_reverified(page, server: Served) -> None:  # type: ignore[no-untyped-def]
     page.goto(f"{server.base}/proposals/{server.ids['stale']}")
     assert "target changed" in page.inner_text("#stale")
