@@ -41,6 +41,7 @@ from infra_agent.trajectories.build import (
     trajectory_tree,
     validate_trajectory,
 )
+from infra_agent.trajectories.chat_columns import ChatColumns
 from infra_agent.trajectories.formats import (
     ARROW_SCHEMAS,
     ExportFormat,
@@ -164,6 +165,11 @@ class _Producer:
         return self._rows(load_row_runs(store, admitted, review, trusted=self.trusted_bodies))
 
     def _rows(self, bundles: list[RunBundle]) -> _Batch:
+        if self.parquet and bundles and all(b.step_bodies is not None for b in bundles):
+            try:
+                return self._columns(ChatColumns(bundles))
+            except OverflowError:
+                pass  # over 2 GiB of text in one batch: row by row
         out, rows = _Batch(), []
         weights = self.weights.model_dump()
         for bundle in bundles:
@@ -191,6 +197,31 @@ class _Producer:
         else:
             check_table(self.fmt, arrow_table(self.fmt, rows))
         out.payload = self._lines(rows)
+        return out
+
+    def _columns(self, columns: ChatColumns) -> _Batch:
+        """`_rows` as Parquet, the messages built column-wise (`chat_columns`): same table."""
+        out, rows, kept = _Batch(), [], []
+        weights = self.weights.model_dump()
+        for i, bundle in enumerate(columns.bundles):
+            made = columns.run_row(i, self.fmt, weights)
+            if not self.flt.admits(bundle, made.reward):
+                continue
+            out.matched += 1
+            if made.skip is not None:
+                out.skipped[made.skip] += 1
+            else:
+                kept.append(i)
+                rows.append(made.row)
+                out.rewards.append(made.reward)
+                out.verdicts += made.verdicts
+        if not rows:
+            return out
+        out.rows = len(rows)
+        messages = columns.message_columns(self.fmt, kept)
+        table = arrow_table(self.fmt, rows, self.redactor, messages)
+        check_table(self.fmt, table)
+        out.payload = table
         return out
 
     def _lines(self, rows: list[dict[str, Any]]) -> bytes:

@@ -330,6 +330,8 @@ _MESSAGE = pa.struct(
         ("tool_call_id", pa.string()),
     ]
 )
+MESSAGE_TYPE = _MESSAGE
+"""A chat message (`ChatMessage`) as an Arrow struct."""
 _COMPONENTS = pa.struct([(name, pa.float64()) for name in Components.model_fields])
 _RL_METRICS = pa.struct(
     [

@@ -46,29 +46,60 @@ class RunRow:
     message'); None when it does."""
 
 
+@dataclass
+class StepFacts:
+    """What a run's row reads of its steps besides the messages themselves."""
+
+    n_steps: int
+    n_messages: int
+    """Messages the model saw: every step but the harness notes."""
+    n_calls: int
+    """Tool calls made by any step."""
+    has_assistant: bool
+    called: set[str]
+    """Names of the tools the run called."""
+    totals: dict[str, Any]
+    """`build.token_totals` of the steps."""
+
+
 def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> RunRow:
     """The `fmt` row (openai-sft or rl) of one run, unredacted. `weights`: component -> weight.
 
     The steps are read as step bodies (`step_bodies`): `bundle.step_bodies` when the store gave
     them (`trusted.load_trusted_runs`), else the records' dumps; both give the same row."""
-    run = bundle.run
     steps = step_bodies(bundle)
-    called: set[str] = set()  # names of the tools the run called
+    called: set[str] = set()
     messages, n_calls, has_assistant = _conversation(steps, called)
+    facts = StepFacts(
+        len(steps), len(messages), n_calls, has_assistant, called, _token_totals(steps)
+    )
+    return row_of(bundle, fmt, weights, facts, messages)
+
+
+def row_of(
+    bundle: RunBundle,
+    fmt: ExportFormat,
+    weights: dict[str, float],
+    facts: StepFacts,
+    messages: list[dict[str, Any]] | None,
+) -> RunRow:
+    """`run_row` from the run's `facts` and its `chat_messages`. With `messages` None the row
+    lacks the message keys (`messages`, or `prompt` and `completion`): the Parquet export's
+    columnar path (`chat_columns`) adds them as Arrow columns."""
+    run = bundle.run
     skip = None
-    if not steps:
+    if not facts.n_steps:
         skip = "no steps recorded"
-    elif not has_assistant:
+    elif not facts.has_assistant:
         skip = "no assistant message"
-    tools = specs_for_tools(run.config.get("tools"), called)
+    tools = specs_for_tools(run.config.get("tools"), facts.called)
     rewards = run_rewards(bundle, weights)
     reward = rewards.trajectory
     verdicts = [e.result.verdict.value for e in _by_patch(bundle)]
     best = best_candidate(bundle.experiments)
     reviewed = bundle.reviewed
     if fmt is ExportFormat.OPENAI_SFT:
-        row = {
-            "messages": messages,
+        row: dict[str, Any] = {
             "tools": tools,
             "metadata": {
                 "session_id": run.id,
@@ -79,17 +110,18 @@ def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> 
                 "best_speedup": best["best_speedup"],
             },
         }
+        if messages is not None:
+            row = {"messages": messages, **row}
         return RunRow(row, reward["total"], verdicts, skip)
     if fmt is not ExportFormat.RL:
         raise ValueError(f"{fmt.value}: not a row format of this module")
-    split = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
     results = [e.result for e in bundle.experiments]
-    totals = _token_totals(steps)
-    row = {
-        "session_id": run.id,
-        "task": run.task,
-        "prompt": messages[:split],
-        "completion": messages[split:],
+    totals = facts.totals
+    row = {"session_id": run.id, "task": run.task}
+    if messages is not None:
+        split = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+        row["prompt"], row["completion"] = messages[:split], messages[split:]
+    row |= {
         "tools": tools,
         "reward": reward["total"],
         "reward_components": reward["components"],
@@ -101,8 +133,8 @@ def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> 
             "accuracy_outcome": best["accuracy_outcome"],
             "reviewed": reviewed,
             "suspicious": sum(Flag.SUSPICIOUS in r.flags for r in results),
-            "n_messages": len(messages),
-            "n_tool_calls": n_calls,
+            "n_messages": facts.n_messages,
+            "n_tool_calls": facts.n_calls,
             "n_experiments": len(results),
             "total_prompt_tokens": totals["total_prompt_tokens"],
             "total_completion_tokens": totals["total_completion_tokens"],

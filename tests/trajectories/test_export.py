@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from trajectory_store import BAD_ARGS, SECRETS, Fixture
@@ -255,7 +256,15 @@ def test_invalid_row_is_refused_before_writing(
             made.row["messages"][0]["role"] = "robot"
         return made
 
+    class RobotColumns(export_module.ChatColumns):  # the Parquet export's column-wise path
+        def message_columns(self, *args: Any) -> Any:
+            columns = super().message_columns(*args)
+            rows = columns["messages"].to_pylist()
+            rows[0][0]["role"] = "robot"
+            return {"messages": pa.array(rows, type=columns["messages"].type)}
+
     monkeypatch.setattr(export_module, "run_row", robot_row)
+    monkeypatch.setattr(export_module, "ChatColumns", RobotColumns)
     out = tmp_path / "exports" / "sft"
     with pytest.raises(ValueError, match="robot"):
         export_dataset(

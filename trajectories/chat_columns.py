@@ -1,0 +1,252 @@
+"""The chat messages of a batch of runs as Arrow columns: the Parquet export's fast path.
+
+`rows.run_row` builds each run's conversation as Python dicts, one step at a time, and Arrow then
+converts them back, value by value. Here a whole batch's step bodies (the store's parsed JSON,
+`trusted.load_trusted_runs`) become one Arrow struct array in a single conversion, and the ATIF
+mapping of `rows._conversation` is done column-wise (numpy, Arrow compute): no Python code runs
+per step or per message.
+
+Column-wise is exact for runs in the *simple* shape, the common one: every tool result answers a
+call of the latest message before it, which is the assistant turn that made the call (harness
+notes in between are fine: they are never shown), and no two tool results of the run answer the
+same call id. Then the conversation is the steps in store order, harness notes left out, each
+shown as `rows._conversation` shows it. Any other run (an orphan tool result, a result arriving
+after a later message, a repeated call id) goes through `rows.run_row` itself, and its messages
+take their place among the others (`ChatColumns.message_columns`), so every row equals
+`run_row`'s (tests/trajectories/test_chat_columns.py holds them equal, Parquet byte for byte).
+
+Per run, Python still computes what is per run: rewards, verdicts, best candidate, proposals
+(`rows.row_of`), from the step facts computed here column-wise (message and call counts, token
+totals, names of the tools called).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from infra_agent.trajectories.build import RunBundle
+from infra_agent.trajectories.formats import MESSAGE_TYPE, ExportFormat
+from infra_agent.trajectories.rows import RunRow, StepFacts, row_of, run_row, step_bodies
+
+_CALL = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
+STEP_TYPE = pa.struct(
+    [
+        ("role", pa.string()),
+        ("content", pa.string()),
+        ("reasoning_content", pa.string()),
+        ("tool_calls", pa.list_(_CALL)),
+        ("tool_call_id", pa.string()),
+        ("error", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),
+    ]
+)
+"""The fields of a step body (`StepRecord`'s JSON shape) the chat rows read."""
+
+_ROLES = pa.array(["system", "user", "assistant", "tool", "harness"])
+_SYSTEM, _USER, _ASSISTANT, _TOOL, _HARNESS = range(5)
+WHITESPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+    "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+"""Every character `str.isspace()` holds true (what `str.strip()` removes)."""
+_BLANK = "^[" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]*$"
+"""RE2: text that `str.strip()` empties (`rows.arguments_text` writes `{}` for it)."""
+_SEP = "\x1f"
+
+
+class ChatColumns:
+    """One column-wise pass over the steps of a batch of runs (`bundles`, in order).
+
+    `run_row(i, ...)` gives run i's `RunRow` without its message keys (the whole row for runs
+    not in the simple shape); `message_columns(fmt, kept)` the message columns of the kept runs'
+    rows, in `kept` order."""
+
+    def __init__(self, bundles: list[RunBundle]) -> None:
+        self.bundles = bundles
+        bodies = [step_bodies(b) for b in bundles]
+        counts = np.fromiter((len(s) for s in bodies), dtype=np.int64, count=len(bodies))
+        flat = [step for steps in bodies for step in steps]
+        steps = pa.array(flat, type=STEP_TYPE)
+        if isinstance(steps, pa.ChunkedArray):  # over 2 GiB of text in one batch
+            raise OverflowError("a batch's steps do not fit one Arrow array")
+        n_runs, n = len(bundles), len(flat)
+        starts = np.zeros(n_runs + 1, dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
+        run_of = np.repeat(np.arange(n_runs), counts)
+
+        role = pc.fill_null(pc.index_in(steps.field("role"), value_set=_ROLES), -1)
+        code = role.to_numpy(zero_copy_only=False)
+        is_tool, is_asst = code == _TOOL, code == _ASSISTANT
+        is_turn = (code >= 0) & (code <= _ASSISTANT)  # system, user, assistant: opens a turn
+        calls = steps.field("tool_calls")
+        n_call = pc.fill_null(pc.list_value_length(calls), 0).to_numpy(zero_copy_only=False)
+        flat_calls = pc.list_flatten(calls)
+        call_step = pc.list_parent_indices(calls).to_numpy(zero_copy_only=False)
+
+        # The simple shape: each tool result answers a call of the latest turn before it, an
+        # assistant turn of the same run; no call id answered twice in a run; known roles only.
+        index = np.arange(n)
+        opener = np.maximum.accumulate(np.where(is_turn, index, -1))
+        tools = np.flatnonzero(is_tool)
+        t_open = opener[tools]
+        t_ok = t_open >= starts[run_of[tools]]
+        t_ok &= np.where(t_ok, code[np.maximum(t_open, 0)] == _ASSISTANT, False)
+        call_ids = flat_calls.field("id")
+        answer = steps.field("tool_call_id").take(pa.array(tools))
+        made = pc.binary_join_element_wise(_text(call_step), call_ids, _SEP)
+        asked = pc.binary_join_element_wise(_text(t_open), answer, _SEP)
+        t_ok &= pc.fill_null(pc.is_in(asked, value_set=made), False).to_numpy(zero_copy_only=False)
+        per_run = pc.binary_join_element_wise(_text(run_of[tools]), answer, _SEP)
+        repeated = pc.value_counts(per_run)
+        twice = pc.filter(repeated.field("values"), pc.greater(repeated.field("counts"), 1))
+        t_ok &= ~pc.fill_null(pc.is_in(per_run, value_set=twice), False).to_numpy(
+            zero_copy_only=False
+        )
+        simple = np.ones(n_runs, dtype=bool)
+        simple[run_of[tools[~t_ok]]] = False
+        simple[run_of[code < 0]] = False
+        self.simple = simple
+
+        # Per-run facts (`rows.StepFacts`), column-wise.
+        shown = code != _HARNESS
+        self._n_messages = _sums(shown, starts)
+        self._n_calls = _sums(n_call, starts)
+        self._has_assistant = _sums(is_asst, starts) > 0
+        self._starts = starts
+        self._tokens = {}
+        for key in ("prompt_tokens", "completion_tokens"):
+            col = steps.field(key)
+            self._tokens[key] = (
+                _sums(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), starts),
+                _sums(col.is_valid().to_numpy(zero_copy_only=False), starts),
+            )
+        self._costs = steps.field("cost_usd").to_pylist() if n else []
+        self._called: list[set[str]] = [set() for _ in range(n_runs)]
+        for r, name in zip(
+            run_of[call_step].tolist(), flat_calls.field("name").to_pylist(), strict=True
+        ):
+            self._called[r].add(name)
+
+        # Every step's message, as `rows._conversation` shows it, harness notes left out.
+        content, error = steps.field("content"), steps.field("error")
+        error_shown = pc.if_else(pc.fill_null(pc.not_equal(error, ""), False), error, "")
+        tool_shown = pc.if_else(
+            pc.fill_null(pc.not_equal(content, ""), False), content, error_shown
+        )
+        tool_mask, asst_mask = pa.array(is_tool), pa.array(is_asst)
+        null = pa.nulls(n, pa.string())
+        arguments = flat_calls.field("arguments")
+        blank = pc.match_substring_regex(arguments, _BLANK)
+        function = pa.StructArray.from_arrays(
+            [flat_calls.field("name"), pc.if_else(blank, "{}", arguments)],
+            fields=list(MESSAGE_TYPE.field("tool_calls").type.value_type.field("function").type),
+        )
+        call_values = pa.StructArray.from_arrays(
+            [call_ids, pa.repeat("function", len(flat_calls)), function],
+            fields=list(MESSAGE_TYPE.field("tool_calls").type.value_type),
+        )
+        call_offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(n_call, out=call_offsets[1:])
+        tool_calls = pa.ListArray.from_arrays(
+            pa.array(call_offsets),
+            call_values,
+            type=MESSAGE_TYPE.field("tool_calls").type,
+            mask=pa.array(~(is_asst & (n_call > 0))),
+        )
+        messages = pa.StructArray.from_arrays(
+            [
+                steps.field("role"),
+                pc.if_else(tool_mask, tool_shown, content),
+                pc.if_else(asst_mask, steps.field("reasoning_content"), null),
+                tool_calls,
+                pc.if_else(tool_mask, steps.field("tool_call_id"), null),
+            ],
+            fields=list(MESSAGE_TYPE),
+        )
+        self._messages = messages.filter(pa.array(shown))
+        self._message_starts = np.concatenate([[0], np.cumsum(self._n_messages)])
+        m_asst = is_asst[shown]
+        # Each run's first assistant message (the rl prompt/completion split), else its end.
+        firsts = np.flatnonzero(m_asst)
+        at = np.searchsorted(firsts, self._message_starts[:-1])
+        first = np.append(firsts, np.iinfo(np.int64).max)[at]
+        self._split = np.minimum(first, self._message_starts[1:])
+        self._fallback: dict[int, dict[str, Any]] = {}
+
+    def run_row(self, i: int, fmt: ExportFormat, weights: dict[str, float]) -> RunRow:
+        """Run i's `rows.run_row`, without its message keys when the run is in the simple shape
+        (`message_columns` holds them); the whole row otherwise."""
+        bundle = self.bundles[i]
+        if not self.simple[i]:
+            made = run_row(bundle, fmt, weights)
+            self._fallback[i] = made.row
+            return made
+        a, b = self._starts[i], self._starts[i + 1]
+        costs = [c for c in self._costs[a:b] if c is not None]
+        totals = {
+            f"total_{key}": int(sums[i]) if valid[i] else None
+            for key, (sums, valid) in self._tokens.items()
+        }
+        totals["total_cost_usd"] = sum(costs) if costs else None
+        facts = StepFacts(
+            int(b - a),
+            int(self._n_messages[i]),
+            int(self._n_calls[i]),
+            bool(self._has_assistant[i]),
+            self._called[i],
+            totals,
+        )
+        return row_of(bundle, fmt, weights, facts, None)
+
+    def message_columns(self, fmt: ExportFormat, kept: list[int]) -> dict[str, pa.Array]:
+        """The message columns (`messages`, or `prompt` and `completion`) of the rows of runs
+        `kept` (indices into the bundles, each run's `run_row` called first)."""
+        lists = pa.list_(MESSAGE_TYPE)
+        starts, split = self._message_starts, self._split
+        if fmt is ExportFormat.OPENAI_SFT:
+            bounds = {"messages": (starts[:-1], starts[1:])}
+        else:
+            bounds = {"prompt": (starts[:-1], split), "completion": (split, starts[1:])}
+        out = {}
+        fast = [i for i in kept if self.simple[i]]
+        slow = [i for i in kept if not self.simple[i]]
+        for name, (lo, hi) in bounds.items():
+            column = _lists(self._messages, lo[fast], hi[fast], lists)
+            if slow:
+                column = pa.concat_arrays(
+                    [column, pa.array([self._fallback[i][name] for i in slow], type=lists)]
+                )
+                order = {i: k for k, i in enumerate(fast + slow)}
+                column = column.take(pa.array([order[i] for i in kept]))
+            out[name] = column
+        return out
+
+
+def _lists(values: pa.Array, lo: np.ndarray, hi: np.ndarray, type_: pa.DataType) -> pa.Array:
+    """The lists values[lo[k]:hi[k]], one per k."""
+    lengths = hi - lo
+    offsets = np.zeros(len(lo) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    if len(lo) and np.array_equal(lo[1:], hi[:-1]):  # contiguous: no copy
+        taken = values.slice(int(lo[0]), int(offsets[-1]))
+    else:
+        index = np.repeat(lo - offsets[:-1], lengths) + np.arange(offsets[-1])
+        taken = values.take(pa.array(index))
+    return pa.ListArray.from_arrays(pa.array(offsets), taken, type=type_)
+
+
+def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per-run sums of per-step `values` (runs delimited by `starts`), exact for integers."""
+    total = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=total[1:])
+    return total[starts[1:]] - total[starts[:-1]]
+
+
+def _text(values: np.ndarray) -> pa.Array:
+    return pc.cast(pa.array(values, type=pa.int64()), pa.string())
