@@ -1,15 +1,17 @@
 """Export throughput: N synthetic trajectories from a real SQLite run store to each format.
 
-Prints, in one run, side by side (interleaved, best of 3), rows/s of the rl/parquet
+For rl/parquet and openai-sft/parquet, prints side by side (interleaved, best of 3) rows/s of
 
-- full export (store -> rows -> redacted, validated Parquet file), as `infra-agent export` runs it
-  (rows from the store's trusted JSON bodies), and the same from validated records (the reference
-  path, `trusted_bodies=False`);
-- our writer alone on the exported rows (redaction, typed Arrow columns, column checks, zstd);
+- the full export (store -> rows -> redacted, validated Parquet file), as `infra-agent export`
+  runs it (the store's trusted JSON bodies, messages built column-wise by `chat_columns`), and
+  the same from validated records row by row (the reference path, `trusted_bodies=False`: the
+  benchmark asserts both files are the same bytes);
+- our row writer alone on the exported rows (redaction, typed Arrow columns, column checks, zstd);
 - plain `pyarrow.Table.from_pylist(rows)` + `pq.write_table` of the same rows,
 
-the ratio of the full export to the plain write, then where the export's CPU goes (per-phase
-timings through the exporter's own functions, and cProfile's top functions). Usage:
+the ratio of the full export's CPU time to the plain write's, then, for each format, where a
+one-process export spends its CPU (per-phase timings through the exporter's own functions) and,
+unless --no-profile, cProfile's top functions of one rl export. Usage:
 
     .venv/bin/python benchmarks/bench_export.py [--n 10000] [--jobs N] [--all-formats] [--keep DIR]
 """
@@ -53,6 +55,7 @@ from infra_agent.store.records import (
     ToolCall,
 )
 from infra_agent.trajectories.build import ReviewIndex
+from infra_agent.trajectories.chat_columns import ChatColumns
 from infra_agent.trajectories.export import BATCH_ROWS, export_dataset, load_row_runs
 from infra_agent.trajectories.formats import ARROW_SCHEMAS, ExportFormat
 from infra_agent.trajectories.redact import Redactor
@@ -146,8 +149,9 @@ def line(label: str, n: int, wall: float, cpu: float | None, note: str = "") -> 
 
 def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str, float, float]]:
     """CPU and wall seconds of each phase of a one-process export, run batch by batch through
-    the exporter's own functions: read the store, build rows, Arrow columns, redaction, column
-    checks, Parquet writing."""
+    the exporter's own functions: read the store, step columns (one Arrow conversion of the
+    batch's step bodies and the column-wise conversation), per-run rows (rewards, metrics,
+    proposals), message columns, Arrow columns, redaction, column checks, Parquet writing."""
     weights = RewardWeights().model_dump()
     totals: dict[str, list[float]] = {}
 
@@ -168,11 +172,18 @@ def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str,
                 "read store",
                 lambda: load_row_runs(store, chunk, review),  # noqa: B023
             )
-            rows = run(
-                "build rows",
-                lambda: [m.row for b in bundles if (m := run_row(b, fmt, weights)).skip is None],  # noqa: B023
+            columns = run("step columns", lambda: ChatColumns(bundles))  # noqa: B023
+            made = run(
+                "per-run rows",
+                lambda: [columns.run_row(i, fmt, weights) for i in range(len(bundles))],  # noqa: B023
             )
-            table = run("Arrow columns", lambda: arrow_table(fmt, rows))  # noqa: B023
+            kept = [i for i, m in enumerate(made) if m.skip is None]
+            rows = [made[i].row for i in kept]
+            messages = run(
+                "message columns",
+                lambda: columns.message_columns(fmt, kept),  # noqa: B023
+            )
+            table = run("Arrow columns", lambda: arrow_table(fmt, rows, None, messages))  # noqa: B023
             # As `arrow_table(..., redactor)` does: the JSON-text column once per distinct value.
             tools = list({id(r["tools"]): json.dumps(r["tools"]) for r in rows}.values())
             run("redaction", lambda: redactor.texts(tools))  # noqa: B023
@@ -192,6 +203,85 @@ def profile_top(job: Any, n: int = 12) -> list[str]:
     text = out.getvalue().splitlines()
     start = next(i for i, t in enumerate(text) if t.strip().startswith("ncalls"))
     return [t.replace(str(Path.cwd()) + "/", "") for t in text[start : start + n + 1]]
+
+
+CHAT_FORMATS = (ExportFormat.RL, ExportFormat.OPENAI_SFT)
+
+
+def store_rows(store: Any) -> int:
+    return sum(1 for _ in store.iter_runs())
+
+
+def compare(store: Any, redactor: Redactor, fmt: ExportFormat, root: Path, repeat: int) -> float:
+    """Print the side-by-side lines of `fmt`/parquet; returns the plain write's best CPU seconds."""
+    out, validated_out = root / f"{fmt.value}.parquet", root / f"{fmt.value}-validated.parquet"
+
+    def export() -> Any:
+        return export_dataset(store, fmt, out, parquet=True, redactor=redactor)
+
+    def validated() -> Any:  # the reference path: every record validated again, row by row
+        return export_dataset(
+            store, fmt, validated_out, parquet=True, redactor=redactor, trusted_bodies=False
+        )
+
+    # The rows the export writes (made by the exporter's row functions), for the writers alone.
+    summary = export()
+    review = ReviewIndex(store)
+    weights = RewardWeights().model_dump()
+    runs = list(store.iter_runs())
+    rows = [
+        made.row
+        for start in range(0, len(runs), BATCH_ROWS)
+        for bundle in load_row_runs(store, runs[start : start + BATCH_ROWS], review)
+        if (made := run_row(bundle, fmt, weights)).skip is None
+    ]
+    n = len(rows)
+    assert n == summary.rows
+    ours_path = root / f"writer-ours-{fmt.value}.parquet"
+    plain_path = root / f"writer-plain-{fmt.value}.parquet"
+
+    def ours() -> None:
+        with atomic_file(ours_path) as f:
+            sink = ParquetSink(f, ARROW_SCHEMAS[fmt])
+            for start in range(0, n, BATCH_ROWS):
+                table = arrow_table(fmt, rows[start : start + BATCH_ROWS], redactor)
+                check_table(fmt, table)
+                sink.write(table)
+            sink.close()
+
+    flat = [
+        {**{k: v for k, v in r.items() if k != "tools"}, "tools_json": json.dumps(r["tools"])}
+        for r in rows
+    ]
+
+    def plain() -> None:
+        pq.write_table(pa.Table.from_pylist(flat), plain_path, compression="zstd")
+
+    # Interleave the four and keep each one's best of `repeat` (the machine is shared).
+    # All without cyclic GC, as the export runs.
+    best: dict[str, tuple[float, float]] = {}
+    gc.disable()
+    for _ in range(repeat):
+        jobs = [("export", export), ("validated", validated), ("ours", ours), ("plain", plain)]
+        for name, job in jobs:
+            _, wall, cpu = timed(job)
+            best[name] = min(best.get(name, (wall, cpu)), (wall, cpu))
+    gc.enable()
+    (w_exp, c_exp), (w_val, c_val) = best["export"], best["validated"]
+    (w_ours, c_ours), (w_plain, c_plain) = best["ours"], best["plain"]
+    assert validated_out.read_bytes() == out.read_bytes()
+    print(f"\n{fmt.value}/parquet, {n} trajectories, best of {repeat} interleaved:")
+    print(line("full export (store -> file)", n, w_exp, c_exp,
+               f"{c_exp / c_plain:.2f}x plain's CPU; {summary.bytes / 1e6:.1f} MB"))  # fmt: skip
+    print(line("  same, validated records, by row", n, w_val, c_val,
+               f"{c_val / c_plain:.2f}x plain's CPU; same bytes"))  # fmt: skip
+    print(line("our row writer alone (rows -> file)", n, w_ours, c_ours,
+               f"{c_ours / c_plain:.2f}x; redaction + typed columns + checks + zstd"))  # fmt: skip
+    print(line("plain pyarrow (rows -> file)", n, w_plain, c_plain,
+               "Table.from_pylist + write_table (zstd)"))  # fmt: skip
+    print(f"  {fmt.value} full export / plain pyarrow: {c_exp / c_plain:.2f}x CPU time, "
+          f"{w_exp / w_plain:.2f}x wall time (goal: <= 1.5x CPU)")  # fmt: skip
+    return c_plain
 
 
 def main() -> None:
@@ -219,79 +309,14 @@ def main() -> None:
         print(f"({db.stat().st_size / 1e6:.0f} MB, {db})")
         store = open_store(db, readonly=True)
         redactor = Redactor.from_environment()
+        plain_cpu: dict[ExportFormat, float] = {}
+        for fmt in CHAT_FORMATS:
+            plain_cpu[fmt] = compare(store, redactor, fmt, root, args.repeat)
         fmt = ExportFormat.RL
         out = root / "rl.parquet"
 
         def export() -> Any:
             return export_dataset(store, fmt, out, parquet=True, redactor=redactor)
-
-        validated_out = root / "rl-validated.parquet"
-
-        def validated() -> Any:  # the reference path: every record validated again
-            return export_dataset(
-                store, fmt, validated_out, parquet=True, redactor=redactor, trusted_bodies=False
-            )
-
-        # The rows the export writes (made by the exporter's functions), for the writers alone.
-        summary = export()
-        review = ReviewIndex(store)
-        weights = RewardWeights().model_dump()
-        runs = list(store.iter_runs())
-        rows = [
-            run_row(bundle, fmt, weights).row
-            for start in range(0, len(runs), BATCH_ROWS)
-            for bundle in load_row_runs(store, runs[start : start + BATCH_ROWS], review)
-        ]
-        n = len(rows)
-        assert n == summary.rows
-        ours_path, plain_path = root / "writer-ours.parquet", root / "writer-plain.parquet"
-
-        def ours() -> None:
-            with atomic_file(ours_path) as f:
-                sink = ParquetSink(f, ARROW_SCHEMAS[fmt])
-                for start in range(0, n, BATCH_ROWS):
-                    table = arrow_table(fmt, rows[start : start + BATCH_ROWS], redactor)
-                    check_table(fmt, table)
-                    sink.write(table)
-                sink.close()
-
-        flat = [
-            {**{k: v for k, v in r.items() if k != "tools"}, "tools_json": json.dumps(r["tools"])}
-            for r in rows
-        ]
-
-        def plain() -> None:
-            pq.write_table(pa.Table.from_pylist(flat), plain_path, compression="zstd")
-
-        # Interleave the three and keep each one's best of --repeat (the machine is shared).
-        # All three without cyclic GC, as the export runs.
-        best: dict[str, tuple[float, float]] = {}
-        gc.disable()
-        for _ in range(args.repeat):
-            jobs = [("export", export), ("validated", validated), ("ours", ours), ("plain", plain)]
-            for name, job in jobs:
-                _, wall, cpu = timed(job)
-                best[name] = min(best.get(name, (wall, cpu)), (wall, cpu))
-        gc.enable()
-        (w_exp, c_exp), (w_ours, c_ours), (w_plain, c_plain) = (
-            best["export"],
-            best["ours"],
-            best["plain"],
-        )
-        print(f"\nrl/parquet, {n} trajectories, best of {args.repeat} interleaved:")
-        print(line("full export (store -> file)", n, w_exp, c_exp, f"{summary.bytes / 1e6:.1f} MB"))
-        w_val, c_val = best["validated"]
-        assert validated_out.read_bytes() == out.read_bytes()
-        print(line("  same, validated records", n, w_val, c_val,
-                   f"{c_val / c_plain:.2f}x plain's CPU; same bytes"))  # fmt: skip
-        print(line("our writer alone (rows -> file)", n, w_ours, c_ours,
-                   "redaction + typed columns + checks + zstd"))  # fmt: skip
-        print(line("plain pyarrow (rows -> file)", n, w_plain, c_plain,
-                   "Table.from_pylist + write_table (zstd)"))  # fmt: skip
-        print(f"  full export / plain pyarrow: {c_exp / c_plain:.2f}x CPU time, "
-              f"{w_exp / w_plain:.2f}x wall time (goal: <= 2x)")  # fmt: skip
-        print(f"  our writer / plain pyarrow:  {c_ours / c_plain:.2f}x CPU time, "
-              f"{w_ours / w_plain:.2f}x wall time")  # fmt: skip
 
         if args.jobs > 1:
             job_out = root / "rl-jobs.parquet"
@@ -301,22 +326,23 @@ def main() -> None:
                 )
             )
             assert job_out.read_bytes() == out.read_bytes()
-            print(line(f"full export --jobs {args.jobs}", s.rows, wall, None,
-                       f"{wall / w_plain:.2f}x plain's wall time; same bytes"))  # fmt: skip
+            print(line(f"rl full export --jobs {args.jobs}", s.rows, wall, None, "same bytes"))
 
-        print("\nwhere a one-process rl/parquet export spends its CPU:")
-        gc.disable()
-        parts = phases(store, redactor, fmt)
-        gc.enable()
-        total = sum(cpu for _, _, cpu in parts)
-        for name, _wall, cpu in parts:
-            print(f"  {name:22s} {cpu * 1e6 / n:7.0f} us/row  {cpu / total:4.0%}  "
-                  f"({cpu / c_plain:4.2f}x plain pyarrow's whole write)")  # fmt: skip
-        print(f"  {'total':22s} {total * 1e6 / n:7.0f} us/row        "
-              f"({total / c_plain:4.2f}x plain pyarrow's whole write)")  # fmt: skip
+        for f in CHAT_FORMATS:
+            print(f"\nwhere a one-process {f.value}/parquet export spends its CPU:")
+            gc.disable()
+            parts = phases(store, redactor, f)
+            gc.enable()
+            n = store_rows(store)
+            total = sum(cpu for _, _, cpu in parts)
+            for name, _wall, cpu in parts:
+                print(f"  {name:22s} {cpu * 1e6 / n:7.0f} us/row  {cpu / total:4.0%}  "
+                      f"({cpu / plain_cpu[f]:4.2f}x plain pyarrow's whole write)")  # fmt: skip
+            print(f"  {'total':22s} {total * 1e6 / n:7.0f} us/row        "
+                  f"({total / plain_cpu[f]:4.2f}x plain pyarrow's whole write)")  # fmt: skip
 
         if not args.no_profile:
-            print("\ncProfile of one full export (own time, top functions):")
+            print("\ncProfile of one full rl export (own time, top functions):")
             for text in profile_top(export):
                 print("  " + text)
 

@@ -82,3 +82,17 @@ class TrustedBodies(Protocol):
     def experiment_bodies_of_runs(
         self, run_ids: Sequence[str]
     ) -> dict[str, list[dict[str, Any]]]: ...
+
+
+@runtime_checkable
+class BodyFields(Protocol):
+    """Optional bulk reads of a few fields of many stored bodies, picked out by the database
+    (parsed, not validated again): for exports that need a handful of an experiment's fields,
+    not its sample arrays."""
+
+    def experiment_fields_of_runs(
+        self, run_ids: Sequence[str], paths: Sequence[str]
+    ) -> dict[str, list[list[Any]]]:
+        """Run id -> per experiment (in `BulkReads.experiments_of_runs` order), the values at
+        the JSON `paths` (at least two) of its stored body, None where a path is absent."""
+        ...

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from infra_agent import __version__
-from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
+from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.store.base import BulkReads, RunStore
 from infra_agent.store.records import (
     DecisionAction,
@@ -253,6 +253,8 @@ class RunRewards:
     """The trajectory reward as a `Reward` dict (see rewards.reward_dict)."""
     proposals: list[tuple[ProposalRecord, dict[str, float]]]
     """Each proposal with its components: its latest backing experiment's, plus the review."""
+    scores: dict[str, dict[str, float]]
+    """Experiment id -> its `rewards.candidate_scores`."""
 
 
 def run_rewards(bundle: RunBundle, weights: dict[str, float]) -> RunRewards:
@@ -267,7 +269,9 @@ def run_rewards(bundle: RunBundle, weights: dict[str, float]) -> RunRewards:
         backing = [i for i in p.experiment_ids if i in scores]
         base = scores[backing[-1]] if backing else dict.fromkeys(COMPONENTS, 0.0)
         proposals.append((p, base | {"review": review}))
-    return RunRewards(reward_dict(aggregate_scores(candidates, reviews), weights), proposals)
+    return RunRewards(
+        reward_dict(aggregate_scores(candidates, reviews), weights), proposals, scores
+    )
 
 
 def _steps(records: list[StepRecord], model: str | None) -> list[dict[str, Any]]:
@@ -382,32 +386,42 @@ def _seeds(config: dict[str, Any]) -> list[int]:
     return [s for s in seeds if isinstance(s, int) and not isinstance(s, bool)]
 
 
-def best_candidate(experiments: list[ExperimentRecord]) -> dict[str, Any]:
-    """The best proven candidate (IMPROVED, not suspicious) and the run's accuracy outcome."""
+def best_candidate(
+    experiments: list[ExperimentRecord], scores: dict[str, dict[str, float]] | None = None
+) -> dict[str, Any]:
+    """The best proven candidate (IMPROVED, not suspicious) and the run's accuracy outcome.
+    `scores`: experiment id -> `candidate_scores` when already computed (`RunRewards.scores`)."""
     candidates = [
         e
         for e in experiments
         if e.result.verdict is Verdict.IMPROVED and Flag.SUSPICIOUS not in e.result.flags
     ]
 
+    def proven(e: ExperimentRecord) -> float:
+        return scores[e.id]["proven_improvement"] if scores else proven_improvement(e.result)
+
     def key(e: ExperimentRecord) -> tuple[float, float]:
         perf = e.result.evidence.performance
-        return (proven_improvement(e.result), perf.speedup if perf else 0.0)
+        return (proven(e), perf.speedup if perf else 0.0)
 
-    best = max(candidates, key=key, default=None)
+    best = max(candidates, key=key, default=None) if candidates else None
     perf = best.result.evidence.performance if best else None
-    pool = [best.result] if best else [e.result for e in experiments]
+    pool = [best] if best else experiments
+    if scores:
+        accuracy = _accuracy([scores[e.id]["correctness"] for e in pool])
+    else:
+        accuracy = _accuracy([correctness(e.result) for e in pool])
     return {
         "best_speedup": perf.speedup if perf else None,
         "best_speedup_ci_low": perf.ci_low if perf else None,
         "best_speedup_ci_high": perf.ci_high if perf else None,
         "best_patch_id": best.patch_id if best else None,
-        "accuracy_outcome": _accuracy(pool),
+        "accuracy_outcome": accuracy,
     }
 
 
-def _accuracy(results: list[ExperimentResult]) -> str:
-    scores = [correctness(r) for r in results]
+def _accuracy(scores: list[float]) -> str:
+    """'failed' when a correctness score is negative, 'passed' when one is positive."""
     if any(s < 0 for s in scores):
         return "failed"
     return "passed" if any(s > 0 for s in scores) else "not_measured"

@@ -113,20 +113,20 @@ class ChatColumns:
         simple[run_of[code < 0]] = False
         self.simple = simple
 
-        # Per-run facts (`rows.StepFacts`), column-wise.
+        # Per-run facts (`rows.StepFacts`), column-wise, as Python values for `run_row`.
         shown = code != _HARNESS
-        self._n_messages = _sums(shown, starts)
-        self._n_calls = _sums(n_call, starts)
-        self._has_assistant = _sums(is_asst, starts) > 0
-        self._starts = starts
-        self._tokens = {}
+        n_messages = _sums(shown, starts)
+        self._starts = starts.tolist()
+        self._n_messages = n_messages.tolist()
+        self._n_calls = _sums(n_call, starts).tolist()
+        self._has_assistant = (_sums(is_asst, starts) > 0).tolist()
+        self._tokens = []
         for key in ("prompt_tokens", "completion_tokens"):
             col = steps.field(key)
-            self._tokens[key] = (
-                _sums(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), starts),
-                _sums(col.is_valid().to_numpy(zero_copy_only=False), starts),
-            )
-        self._costs = steps.field("cost_usd").to_pylist() if n else []
+            sums = _sums(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), starts).tolist()
+            valid = _sums(col.is_valid().to_numpy(zero_copy_only=False), starts).tolist()
+            self._tokens.append((f"total_{key}", sums, valid))
+        self._costs = steps.field("cost_usd").to_pylist()
         self._called: list[set[str]] = [set() for _ in range(n_runs)]
         for r, name in zip(
             run_of[call_step].tolist(), flat_calls.field("name").to_pylist(), strict=True
@@ -170,7 +170,7 @@ class ChatColumns:
             fields=list(MESSAGE_TYPE),
         )
         self._messages = messages.filter(pa.array(shown))
-        self._message_starts = np.concatenate([[0], np.cumsum(self._n_messages)])
+        self._message_starts = np.concatenate([[0], np.cumsum(n_messages)])
         m_asst = is_asst[shown]
         # Each run's first assistant message (the rl prompt/completion split), else its end.
         firsts = np.flatnonzero(m_asst)
@@ -188,17 +188,14 @@ class ChatColumns:
             self._fallback[i] = made.row
             return made
         a, b = self._starts[i], self._starts[i + 1]
+        totals = {key: sums[i] if valid[i] else None for key, sums, valid in self._tokens}
         costs = [c for c in self._costs[a:b] if c is not None]
-        totals = {
-            f"total_{key}": int(sums[i]) if valid[i] else None
-            for key, (sums, valid) in self._tokens.items()
-        }
         totals["total_cost_usd"] = sum(costs) if costs else None
         facts = StepFacts(
-            int(b - a),
-            int(self._n_messages[i]),
-            int(self._n_calls[i]),
-            bool(self._has_assistant[i]),
+            b - a,
+            self._n_messages[i],
+            self._n_calls[i],
+            self._has_assistant[i],
             self._called[i],
             totals,
         )

@@ -25,7 +25,6 @@ from infra_agent.experiments.verdict import Flag
 from infra_agent.trajectories.build import (
     RunBundle,
     best_candidate,
-    patch_order,
     run_rewards,
 )
 from infra_agent.trajectories.formats import ExportFormat, specs_for_tools
@@ -96,7 +95,7 @@ def row_of(
     rewards = run_rewards(bundle, weights)
     reward = rewards.trajectory
     verdicts = [e.result.verdict.value for e in _by_patch(bundle)]
-    best = best_candidate(bundle.experiments)
+    best = best_candidate(bundle.experiments, rewards.scores)
     reviewed = bundle.reviewed
     if fmt is ExportFormat.OPENAI_SFT:
         row: dict[str, Any] = {
@@ -156,10 +155,14 @@ def row_of(
 
 
 def _by_patch(bundle: RunBundle) -> list[Any]:
-    """The run's experiments grouped by patch, patches in `build`'s order."""
-    return [
-        e for patch_id in patch_order(bundle) for e in bundle.experiments if e.patch_id == patch_id
-    ]
+    """The run's experiments grouped by patch, patches in `build`'s order (`patch_order`: first
+    appearance, the experiments' patches before any proposal's)."""
+    first: dict[str, int] = {}
+    for e in bundle.experiments:
+        first.setdefault(e.patch_id, len(first))
+    if len(first) == len(bundle.experiments):  # one experiment per patch: already in order
+        return bundle.experiments
+    return sorted(bundle.experiments, key=lambda e: first[e.patch_id])
 
 
 STEP_KEYS = frozenset({"role", "content", "reasoning_content", "tool_calls", "tool_call_id",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from infra_agent.experiments.verdict import Flag, Verdict
-from infra_agent.store.base import RunStore, TrustedBodies
+from infra_agent.store.base import BodyFields, RunStore, TrustedBodies
 from infra_agent.store.records import ExperimentRecord, RunRecord
 from infra_agent.trajectories.build import ReviewIndex, RunBundle, add_proposal_experiments
 
@@ -94,6 +94,40 @@ def trusted_experiment(body: dict[str, Any]) -> ExperimentRecord:
     return cast(ExperimentRecord, view)
 
 
+EXPERIMENT_PATHS = (
+    "$.id",
+    "$.patch_id",
+    "$.result.verdict",
+    "$.result.flags",
+    "$.result.evidence.performance.metric",  # a required field: set iff there is performance
+    "$.result.evidence.performance.speedup",
+    "$.result.evidence.performance.ci_low",
+    "$.result.evidence.performance.ci_high",
+    "$.result.evidence.correctness.passed",  # required: set iff there is correctness
+    "$.result.evidence.correctness.baseline_err_f64",
+    "$.result.evidence.correctness.candidate_err_f64",
+)
+"""What `TrustedExperiment` reads of a stored experiment body (`store.base.BodyFields`)."""
+
+
+def picked_experiment(values: list[Any]) -> ExperimentRecord:
+    """`trusted_experiment` of the values at `EXPERIMENT_PATHS` of a stored body."""
+    id_, patch_id, verdict, flags, metric, speedup, lo, hi, passed, b_err, c_err = values
+    view = TrustedExperiment(
+        id_,
+        patch_id,
+        _Result(
+            Verdict(verdict),
+            [Flag(f) for f in flags or ()],
+            _Evidence(
+                _Measured(speedup, lo, hi) if metric is not None else None,
+                _Checked(passed, b_err, c_err) if passed is not None else None,
+            ),
+        ),
+    )
+    return cast(ExperimentRecord, view)
+
+
 def load_trusted_runs(
     store: RunStore, runs: list[RunRecord], review: ReviewIndex
 ) -> list[RunBundle]:
@@ -103,11 +137,16 @@ def load_trusted_runs(
     bodies = cast(TrustedBodies, store)
     ids = [run.id for run in runs]
     steps = bodies.step_bodies_of_runs(ids)
-    experiments = bodies.experiment_bodies_of_runs(ids)
+    if isinstance(store, BodyFields):  # only the fields the rows read, picked by the database
+        picked = store.experiment_fields_of_runs(ids, EXPERIMENT_PATHS)
+        experiments = {k: [picked_experiment(v) for v in vs] for k, vs in picked.items()}
+    else:
+        whole = bodies.experiment_bodies_of_runs(ids)
+        experiments = {k: [trusted_experiment(b) for b in bs] for k, bs in whole.items()}
     bundles = []
     for run in runs:
         proposals = list(review.proposals.get(run.id, []))
-        run_experiments: list[Any] = [trusted_experiment(b) for b in experiments.get(run.id, [])]
+        run_experiments: list[Any] = list(experiments.get(run.id, []))
         add_proposal_experiments(store, proposals, run_experiments)
         bundles.append(
             RunBundle(
