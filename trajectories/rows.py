@@ -11,6 +11,11 @@ same bytes. Rows come out *not yet redacted nor validated*: the exporter does bo
 whole batch at once (`Redactor.table` / `Redactor.texts`, then the format's Arrow schema and
 `writers.check_table`).
 
+`run_row` is the whole row (JSONL exports, the reference path, and the Parquet export's runs
+that are not in the simple shape); `row_of` is its per-run part (rewards, verdicts, metrics,
+proposals) from the run's `StepFacts`, which the Parquet export's column-wise path
+(`chat_columns`) computes for a whole batch, adding the messages as Arrow columns.
+
 The conversation follows the ATIF mapping of `build`: a tool result follows the assistant turn
 that made its call (not necessarily its store position), harness notes never appear, and a tool
 result with no call before it stands on its own.

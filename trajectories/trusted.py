@@ -3,15 +3,19 @@
 The store validated every record when it wrote it, so an export of many runs need not rebuild
 the records it reads only a few fields of: `load_trusted_runs` gives `build.load_runs(...,
 patches=False)`'s bundles with the steps as the parsed bodies (`RunBundle.step_bodies`, what
-`rows.run_row` reads) and each experiment as a small view holding only what the rewards, verdicts
-and best-candidate metrics read (`trusted_experiment`). Parsing with orjson costs about a third
-of pydantic's validation per step body, and about half per experiment (its samples included).
-Proposals, decisions and runs are still read as validated records (one of each per run).
+`rows.run_row` and `chat_columns.ChatColumns` read) and each experiment as a small view holding
+only what the rewards, verdicts and best-candidate metrics read (`TrustedExperiment`). Parsing
+a step body with orjson costs about a third of pydantic's validation. An experiment's fields are
+picked out of its body by the store when it can (`store.base.BodyFields`: SQLite's
+`json_extract`, numbers and strings copied as written, then one orjson call per query;
+`picked_experiment`), about a tenth of parsing the body with its sample arrays; otherwise the
+body is parsed whole (`trusted_experiment`). Proposals, decisions and runs are still read as
+validated records (one of each per run).
 
 The safety net is unchanged: the exporter redacts every batch and checks it against the format's
-Arrow schema (`writers.check_table`), and tests/trajectories/test_rows.py holds these rows equal
-to the ones from validated records, byte for byte (`export_dataset(..., trusted_bodies=False)`
-is that reference path).
+Arrow schema (`writers.check_table`), and tests/trajectories/test_rows.py and
+test_chat_columns.py hold these rows equal to the ones from validated records, byte for byte
+(`export_dataset(..., trusted_bodies=False)` is that reference path).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from infra_agent.store.records import ExperimentRecord, RunRecord
 from infra_agent.trajectories.build import ReviewIndex, RunBundle, add_proposal_experiments
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Measured:
     """The performance evidence fields the rewards and metrics read."""
 
@@ -34,7 +38,7 @@ class _Measured:
     ci_high: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Checked:
     """The correctness evidence fields the rewards read."""
 
@@ -43,20 +47,20 @@ class _Checked:
     candidate_err_f64: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Evidence:
     performance: _Measured | None
     correctness: _Checked | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Result:
     verdict: Verdict
     flags: list[Flag]
     evidence: _Evidence
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TrustedExperiment:
     """What the chat and RL rows read of an `ExperimentRecord` (its id, patch, and the result's
     verdict, flags, speedup with its CI, correctness), under the record's attribute names, so
@@ -110,6 +114,10 @@ EXPERIMENT_PATHS = (
 """What `TrustedExperiment` reads of a stored experiment body (`store.base.BodyFields`)."""
 
 
+_VERDICTS = {v.value: v for v in Verdict}
+_FLAGS = {f.value: f for f in Flag}
+
+
 def picked_experiment(values: list[Any]) -> ExperimentRecord:
     """`trusted_experiment` of the values at `EXPERIMENT_PATHS` of a stored body."""
     id_, patch_id, verdict, flags, metric, speedup, lo, hi, passed, b_err, c_err = values
@@ -117,8 +125,8 @@ def picked_experiment(values: list[Any]) -> ExperimentRecord:
         id_,
         patch_id,
         _Result(
-            Verdict(verdict),
-            [Flag(f) for f in flags or ()],
+            _VERDICTS.get(verdict) or Verdict(verdict),
+            [_FLAGS.get(f) or Flag(f) for f in flags] if flags else [],
             _Evidence(
                 _Measured(speedup, lo, hi) if metric is not None else None,
                 _Checked(passed, b_err, c_err) if passed is not None else None,
