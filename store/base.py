@@ -96,3 +96,10 @@ class BodyFields(Protocol):
         """Run id -> per experiment (in `BulkReads.experiments_of_runs` order), the values at
         the JSON `paths` (at least two) of its stored body, None where a path is absent."""
         ...
+
+    def review_fields(
+        self, proposal_paths: Sequence[str], decision_paths: Sequence[str]
+    ) -> tuple[list[list[Any]], list[list[Any]]]:
+        """(per proposal in `RunStore.proposals()` order, per decision in `decisions()` order)
+        the values at the JSON paths (at least two each) of its stored body."""
+        ...

@@ -282,6 +282,29 @@ class SQLiteRunStore:
                 out.setdefault(key, []).append(picked)
         return out
 
+    def review_fields(
+        self, proposal_paths: Sequence[str], decision_paths: Sequence[str]
+    ) -> tuple[list[list[Any]], list[list[Any]]]:
+        """The values at JSON paths (at least two each) of every proposal body, in `proposals()`
+        order, and of every decision body, in `decisions()` order (None where a path is absent),
+        picked as in `experiment_fields_of_runs`."""
+        return (
+            self._picked("proposals", proposal_paths, "created_at, id"),
+            self._picked("decisions", decision_paths, "created_at, id"),
+        )
+
+    def _picked(self, table: str, paths: Sequence[str], order: str) -> list[list[Any]]:
+        if len(paths) < 2:
+            raise ValueError(f"{table}: give at least two JSON paths")
+        marks = ",".join("?" * len(paths))
+        sql = f"SELECT json_extract(body, {marks}) FROM {table} ORDER BY {order}"
+        try:
+            rows = self._conn().execute(sql, list(paths)).fetchall()
+            picked: list[list[Any]] = orjson.loads("[" + ",".join([r[0] for r in rows]) + "]")
+        except (sqlite3.OperationalError, orjson.JSONDecodeError, TypeError) as exc:
+            raise StoreError(f"run store {self.path}: a stored body is not JSON") from exc
+        return picked
+
     def _grouped_bodies(self, sql: str, keys: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}
         unique = list(dict.fromkeys(keys))

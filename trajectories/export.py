@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import chain, repeat
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import pyarrow as pa
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import Verdict
 from infra_agent.store import open_store
-from infra_agent.store.base import RunStore, TrustedBodies
+from infra_agent.store.base import BodyFields, RunStore, TrustedBodies
 from infra_agent.store.records import RunRecord
 from infra_agent.trajectories.atif import VerdictCounts
 from infra_agent.trajectories.build import (
@@ -55,7 +55,7 @@ from infra_agent.trajectories.formats import (
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
 from infra_agent.trajectories.rows import run_row
-from infra_agent.trajectories.trusted import load_trusted_runs
+from infra_agent.trajectories.trusted import TrustedReview, load_trusted_runs
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
 BATCH_ROWS = 512
@@ -159,6 +159,16 @@ class _Producer:
     weights: RewardWeights
     strict_openai: bool = False
     trusted_bodies: bool = True
+
+    def review(self, store: RunStore) -> ReviewIndex:
+        """The store's proposals and decisions, read once per export (per worker process): as
+        the few fields the rows read (`trusted.TrustedReview`) where the rows come from the
+        store's trusted bodies, else as validated records."""
+        chat = self.fmt is not ExportFormat.ATIF
+        trusted = isinstance(store, TrustedBodies) and isinstance(store, BodyFields)
+        if chat and self.trusted_bodies and trusted:
+            return TrustedReview(cast(BodyFields, store))
+        return ReviewIndex(store)
 
     def batch(self, store: RunStore, runs: list[RunRecord], review: ReviewIndex) -> _Batch:
         admitted = [run for run in runs if self.flt.admits_run(run)]
@@ -292,7 +302,7 @@ def _produce_batch(db: str, runs: list[RunRecord], producer: _Producer) -> _Batc
     store = open_store(db, readonly=True)
     try:
         if db not in _WORKER_REVIEW:  # once per worker process
-            _WORKER_REVIEW[db] = ReviewIndex(store)
+            _WORKER_REVIEW[db] = producer.review(store)
         return producer.batch(store, runs, _WORKER_REVIEW[db])
     finally:
         store.close()
@@ -405,7 +415,7 @@ def _export(
             _produce_batch, repeat(str(db)), chunks, repeat(producer)
         )
     else:
-        review = ReviewIndex(store)
+        review = producer.review(store)
         batches = (producer.batch(store, chunk, review) for chunk in chunks)
     try:
         return _write(out, fmt, parquet, batches, runs, started)

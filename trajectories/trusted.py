@@ -20,12 +20,20 @@ test_chat_columns.py hold these rows equal to the ones from validated records, b
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, cast
 
 from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.store.base import BodyFields, RunStore, TrustedBodies
-from infra_agent.store.records import ExperimentRecord, RunRecord
+from infra_agent.store.records import (
+    DecisionAction,
+    DecisionRecord,
+    ExperimentRecord,
+    ProposalRecord,
+    ProposalStatus,
+    RunRecord,
+)
 from infra_agent.trajectories.build import ReviewIndex, RunBundle, add_proposal_experiments
 
 
@@ -134,6 +142,54 @@ def picked_experiment(values: list[Any]) -> ExperimentRecord:
         ),
     )
     return cast(ExperimentRecord, view)
+
+
+PROPOSAL_PATHS = ("$.id", "$.run_id", "$.patch_id", "$.patch_hash", "$.experiment_ids", "$.status")
+DECISION_PATHS = ("$.proposal_id", "$.action", "$.patch_hash")
+
+
+@dataclass(slots=True)
+class TrustedProposal:
+    """What the chat and RL rows read of a `ProposalRecord` (`build.run_rewards`,
+    `rewards.review_score`, `build.add_proposal_experiments`), under the record's names."""
+
+    id: str
+    run_id: str | None
+    patch_id: str
+    patch_hash: str
+    experiment_ids: list[str]
+    status: ProposalStatus
+
+
+@dataclass(slots=True)
+class TrustedDecision:
+    """What the rows read of a `DecisionRecord` (`rewards.review_score`, `RunBundle.reviewed`)."""
+
+    proposal_id: str
+    action: DecisionAction
+    patch_hash: str
+
+
+class TrustedReview(ReviewIndex):
+    """`build.ReviewIndex` with proposals and decisions as `TrustedProposal` / `TrustedDecision`
+    views of the bodies' fields, picked by the store (`store.base.BodyFields.review_fields`):
+    for the chat and RL rows only (`load_trusted_runs`), which read no other field."""
+
+    def __init__(self, store: BodyFields) -> None:
+        proposals, decisions = store.review_fields(PROPOSAL_PATHS, DECISION_PATHS)
+        status = {s.value: s for s in ProposalStatus}
+        action = {a.value: a for a in DecisionAction}
+        self.proposals = defaultdict(list)
+        for id_, run_id, patch_id, patch_hash, experiment_ids, state in proposals:
+            view = TrustedProposal(id_, run_id, patch_id, patch_hash, experiment_ids or [],
+                                   status.get(state) or ProposalStatus(state))  # fmt: skip
+            self.proposals[run_id].append(cast(ProposalRecord, view))
+        self.decisions = defaultdict(list)
+        for proposal_id, act, patch_hash in decisions:
+            decision = TrustedDecision(
+                proposal_id, action.get(act) or DecisionAction(act), patch_hash
+            )
+            self.decisions[proposal_id].append(cast(DecisionRecord, decision))
 
 
 def load_trusted_runs(

@@ -201,3 +201,38 @@ def test_export_from_trusted_bodies_writes_the_same_bytes(
     b = export_dataset(store, fmt, slow, parquet=parquet, trusted_bodies=False)
     assert fast.read_bytes() == slow.read_bytes()
     assert a.model_dump(exclude={"path", "seconds"}) == b.model_dump(exclude={"path", "seconds"})
+
+
+def test_picked_fields_equal_the_parsed_bodies(fx: Fixture) -> None:
+    """The store's picked fields give the views the whole parsed bodies give (experiments), and
+    the fields the rows read of the validated proposals and decisions (review)."""
+    from infra_agent.trajectories.trusted import (
+        EXPERIMENT_PATHS,
+        TrustedReview,
+        picked_experiment,
+        trusted_experiment,
+    )
+
+    store = open_store(fx.db, readonly=True)
+    ids = [r.id for r in store.iter_runs()] + ["no-such-run"]
+    picked = store.experiment_fields_of_runs(ids, EXPERIMENT_PATHS)
+    whole = store.experiment_bodies_of_runs(ids)
+    assert picked.keys() == whole.keys()
+    views = {k: [picked_experiment(v) for v in vs] for k, vs in picked.items()}
+    assert views == {k: [trusted_experiment(b) for b in bs] for k, bs in whole.items()}
+    assert any(e.result.evidence.performance for vs in views.values() for e in vs)
+    assert any(e.result.evidence.performance is None for vs in views.values() for e in vs)
+    assert any(e.result.flags for vs in views.values() for e in vs)
+
+    trusted, validated = TrustedReview(store), ReviewIndex(store)
+    p_keys = ("id", "run_id", "patch_id", "patch_hash", "experiment_ids", "status")
+    d_keys = ("proposal_id", "action", "patch_hash")
+
+    def fields(index: dict[Any, list[Any]], keys: tuple[str, ...]) -> dict[Any, Any]:
+        return {k: [tuple(getattr(x, f) for f in keys) for x in xs] for k, xs in index.items()}
+
+    assert fields(trusted.proposals, p_keys) == fields(validated.proposals, p_keys)
+    assert fields(trusted.decisions, d_keys) == fields(validated.decisions, d_keys)
+    assert sum(map(len, trusted.decisions.values())) >= 2
+    with pytest.raises(ValueError, match="two"):
+        store.experiment_fields_of_runs(ids, ["$.id"])
