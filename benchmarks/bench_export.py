@@ -61,6 +61,7 @@ from infra_agent.trajectories.formats import ARROW_SCHEMAS, ExportFormat
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
 from infra_agent.trajectories.rows import run_row
+from infra_agent.trajectories.trusted import TrustedReview
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
 VERDICTS = [
@@ -165,7 +166,7 @@ def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str,
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "x.parquet", "wb") as f:
         sink = ParquetSink(f, ARROW_SCHEMAS[fmt])
         runs = run("read store", lambda: list(store.iter_runs()))
-        review = run("read store", lambda: ReviewIndex(store))
+        review = run("read store", lambda: TrustedReview(store))  # as the export reads them
         for start in range(0, len(runs), BATCH_ROWS):
             chunk = runs[start : start + BATCH_ROWS]
             bundles = run(
