@@ -8,6 +8,7 @@ Part of a serving task (`deployment.toml` next to `task.toml`), for example:
     gpus = 0
     ready_timeout_s = 240
     network = "isolated"                 # own network namespace, loopback only ("host": unconfined)
+    filesystem = "confined"              # system folders + what it needs ("host": everything)
     [deployment.server_args]             # passed as --name value (true: --name; false: omitted)
     device = "cpu"
     max-total-tokens = 32768
@@ -63,6 +64,12 @@ class DeploymentSpec(BaseModel):
     """'isolated': the server gets its own network namespace with only a loopback (no route out,
     the host's 127.0.0.1 services unreachable; needs root, else it falls back to the host network
     and says why); 'host': the host network (e.g. multi-node NCCL)."""
+    filesystem: Literal["confined", "host"] = "confined"
+    """'confined': the server sees the system folders, the paths it needs (read-only) and its
+    workdir (read-write) through bubblewrap, not homes, /run, /var or the rest of /tmp; 'host':
+    the whole file system (serving/fileview.py)."""
+    readable_paths: list[Path] = Field(default_factory=list)
+    """More host paths a confined server may read (a model cache, a launch script's folder)."""
     overlay_files: list[str] = Field(default_factory=list)
     """Workspace paths of SGLang modules (e.g. 'sglang/srt/layers/sampler.py') that override the
     installed package through a private PYTHONPATH overlay (source patches)."""

@@ -19,7 +19,8 @@ health(arm, seed): the output health guard over a longer-output workload plus ev
 The server runs as a process on this machine, in its own network namespace (loopback only: patched
 SGLang code reaches neither the network nor the host's services; `serving/netns.py`), and every
 request goes through `Server.call`; the evidence's health table names the server's network
-(`server_network`: isolated, or host with the reason). The arm's sandbox provides its patched
+(`server_network`: isolated, or host with the reason) and file view (`server_filesystem`:
+confined under bubblewrap, or host with the reason; `serving/fileview.py`). The arm's sandbox provides its patched
 workspace copy. Params (task.toml [params]): num_prompts,
 input_len, output_len, max_concurrency (0: all at once), request_rate (0: all at once), api,
 health_prompts, health_output_len, gate_prompts, gate_output_len, temperature.
@@ -209,7 +210,12 @@ class ServingHarness(Harness):
         records: list[RequestRecord] = list(arm.state.get("outputs", [])) + result.records
         report = self.score(records)
         arm.state["health_report"] = report
-        return {**report.as_health(), "server_network": self.server(arm).network.render()}
+        server = self.server(arm)
+        return {
+            **report.as_health(),
+            "server_network": server.network.render(),
+            "server_filesystem": server.filesystem.render(),
+        }
 
     @staticmethod
     def score(records: list[RequestRecord]) -> HealthReport:

@@ -16,9 +16,10 @@ server runs on the host network and says so (`Network.render`: "host (unconfined
 The namespace dies with the last process, thread, socket or descriptor that uses it.
 
 Confined: TCP/UDP to anywhere, the host's loopback services, abstract UNIX sockets (they belong
-to the network namespace). Not confined (the server is not in the workspace sandbox): the file
-system, so UNIX sockets with a path (a docker.sock under /tmp, for example) stay reachable; the
-process table; the user (root where the driver is root).
+to the network namespace). UNIX sockets with a path are file system objects: the server's file
+view (`fileview`, bubblewrap, which then makes the network namespace too) hides them. Not
+confined: the process table; the user (root where the driver is root, without capabilities
+under bubblewrap).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, Literal, TypeVar
 
@@ -67,18 +68,20 @@ def unavailable() -> str | None:
     for tool in ("unshare", "ip", "sh"):
         if shutil.which(tool) is None:
             return f"'{tool}' is not installed"
+    return probe_failure(
+        ["unshare", "--net", "--", "ip", "link", "set", "lo", "up"], "unshare --net"
+    )
+
+
+def probe_failure(argv: list[str], what: str) -> str | None:
+    """Run a confinement's smallest command: None if it works, else why `what` failed."""
     try:
-        probe = subprocess.run(
-            ["unshare", "--net", "--", "ip", "link", "set", "lo", "up"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        probe = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unshare --net failed ({exc})"
+        return f"{what} failed ({exc})"
     if probe.returncode != 0:
         lines = (probe.stderr or probe.stdout).strip().splitlines()
-        return f"unshare --net failed: {lines[-1] if lines else probe.returncode}"
+        return f"{what} failed: {lines[-1] if lines else probe.returncode}"
     return None
 
 
@@ -100,15 +103,28 @@ def namespace_id(pid: int | str) -> int:
     return os.stat(f"/proc/{pid}/ns/net").st_ino
 
 
-def open_namespace(pid: int, timeout_s: float = 30.0) -> int:
-    """A descriptor of `pid`'s network namespace, once it differs from ours. Close it when done."""
+def open_namespace(
+    pid: int,
+    timeout_s: float = 30.0,
+    *,
+    descendants: Callable[[int], Iterable[int]] = lambda pid: (),
+) -> int:
+    """A descriptor of the network namespace `pid` or one of its `descendants(pid)` entered (the
+    process itself under `confine`, bubblewrap's child under `fileview.wrap`), once it differs
+    from ours. Close it when done."""
     mine = namespace_id("self")
     deadline = time.monotonic() + timeout_s
     while True:
-        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        if os.fstat(fd).st_ino != mine:
-            return fd
-        os.close(fd)
+        for candidate in [pid, *descendants(pid)]:
+            try:
+                fd = os.open(f"/proc/{candidate}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if candidate == pid:
+                    raise OSError(f"process {pid} ended before entering its namespace") from None
+                continue
+            if os.fstat(fd).st_ino != mine:
+                return fd
+            os.close(fd)
         if time.monotonic() > deadline:
             raise OSError(f"process {pid} did not enter its own network namespace")
         time.sleep(0.01)

@@ -5,7 +5,9 @@
 
 The server runs in its own process session and, by default, in its own network namespace with
 only a loopback (`serving/netns.py`: patched SGLang code cannot reach the network or the host's
-127.0.0.1 services). Requests go through `server.call(fn, *args)`, which runs `fn(url, *args)`
+127.0.0.1 services) and under bubblewrap with a file view of system folders and what it needs
+(`serving/fileview.py`: no homes, /run, /var or foreign /tmp files, its workdir the one place
+it writes). Requests go through `server.call(fn, *args)`, which runs `fn(url, *args)`
 on a thread inside that namespace; `server.url` is a host-loopback relay for callers that only
 take a URL. Without the privileges for it the server runs on the host network and says so
 (`server.network.render()`, first line of its log). `stop()` sends SIGTERM to the whole group,
@@ -33,7 +35,7 @@ from typing import Any, TypeVar
 
 from infra_agent.errors import UserError
 from infra_agent.sandboxes import cleanup as cleanup_registry
-from infra_agent.serving import netns
+from infra_agent.serving import fileview, netns
 from infra_agent.serving.deployment import ArgValue, DeploymentSpec, args_to_argv
 from infra_agent.serving.env import ensure_sglang_env, env_python
 from infra_agent.serving.tiny_model import write_tiny_model
@@ -181,6 +183,8 @@ class Server:
     ) -> None:
         self.network = network or netns.Network(mode="host", reason="not started by Server.start")
         """Where the server's sockets live (isolated namespace, or host with the reason)."""
+        self.filesystem = fileview.FileView(mode="host", reason="not started by Server.start")
+        """What the server sees of the file system (confined view, or host with the reason)."""
         self.argv = argv
         self.env = env
         self.port = port
@@ -194,6 +198,11 @@ class Server:
         self._ns_fd: int | None = None
         self._ns_thread: netns.NamespaceThread | None = None
         self._relay: netns.Relay | None = None
+
+    @property
+    def namespace_id(self) -> int | None:
+        """Inode of the server's network namespace while it runs isolated, else None."""
+        return None if self._ns_fd is None else os.fstat(self._ns_fd).st_ino
 
     @property
     def direct_url(self) -> str:
@@ -234,6 +243,7 @@ class Server:
         """Start and wait for readiness; on any failure the server is stopped and ServerFailed raised."""
         workdir.mkdir(parents=True, exist_ok=True)
         network = netns.choose(spec.network)
+        view = fileview.choose(spec.filesystem)
         for attempt in range(PORT_ATTEMPTS):
             port = free_port()
             argv, env = launch_command(
@@ -243,9 +253,23 @@ class Server:
                 model_cache=model_cache or workdir / "models",
                 overlay=overlay,
             )
-            if network.mode == "isolated":
+            if view.mode == "confined":
+                shown = [*fileview.paths_named(argv), *spec.readable_paths, SHIM_DIR]
+                if overlay is not None:
+                    shown.append(overlay)
+                env["TMPDIR"] = "/tmp"  # a private one
+                argv = fileview.wrap(
+                    argv,
+                    view,
+                    shown=shown,
+                    writable=workdir.resolve(),
+                    isolate_network=network.mode == "isolated",
+                    gpu=spec.needs_gpu or has_gpu(),
+                )
+            elif network.mode == "isolated":
                 argv = netns.confine(argv)
             server = cls(argv, env, port=port, workdir=workdir, spec=spec, network=network)
+            server.filesystem = view
             server._spawn()
             try:
                 server.wait_ready(spec.ready_timeout_s)
@@ -265,6 +289,7 @@ class Server:
     def _spawn(self) -> None:
         with self.log_path.open("ab") as log:
             log.write(f"infra-agent: server network: {self.network.render()}\n".encode())
+            log.write(f"infra-agent: server file system: {self.filesystem.render()}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
                 self.argv,
@@ -284,7 +309,7 @@ class Server:
         cleanup_registry.register(self)
         if self.network.mode == "isolated":
             try:
-                self._ns_fd = netns.open_namespace(self.proc.pid)
+                self._ns_fd = netns.open_namespace(self.proc.pid, descendants=descendants)
             except OSError as exc:
                 if self.proc.poll() is None:
                     raise ServerFailed(

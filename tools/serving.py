@@ -64,12 +64,17 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
                 run_workload, sessions, LoadSpec(request_rate=p.request_rate or math.inf)
             )
             network = server.network.render()
+            filesystem = server.filesystem.render()
     metrics = summarize(result)
     shown = (
         ", ".join(f"{k}={v}" for k, v in sorted((patch.knobs if patch else {}).items()))
         or "baseline"
     )
     return ToolResult(
-        content=f"{shown}: {metrics.render()}\nserver network: {network}",
-        data={**metrics.model_dump(mode="json"), "server_network": network},
+        content=f"{shown}: {metrics.render()}\nserver network: {network}; file system: {filesystem}",
+        data={
+            **metrics.model_dump(mode="json"),
+            "server_network": network,
+            "server_filesystem": filesystem,
+        },
     )

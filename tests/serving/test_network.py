@@ -14,6 +14,7 @@ import textwrap
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,25 @@ PROBE_SERVER = textwrap.dedent(
         except OSError as exc:
             found[name] = f"{type(exc).__name__}: {exc}"
     found["interfaces"] = sorted(name for _, name in socket.if_nameindex())
+    try:
+        found["secret"] = open(os.environ["PROBE_SECRET"]).read()
+    except OSError as exc:
+        found["secret"] = f"{type(exc).__name__}: {exc}"
+    try:
+        unix = socket.socket(socket.AF_UNIX)
+        unix.connect(os.environ["PROBE_SOCKET"])
+        found["unix_socket"] = "connected"
+    except OSError as exc:
+        found["unix_socket"] = f"{type(exc).__name__}: {exc}"
+    try:
+        found["home"] = sorted(os.listdir(os.path.expanduser("~")))
+    except OSError as exc:
+        found["home"] = f"{type(exc).__name__}: {exc}"
+    try:
+        open(os.path.join(os.path.dirname(sys.executable), "probe-was-here"), "w").close()
+        found["write_interpreter_dir"] = "written"
+    except OSError as exc:
+        found["write_interpreter_dir"] = f"{type(exc).__name__}: {exc}"
     with open("probe.json", "w") as f:  # the cwd is the server's workdir
         json.dump(found, f)
     class H(http.server.BaseHTTPRequestHandler):
@@ -57,16 +77,28 @@ PROBE_SERVER = textwrap.dedent(
 )
 
 
+@dataclass
+class HostSide:
+    """What the server must not reach: a TCP listener on the host's 127.0.0.1 and, in a folder
+    of its own, a secret file and a UNIX socket listener (as a docker.sock would be)."""
+
+    listener: socket.socket
+    private: Path
+
+
 @pytest.fixture
-def host_listener() -> Iterator[socket.socket]:
-    """A TCP listener on the host's 127.0.0.1 that the server must not reach."""
-    with socket.socket() as sock:
+def host_listener(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostSide]:
+    private = tmp_path_factory.mktemp("host-private")
+    (private / "secret.txt").write_text("api-key-of-the-host")
+    with socket.socket() as sock, socket.socket(socket.AF_UNIX) as unix:
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)
-        yield sock
+        unix.bind(str(private / "engine.sock"))
+        unix.listen(8)
+        yield HostSide(sock, private)
 
 
-def probe_spec(tmp_path: Path, listener: socket.socket, **kw: object) -> DeploymentSpec:
+def probe_spec(tmp_path: Path, host: HostSide, **kw: object) -> DeploymentSpec:
     script = tmp_path / "probe_server.py"
     script.write_text(PROBE_SERVER)
     return DeploymentSpec(
@@ -74,7 +106,11 @@ def probe_spec(tmp_path: Path, listener: socket.socket, **kw: object) -> Deploym
         launch="command",
         command=[sys.executable, str(script)],
         gpus=1,  # no CPU shim / CPU engine settings for the stand-in
-        env={"PROBE_PORT": str(listener.getsockname()[1])},
+        env={
+            "PROBE_PORT": str(host.listener.getsockname()[1]),
+            "PROBE_SECRET": str(host.private / "secret.txt"),
+            "PROBE_SOCKET": str(host.private / "engine.sock"),
+        },
         **kw,  # type: ignore[arg-type]
     )
 
@@ -86,7 +122,7 @@ def probe(server: Server) -> dict[str, object]:
 
 @needs_isolation
 def test_isolated_server_reaches_nothing_but_the_driver_reaches_it(
-    tmp_path: Path, host_listener: socket.socket
+    tmp_path: Path, host_listener: HostSide
 ) -> None:
     with Server.start(probe_spec(tmp_path, host_listener), tmp_path) as server:
         assert server.network.mode == "isolated"
@@ -94,6 +130,21 @@ def test_isolated_server_reaches_nothing_but_the_driver_reaches_it(
         assert found["host_loopback"] == "ConnectionRefusedError: [Errno 111] Connection refused"
         assert "Network is unreachable" in str(found["outside"])
         assert found["interfaces"] == ["lo"]
+        # The file system: only what the server needs; no foreign files, sockets or homes.
+        assert server.filesystem.mode == "confined", server.filesystem.render()
+        assert str(found["secret"]).startswith("FileNotFoundError"), found
+        assert str(found["unix_socket"]).startswith("FileNotFoundError"), found
+        home = Path.home()
+        needed = {Path(p).relative_to(home).parts[0] for p in server.filesystem.shown
+                  if Path(p).is_relative_to(home)}  # fmt: skip
+        # The home shows at most the folders of the interpreters it needs (pyenv here).
+        assert isinstance(found["home"], str) or set(found["home"]) <= needed, (found, needed)
+        assert "Read-only file system" in str(found["write_interpreter_dir"]), found
+        assert (
+            server.log_tail()
+            .splitlines()[1]
+            .startswith("infra-agent: server file system: confined")
+        )
         # The driver: through the namespace's thread, and through the relay from this thread.
         assert server.get("/health")[0] == 200
         assert server.call(lambda url: url) == server.direct_url
@@ -105,17 +156,24 @@ def test_isolated_server_reaches_nothing_but_the_driver_reaches_it(
 
 
 def test_host_network_reaches_the_listener_and_says_so(
-    tmp_path: Path, host_listener: socket.socket
+    tmp_path: Path, host_listener: HostSide
 ) -> None:
-    """The control: the same probe on the host network connects (so the probe can tell)."""
-    with Server.start(probe_spec(tmp_path, host_listener, network="host"), tmp_path) as server:
-        assert probe(server)["host_loopback"] == "connected"
+    """The control: the same probe on the host network and file system reaches the listener,
+    the secret and the UNIX socket (so the probe can tell)."""
+    spec = probe_spec(tmp_path, host_listener, network="host", filesystem="host")
+    with Server.start(spec, tmp_path) as server:
+        found = probe(server)
+        assert found["host_loopback"] == "connected"
+        assert found["secret"] == "api-key-of-the-host" and found["unix_socket"] == "connected"
+        assert server.filesystem.render() == (
+            "host (unconfined: the deployment sets filesystem = 'host')"
+        )
         assert server.network.render() == "host (unconfined: the deployment sets network = 'host')"
         assert server.url == server.direct_url and server.get("/health")[0] == 200
 
 
 def test_without_privileges_it_falls_back_to_the_host_network_plainly(
-    tmp_path: Path, host_listener: socket.socket, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, host_listener: HostSide, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(netns, "unavailable", lambda: "not root: test")
     with Server.start(probe_spec(tmp_path, host_listener), tmp_path) as server:
@@ -125,13 +183,11 @@ def test_without_privileges_it_falls_back_to_the_host_network_plainly(
 
 
 @needs_isolation
-def test_stop_leaves_no_process_and_no_namespace(
-    tmp_path: Path, host_listener: socket.socket
-) -> None:
+def test_stop_leaves_no_process_and_no_namespace(tmp_path: Path, host_listener: HostSide) -> None:
     server = Server.start(probe_spec(tmp_path, host_listener), tmp_path)
-    assert server.proc is not None
+    assert server.proc is not None and server.namespace_id is not None
     pid = server.proc.pid
-    ns = netns.namespace_id(pid)
+    ns = server.namespace_id
     assert ns != netns.namespace_id("self")
     server.get("/health")
     server.url  # noqa: B018 - starts the relay, which holds sockets in the namespace
@@ -154,7 +210,7 @@ def open_files() -> list[str]:
 @needs_isolation
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_killed_owner_leaves_no_process_and_no_namespace(
-    tmp_path: Path, host_listener: socket.socket, sig: signal.Signals
+    tmp_path: Path, host_listener: HostSide, sig: signal.Signals
 ) -> None:
     """The process that started the server is stopped (SIGTERM), interrupted (Ctrl-C) or killed
     (a crash): the server dies (cleanup, or PR_SET_PDEATHSIG) and with it the namespace."""
@@ -171,7 +227,7 @@ def test_killed_owner_leaves_no_process_and_no_namespace(
             spec = DeploymentSpec.model_validate_json({spec.model_dump_json()!r})
             server = Server.start(spec, Path({str(tmp_path)!r}))
             server.url
-            print(server.proc.pid, netns.namespace_id(server.proc.pid), flush=True)
+            print(server.proc.pid, server.namespace_id, flush=True)
             time.sleep(600)
             """
         )

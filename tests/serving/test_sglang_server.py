@@ -14,7 +14,7 @@ import pytest
 
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import Flag, Verdict
-from infra_agent.serving import netns
+from infra_agent.serving import fileview, netns
 from infra_agent.serving.accuracy import GateConfig, answer, compare_answers, gate_prompts
 from infra_agent.serving.datasets import coding_agent_sessions, random_sessions
 from infra_agent.serving.deployment import load_deployment
@@ -118,7 +118,7 @@ def test_stop_leaves_nothing_running(server: Server) -> None:
     assert server.proc is not None
     tree = descendants(server.proc.pid) | {server.proc.pid}
     assert len(tree) >= 3  # launcher, scheduler, detokenizer
-    ns = netns.namespace_id(server.proc.pid)
+    ns = server.namespace_id
     server.stop()
     assert not any(_alive(p) for p in tree)
     if server.network.mode == "isolated":
@@ -167,6 +167,9 @@ def test_degenerate_sampler_patch_is_not_improved() -> None:
     # The patched SGLang ran with no network (where this machine allows it).
     if netns.unavailable() is None:
         assert str(result.evidence.health["candidate_server_network"]).startswith("isolated")
+    # ... and saw only what it needed of the file system (where bubblewrap works).
+    if fileview.unavailable() is None:
+        assert str(result.evidence.health["candidate_server_filesystem"]).startswith("confined")
 
 
 def test_knob_patch_for_a_gpu_only_flag_is_refused_on_cpu() -> None:
