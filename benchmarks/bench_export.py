@@ -61,6 +61,7 @@ from infra_agent.trajectories.formats import ARROW_SCHEMAS, ExportFormat
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
 from infra_agent.trajectories.rows import run_row
+from infra_agent.trajectories.run_columns import RunColumns
 from infra_agent.trajectories.trusted import TrustedReview
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
@@ -151,8 +152,9 @@ def line(label: str, n: int, wall: float, cpu: float | None, note: str = "") -> 
 def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str, float, float]]:
     """CPU and wall seconds of each phase of a one-process export, run batch by batch through
     the exporter's own functions: read the store, step columns (one Arrow conversion of the
-    batch's step bodies and the column-wise conversation), per-run rows (rewards, metrics,
-    proposals), message columns, Arrow columns, redaction, column checks, Parquet writing."""
+    batch's step bodies and the column-wise conversation), per-run columns (rewards scored and
+    aggregated), the table (message lists, metrics, proposals, tool specs), redaction, column
+    checks, Parquet writing."""
     weights = RewardWeights().model_dump()
     totals: dict[str, list[float]] = {}
 
@@ -173,20 +175,15 @@ def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str,
                 "read store",
                 lambda: load_row_runs(store, chunk, review),  # noqa: B023
             )
-            columns = run("step columns", lambda: ChatColumns(bundles))  # noqa: B023
-            made = run(
-                "per-run rows",
-                lambda: [columns.run_row(i, fmt, weights) for i in range(len(bundles))],  # noqa: B023
+            chat = run("step columns", lambda: ChatColumns(bundles))  # noqa: B023
+            columns = run(
+                "per-run columns",
+                lambda: RunColumns(bundles, chat, weights),  # noqa: B023
             )
-            kept = [i for i, m in enumerate(made) if m.skip is None]
-            rows = [made[i].row for i in kept]
-            messages = run(
-                "message columns",
-                lambda: columns.message_columns(fmt, kept),  # noqa: B023
-            )
-            table = run("Arrow columns", lambda: arrow_table(fmt, rows, None, messages))  # noqa: B023
-            # As `arrow_table(..., redactor)` does: the JSON-text column once per distinct value.
-            tools = list({id(r["tools"]): json.dumps(r["tools"]) for r in rows}.values())
+            kept = [i for i in range(len(bundles)) if chat.skip(i) is None]
+            table = run("table", lambda: columns.table(fmt, kept, None))  # noqa: B023
+            # As `table(..., redactor)` does: the tool specs' JSON once per distinct value.
+            tools = list({id(t): json.dumps(t) for t in map(chat.tools, kept)}.values())
             run("redaction", lambda: redactor.texts(tools))  # noqa: B023
             table = run("redaction", lambda: redactor.table(table, done={"tools_json"}))  # noqa: B023
             run("column checks", lambda: check_table(fmt, table))  # noqa: B023

@@ -15,9 +15,9 @@ after a later message, a repeated call id) goes through `rows.run_row` itself, a
 take their place among the others (`ChatColumns.message_columns`), so every row equals
 `run_row`'s (tests/trajectories/test_chat_columns.py holds them equal, Parquet byte for byte).
 
-Per run, Python still computes what is per run: rewards, verdicts, best candidate, proposals
-(`rows.row_of`), from the step facts computed here column-wise (message and call counts, token
-totals, names of the tools called).
+The rest of each row (rewards, metrics, proposals) is `run_columns.RunColumns`', from the step
+facts computed here column-wise (message and call counts, token totals, names of the tools
+called).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from infra_agent.trajectories.build import RunBundle
-from infra_agent.trajectories.formats import MESSAGE_TYPE, ExportFormat
-from infra_agent.trajectories.rows import RunRow, StepFacts, row_of, run_row, step_bodies
+from infra_agent.trajectories.formats import MESSAGE_TYPE, ExportFormat, specs_for_tools
+from infra_agent.trajectories.rows import StepFacts, chat_messages, step_bodies
 
 _CALL = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
 STEP_TYPE = pa.struct(
@@ -63,9 +63,8 @@ _SEP = "\x1f"
 class ChatColumns:
     """One column-wise pass over the steps of a batch of runs (`bundles`, in order).
 
-    `run_row(i, ...)` gives run i's `RunRow` without its message keys (the whole row for runs
-    not in the simple shape); `message_columns(fmt, kept)` the message columns of the kept runs'
-    rows, in `kept` order."""
+    `facts(i)`, `skip(i)` and `tools(i)` give what run i's row reads of its steps;
+    `message_columns(fmt, kept)` the message columns of the kept runs' rows, in `kept` order."""
 
     def __init__(self, bundles: list[RunBundle]) -> None:
         self.bundles = bundles
@@ -177,21 +176,14 @@ class ChatColumns:
         at = np.searchsorted(firsts, self._message_starts[:-1])
         first = np.append(firsts, np.iinfo(np.int64).max)[at]
         self._split = np.minimum(first, self._message_starts[1:])
-        self._fallback: dict[int, dict[str, Any]] = {}
 
-    def run_row(self, i: int, fmt: ExportFormat, weights: dict[str, float]) -> RunRow:
-        """Run i's `rows.run_row`, without its message keys when the run is in the simple shape
-        (`message_columns` holds them); the whole row otherwise."""
-        bundle = self.bundles[i]
-        if not self.simple[i]:
-            made = run_row(bundle, fmt, weights)
-            self._fallback[i] = made.row
-            return made
+    def facts(self, i: int) -> StepFacts:
+        """Run i's `rows.StepFacts` (message and call counts, token totals, tools called)."""
         a, b = self._starts[i], self._starts[i + 1]
         totals = {key: sums[i] if valid[i] else None for key, sums, valid in self._tokens}
         costs = [c for c in self._costs[a:b] if c is not None]
-        totals["total_cost_usd"] = sum(costs) if costs else None
-        facts = StepFacts(
+        totals["total_cost_usd"] = sum(costs) if costs else None  # in step order, as `rows`
+        return StepFacts(
             b - a,
             self._n_messages[i],
             self._n_calls[i],
@@ -199,11 +191,21 @@ class ChatColumns:
             self._called[i],
             totals,
         )
-        return row_of(bundle, fmt, weights, facts, None)
+
+    def skip(self, i: int) -> str | None:
+        """Why run i forms no chat row (`rows.RunRow.skip`), None when it does."""
+        if self._starts[i + 1] == self._starts[i]:
+            return "no steps recorded"
+        return None if self._has_assistant[i] else "no assistant message"
+
+    def tools(self, i: int) -> list[dict[str, Any]]:
+        """The tool specs of run i's row (`formats.specs_for_tools`)."""
+        return specs_for_tools(self.bundles[i].run.config.get("tools"), self._called[i])
 
     def message_columns(self, fmt: ExportFormat, kept: list[int]) -> dict[str, pa.Array]:
         """The message columns (`messages`, or `prompt` and `completion`) of the rows of runs
-        `kept` (indices into the bundles, each run's `run_row` called first)."""
+        `kept` (indices into the bundles): runs not in the simple shape through
+        `rows.chat_messages` itself."""
         lists = pa.list_(MESSAGE_TYPE)
         starts, split = self._message_starts, self._split
         if fmt is ExportFormat.OPENAI_SFT:
@@ -212,17 +214,26 @@ class ChatColumns:
             bounds = {"prompt": (starts[:-1], split), "completion": (split, starts[1:])}
         out = {}
         fast = [i for i in kept if self.simple[i]]
-        slow = [i for i in kept if not self.simple[i]]
+        slow = {i: _split(fmt, chat_messages(step_bodies(self.bundles[i])))
+                for i in kept if not self.simple[i]}  # fmt: skip
         for name, (lo, hi) in bounds.items():
             column = _lists(self._messages, lo[fast], hi[fast], lists)
             if slow:
                 column = pa.concat_arrays(
-                    [column, pa.array([self._fallback[i][name] for i in slow], type=lists)]
+                    [column, pa.array([m[name] for m in slow.values()], type=lists)]
                 )
-                order = {i: k for k, i in enumerate(fast + slow)}
+                order = {i: k for k, i in enumerate([*fast, *slow])}
                 column = column.take(pa.array([order[i] for i in kept]))
             out[name] = column
         return out
+
+
+def _split(fmt: ExportFormat, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """A conversation as the row's message fields (`rows.row_of`)."""
+    if fmt is ExportFormat.OPENAI_SFT:
+        return {"messages": messages}
+    at = next((k for k, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    return {"prompt": messages[:at], "completion": messages[at:]}
 
 
 def _lists(values: pa.Array, lo: np.ndarray, hi: np.ndarray, type_: pa.DataType) -> pa.Array:

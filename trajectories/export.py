@@ -55,6 +55,7 @@ from infra_agent.trajectories.formats import (
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
 from infra_agent.trajectories.rows import run_row
+from infra_agent.trajectories.run_columns import RunColumns
 from infra_agent.trajectories.trusted import TrustedReview, load_trusted_runs
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
@@ -212,27 +213,26 @@ class _Producer:
         out.payload = self._lines(rows)
         return out
 
-    def _columns(self, columns: ChatColumns) -> _Batch:
-        """`_rows` as Parquet, the messages built column-wise (`chat_columns`): same table."""
-        out, rows, kept = _Batch(), [], []
-        weights = self.weights.model_dump()
-        for i, bundle in enumerate(columns.bundles):
-            made = columns.run_row(i, self.fmt, weights)
-            if not self.flt.admits(bundle, made.reward):
+    def _columns(self, chat: ChatColumns) -> _Batch:
+        """`_rows` as Parquet, built column-wise (`chat_columns`, `run_columns`): same table."""
+        out, kept = _Batch(), []
+        columns = RunColumns(chat.bundles, chat, self.weights.model_dump())
+        for i, bundle in enumerate(chat.bundles):
+            reward = columns.reward[i]
+            if not self.flt.admits(bundle, reward):
                 continue
             out.matched += 1
-            if made.skip is not None:
-                out.skipped[made.skip] += 1
+            skip = chat.skip(i)
+            if skip is not None:
+                out.skipped[skip] += 1
             else:
                 kept.append(i)
-                rows.append(made.row)
-                out.rewards.append(made.reward)
-                out.verdicts += made.verdicts
-        if not rows:
+                out.rewards.append(reward)
+                out.verdicts += columns.verdicts[i]
+        if not kept:
             return out
-        out.rows = len(rows)
-        messages = columns.message_columns(self.fmt, kept)
-        table = arrow_table(self.fmt, rows, self.redactor, messages)
+        out.rows = len(kept)
+        table = columns.table(self.fmt, kept, self.redactor)
         check_table(self.fmt, table)
         out.payload = table
         return out

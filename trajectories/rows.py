@@ -99,7 +99,7 @@ def row_of(
     tools = specs_for_tools(run.config.get("tools"), facts.called)
     rewards = run_rewards(bundle, weights)
     reward = rewards.trajectory
-    verdicts = [e.result.verdict.value for e in _by_patch(bundle)]
+    verdicts = [e.result.verdict.value for e in by_patch(bundle)]
     best = best_candidate(bundle.experiments, rewards.scores)
     reviewed = bundle.reviewed
     if fmt is ExportFormat.OPENAI_SFT:
@@ -159,7 +159,7 @@ def row_of(
     return RunRow(row, reward["total"], verdicts, skip)
 
 
-def _by_patch(bundle: RunBundle) -> list[Any]:
+def by_patch(bundle: RunBundle) -> list[Any]:
     """The run's experiments grouped by patch, patches in `build`'s order (`patch_order`: first
     appearance, the experiments' patches before any proposal's)."""
     first: dict[str, int] = {}

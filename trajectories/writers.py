@@ -57,7 +57,7 @@ def arrow_table(
             arrays.append(columns[name])
             continue
         if source is not None and source in as_text:
-            column: list[Any] = _json_texts([r[source] for r in rows], redactor)
+            column: list[Any] = json_texts([r[source] for r in rows], redactor)
         else:
             column = [r.get(name) for r in rows]
         arrays.append(pa.array(column, type=field.type))
@@ -119,7 +119,7 @@ def _expect_all(values: pa.Array | pa.ChunkedArray, allowed: pa.Array, where: st
         raise ValueError(f"{where}: {bad!r} is not one of {allowed.to_pylist()}")
 
 
-def _json_texts(values: list[Any], redactor: Redactor | None = None) -> list[str]:
+def json_texts(values: list[Any], redactor: Redactor | None = None) -> list[str]:
     """JSON text of each value, redacted when a `redactor` is given; a value shared by many rows
     (the tool list) is encoded and redacted once."""
     cache: dict[int, int] = {}
