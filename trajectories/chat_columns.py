@@ -192,6 +192,24 @@ class ChatColumns:
             totals,
         )
 
+    def step_metrics(self, kept: list[int]) -> dict[str, list[Any]]:
+        """`facts`' counts and totals of the runs `kept`, one list each, under the names of the
+        rl row's metrics (`n_messages`, `n_tool_calls`, `total_*`)."""
+        out: dict[str, list[Any]] = {
+            "n_messages": [self._n_messages[i] for i in kept],
+            "n_tool_calls": [self._n_calls[i] for i in kept],
+        }
+        for key, sums, valid in self._tokens:
+            out[key] = [sums[i] if valid[i] else None for i in kept]
+        costs = self._costs
+        starts = self._starts
+        totals = []
+        for i in kept:
+            present = [c for c in costs[starts[i] : starts[i + 1]] if c is not None]
+            totals.append(sum(present) if present else None)  # in step order, as `rows`
+        out["total_cost_usd"] = totals
+        return out
+
     def skip(self, i: int) -> str | None:
         """Why run i forms no chat row (`rows.RunRow.skip`), None when it does."""
         if self._starts[i + 1] == self._starts[i]:

@@ -33,7 +33,6 @@ from infra_agent.trajectories.rewards import (
     COMPONENTS,
     candidate_scores,
     review_score,
-    weighted_total,
 )
 from infra_agent.trajectories.rows import by_patch
 from infra_agent.trajectories.writers import json_texts
@@ -77,11 +76,39 @@ class RunColumns:
             total = total + weights[name] * components[:, k]
         self.reward = [round(t, 12) for t in total.tolist()]
         self._components = components
-        self._reviews = reviews
-        flags = np.zeros(len(experiments) + 1, dtype=np.int64)
-        np.cumsum(flagged, out=flags[1:])
-        self.suspicious = flags[starts[1:]] - flags[starts[:-1]]
+
+        # Each proposal's components: its latest backing experiment's (of its run), plus review.
+        where = {(i, e.id): k for i, b in enumerate(bundles) for k, e in
+                 enumerate(b.experiments, start=int(starts[i]))}  # fmt: skip
+        backing = [
+            next((where[i, x] for x in reversed(p.experiment_ids) if (i, x) in where), -1)
+            for i, b in enumerate(bundles)
+            for p in b.proposals
+        ]
+        self._proposal_list = [p for b in bundles for p in b.proposals]
+        per_proposal = np.zeros((len(backing), len(COMPONENTS)))
+        picked = np.asarray(backing, dtype=np.int64)
+        per_proposal[picked >= 0, :-1] = matrix[picked[picked >= 0]]
+        per_proposal[:, -1] = [r for rs in reviews for r in rs]
+        p_total = np.zeros(len(backing))
+        for k, name in enumerate(COMPONENTS):
+            p_total = p_total + weights[name] * per_proposal[:, k]
+        self._proposal_reward = np.array([round(t, 12) for t in p_total.tolist()])
+        self._proposal_components = per_proposal
+        p_counts = np.fromiter((len(b.proposals) for b in bundles), np.int64, n_runs)
+        self._proposal_starts = np.zeros(n_runs + 1, dtype=np.int64)
+        np.cumsum(p_counts, out=self._proposal_starts[1:])
+        self.suspicious = _count(flagged, starts)
         self.n_experiments = counts
+        # The accuracy outcome of runs without a proven candidate (`build.best_candidate`'s pool
+        # is then every experiment), and which runs have one.
+        correctness = matrix[:, _CANDIDATE.index("correctness")]
+        improved = np.fromiter(
+            (e.result.verdict is Verdict.IMPROVED for e in experiments), bool, len(experiments)
+        )
+        self._failed = (_count(correctness < 0, starts) > 0).tolist()
+        self._passed = (_count(correctness > 0, starts) > 0).tolist()
+        self._has_candidate = (_count(improved & ~flagged, starts) > 0).tolist()
         self.verdicts = [[e.result.verdict.value for e in by_patch(b)] for b in bundles]
 
     def table(self, fmt: ExportFormat, kept: list[int], redactor: Redactor | None) -> pa.Table:
@@ -123,7 +150,7 @@ class RunColumns:
                 [pa.array(np.full(len(kept), self.weights[name])) for name in COMPONENTS],
                 fields=list(component_type),
             )
-            facts = [chat.facts(i) for i in kept]
+            steps = chat.step_metrics(kept)
             metrics = [
                 [b[0] for b in best],
                 [b[1] for b in best],
@@ -131,12 +158,12 @@ class RunColumns:
                 [b[3] for b in best],
                 reviewed,
                 self.suspicious[idx],
-                [f.n_messages for f in facts],
-                [f.n_calls for f in facts],
+                steps["n_messages"],
+                steps["n_tool_calls"],
                 self.n_experiments[idx],
-                [f.totals["total_prompt_tokens"] for f in facts],
-                [f.totals["total_completion_tokens"] for f in facts],
-                [f.totals["total_cost_usd"] for f in facts],
+                steps["total_prompt_tokens"],
+                steps["total_completion_tokens"],
+                steps["total_cost_usd"],
             ]
             metric_type = schema.field("metrics").type
             columns["metrics"] = pa.StructArray.from_arrays(
@@ -144,9 +171,7 @@ class RunColumns:
                 fields=list(metric_type),
             )
             columns["verdicts"] = pa.array(verdicts, pa.list_(pa.string()))
-            columns["proposals"] = pa.array(
-                [self._proposals(i) for i in kept], schema.field("proposals").type
-            )
+            columns["proposals"] = self._proposals(kept, schema.field("proposals").type)
         schema = ARROW_SCHEMAS[fmt]
         table = pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
         if redactor is None:
@@ -156,6 +181,10 @@ class RunColumns:
     def _best(self, i: int) -> tuple[float | None, float | None, float | None, str]:
         """(best speedup, its CI low and high, accuracy outcome) of run i: `build.best_candidate`
         from the candidate scores already computed."""
+        if not self._has_candidate[i]:
+            if self._failed[i]:
+                return None, None, None, "failed"
+            return None, None, None, "passed" if self._passed[i] else "not_measured"
         a, b = self._starts[i], self._starts[i + 1]
         experiments = self.bundles[i].experiments
         scores = self._scores[a:b]
@@ -178,22 +207,36 @@ class RunColumns:
             return None, None, None, outcome
         return perf.speedup, perf.ci_low, perf.ci_high, outcome
 
-    def _proposals(self, i: int) -> list[dict[str, Any]]:
-        """Run i's proposals with their rewards (`build.run_rewards`)."""
-        bundle = self.bundles[i]
-        if not bundle.proposals:
-            return []
-        a, b = self._starts[i], self._starts[i + 1]
-        by_id = {e.id: s for e, s in zip(bundle.experiments, self._scores[a:b], strict=True)}
-        out = []
-        for p, review in zip(bundle.proposals, self._reviews[i], strict=True):
-            backing = [x for x in p.experiment_ids if x in by_id]
-            base = by_id[backing[-1]] if backing else dict.fromkeys(COMPONENTS, 0.0)
-            scores = base | {"review": review}
-            out.append({"proposal_id": p.id, "patch_id": p.patch_id, "status": p.status.value,
-                        "reward": weighted_total(scores, self.weights),
-                        "reward_components": scores})  # fmt: skip
-        return out
+    def _proposals(self, kept: list[int], type_: pa.ListType) -> pa.Array:
+        """The kept runs' proposals with their rewards (`build.run_rewards`), a list per run."""
+        lo, hi = self._proposal_starts[:-1][kept], self._proposal_starts[1:][kept]
+        lengths = hi - lo
+        offsets = np.zeros(len(kept) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        take = np.repeat(lo - offsets[:-1], lengths) + np.arange(offsets[-1])
+        chosen = [self._proposal_list[k] for k in take.tolist()]
+        item = type_.value_type
+        values = pa.StructArray.from_arrays(
+            [
+                pa.array([p.id for p in chosen], pa.string()),
+                pa.array([p.patch_id for p in chosen], pa.string()),
+                pa.array([p.status.value for p in chosen], pa.string()),
+                pa.array(self._proposal_reward[take], pa.float64()),
+                pa.StructArray.from_arrays(
+                    [pa.array(c) for c in self._proposal_components[take].T],
+                    fields=list(item.field("reward_components").type),
+                ),
+            ],
+            fields=list(item),
+        )
+        return pa.ListArray.from_arrays(pa.array(offsets), values, type=type_)
+
+
+def _count(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per run, how many of its experiments `mask` holds (runs delimited by `starts`)."""
+    total = np.zeros(len(mask) + 1, dtype=np.int64)
+    np.cumsum(mask, out=total[1:])
+    return total[starts[1:]] - total[starts[:-1]]
 
 
 def _per_run(values: np.ndarray, starts: np.ndarray, how: str) -> np.ndarray:
