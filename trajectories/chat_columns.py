@@ -11,13 +11,15 @@ call of the latest message before it, which is the assistant turn that made the 
 notes in between are fine: they are never shown), and no two tool results of the run answer the
 same call id. Then the conversation is the steps in store order, harness notes left out, each
 shown as `rows._conversation` shows it. Any other run (an orphan tool result, a result arriving
-after a later message, a repeated call id) goes through `rows.run_row` itself, and its messages
-take their place among the others (`ChatColumns.message_columns`), so every row equals
-`run_row`'s (tests/trajectories/test_chat_columns.py holds them equal, Parquet byte for byte).
+after a later message, a repeated call id) goes through `rows.chat_messages` itself, and its
+messages take their place among the others (`ChatColumns.message_columns`), so every row equals
+`rows.run_row`'s (tests/trajectories/test_chat_columns.py holds them equal, Parquet byte for
+byte).
 
-The rest of each row (rewards, metrics, proposals) is `run_columns.RunColumns`', from the step
+The rest of each row (rewards, metrics, proposals) is `run_columns.RunColumns`', with the step
 facts computed here column-wise (message and call counts, token totals, names of the tools
-called).
+called). Costs, per run of 11 steps on a shared 2-core machine: about 20 us for the Arrow
+conversion of the bodies, 20 us for the rest (benchmarks/bench_export.py prints the phases).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import pyarrow.compute as pc
 
 from infra_agent.trajectories.build import RunBundle
 from infra_agent.trajectories.formats import MESSAGE_TYPE, ExportFormat, specs_for_tools
-from infra_agent.trajectories.rows import StepFacts, chat_messages, step_bodies
+from infra_agent.trajectories.rows import chat_messages, step_bodies
 
 _CALL = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
 STEP_TYPE = pa.struct(
@@ -63,7 +65,7 @@ _SEP = "\x1f"
 class ChatColumns:
     """One column-wise pass over the steps of a batch of runs (`bundles`, in order).
 
-    `facts(i)`, `skip(i)` and `tools(i)` give what run i's row reads of its steps;
+    `step_metrics(kept)`, `skip(i)` and `tools(i)` give what the rows read of the steps;
     `message_columns(fmt, kept)` the message columns of the kept runs' rows, in `kept` order."""
 
     def __init__(self, bundles: list[RunBundle]) -> None:
@@ -112,7 +114,7 @@ class ChatColumns:
         simple[run_of[code < 0]] = False
         self.simple = simple
 
-        # Per-run facts (`rows.StepFacts`), column-wise, as Python values for `run_row`.
+        # Per-run step facts (`rows.StepFacts`), column-wise, as Python values.
         shown = code != _HARNESS
         n_messages = _sums(shown, starts)
         self._starts = starts.tolist()
@@ -177,21 +179,6 @@ class ChatColumns:
         first = np.append(firsts, np.iinfo(np.int64).max)[at]
         self._split = np.minimum(first, self._message_starts[1:])
 
-    def facts(self, i: int) -> StepFacts:
-        """Run i's `rows.StepFacts` (message and call counts, token totals, tools called)."""
-        a, b = self._starts[i], self._starts[i + 1]
-        totals = {key: sums[i] if valid[i] else None for key, sums, valid in self._tokens}
-        costs = [c for c in self._costs[a:b] if c is not None]
-        totals["total_cost_usd"] = sum(costs) if costs else None  # in step order, as `rows`
-        return StepFacts(
-            b - a,
-            self._n_messages[i],
-            self._n_calls[i],
-            self._has_assistant[i],
-            self._called[i],
-            totals,
-        )
-
     def step_metrics(self, kept: list[int]) -> dict[str, list[Any]]:
         """`facts`' counts and totals of the runs `kept`, one list each, under the names of the
         rl row's metrics (`n_messages`, `n_tool_calls`, `total_*`)."""
@@ -247,7 +234,7 @@ class ChatColumns:
 
 
 def _split(fmt: ExportFormat, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """A conversation as the row's message fields (`rows.row_of`)."""
+    """A conversation as the row's message fields (as `rows.row_of` splits it)."""
     if fmt is ExportFormat.OPENAI_SFT:
         return {"messages": messages}
     at = next((k for k, m in enumerate(messages) if m["role"] == "assistant"), len(messages))

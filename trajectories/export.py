@@ -3,10 +3,11 @@
 Runs are read in the store's creation order (created_at, then id) and handled in batches, so the
 same store and filters always produce the same bytes. `openai-sft` and `rl` rows are made from
 the store records directly (`rows.run_row`, on the store's trusted JSON bodies when it offers
-them: `trusted.load_trusted_runs`); as Parquet, a batch's messages are built column-wise instead
-(`chat_columns.ChatColumns`: one Arrow conversion of the batch's step bodies, the conversation
-mapped with numpy and Arrow compute, `run_row` only for runs not in the simple shape), the same
-table either way. `atif` rows are the validated `Trajectory` records.
+them: `trusted.load_trusted_runs`); as Parquet from trusted bodies, a batch's table is built
+column-wise instead (`chat_columns.ChatColumns`: one Arrow conversion of the batch's step bodies,
+the conversation mapped with numpy and Arrow compute, Python only for runs not in the simple
+shape; `run_columns.RunColumns`: rewards, metrics and proposals from arrays), the same table
+either way. `atif` rows are the validated `Trajectory` records.
 Every batch is redacted (`Redactor.table` / `Redactor.texts`) and validated against its format's
 schema (the fixed Arrow schema plus `writers.check_table`; pydantic for `Trajectory` and strict
 OpenAI rows) before it is written, and the file is written atomically: on any error nothing

@@ -11,10 +11,9 @@ same bytes. Rows come out *not yet redacted nor validated*: the exporter does bo
 whole batch at once (`Redactor.table` / `Redactor.texts`, then the format's Arrow schema and
 `writers.check_table`).
 
-`run_row` is the whole row (JSONL exports, the reference path, and the Parquet export's runs
-that are not in the simple shape); `row_of` is its per-run part (rewards, verdicts, metrics,
-proposals) from the run's `StepFacts`, which the Parquet export's column-wise path
-(`chat_columns`) computes for a whole batch, adding the messages as Arrow columns.
+`run_row` makes the rows of JSONL exports and of the reference path; the Parquet export builds
+the same rows column-wise for a whole batch (`chat_columns` for the messages and the step facts,
+`run_columns` for rewards, metrics and proposals), and tests hold the two equal.
 
 The conversation follows the ATIF mapping of `build`: a tool result follows the assistant turn
 that made its call (not necessarily its store position), harness notes never appear, and a tool
@@ -85,11 +84,9 @@ def row_of(
     fmt: ExportFormat,
     weights: dict[str, float],
     facts: StepFacts,
-    messages: list[dict[str, Any]] | None,
+    messages: list[dict[str, Any]],
 ) -> RunRow:
-    """`run_row` from the run's `facts` and its `chat_messages`. With `messages` None the row
-    lacks the message keys (`messages`, or `prompt` and `completion`): the Parquet export's
-    columnar path (`chat_columns`) adds them as Arrow columns."""
+    """`run_row` from the run's `facts` and its `chat_messages`."""
     run = bundle.run
     skip = None
     if not facts.n_steps:
@@ -114,17 +111,15 @@ def row_of(
                 "best_speedup": best["best_speedup"],
             },
         }
-        if messages is not None:
-            row = {"messages": messages, **row}
+        row = {"messages": messages, **row}
         return RunRow(row, reward["total"], verdicts, skip)
     if fmt is not ExportFormat.RL:
         raise ValueError(f"{fmt.value}: not a row format of this module")
     results = [e.result for e in bundle.experiments]
     totals = facts.totals
     row = {"session_id": run.id, "task": run.task}
-    if messages is not None:
-        split = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
-        row["prompt"], row["completion"] = messages[:split], messages[split:]
+    split = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    row["prompt"], row["completion"] = messages[:split], messages[split:]
     row |= {
         "tools": tools,
         "reward": reward["total"],

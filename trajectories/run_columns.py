@@ -1,6 +1,6 @@
 """The per-run columns of a batch of chat or RL rows (all but the messages), built column-wise.
 
-`rows.row_of` makes each run's row as Python dicts (rewards, metrics, proposals) that Arrow then
+`rows.run_row` makes each run's row as Python dicts (rewards, metrics, proposals) that Arrow then
 converts back, value by value. Here the batch's experiments are scored once each (the scalar
 reward functions, `rewards.candidate_scores`: one definition of every component), the scores
 stacked into a matrix and aggregated per run with numpy (`RewardFunction.aggregate`: max, mean
@@ -196,13 +196,10 @@ class RunColumns:
             key = (s["proven_improvement"], perf.speedup if perf else 0.0)
             if best_key is None or key > best_key:
                 best, best_key, best_scores = e, key, s
-        pool = [best_scores] if best is not None else scores
-        outcome = "not_measured"
-        if any(s["correctness"] < 0 for s in pool):
-            outcome = "failed"
-        elif any(s["correctness"] > 0 for s in pool):
-            outcome = "passed"
-        perf = best.result.evidence.performance if best is not None else None
+        assert best is not None and best_scores is not None  # the run has a proven candidate
+        correct = best_scores["correctness"]  # the pool of `best_candidate`'s accuracy: the best
+        outcome = "failed" if correct < 0 else "passed" if correct > 0 else "not_measured"
+        perf = best.result.evidence.performance
         if perf is None:
             return None, None, None, outcome
         return perf.speedup, perf.ci_low, perf.ci_high, outcome
