@@ -85,6 +85,8 @@ class ExportFilter(BaseModel):
 
     def admits_run(self, run: RunRecord) -> bool:
         """The checks that need only the run record (done before loading anything else)."""
+        if not (self.tasks or self.runs or self.since or self.until):
+            return True
         created = run.created_at if run.created_at.tzinfo else run.created_at.replace(tzinfo=UTC)
         return (
             (not self.tasks or run.task in self.tasks)
