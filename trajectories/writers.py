@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -37,25 +37,18 @@ def atomic_file(path: Path) -> Iterator[IO[bytes]]:
 
 
 def arrow_table(
-    fmt: ExportFormat,
-    rows: list[dict[str, Any]],
-    redactor: Redactor | None = None,
-    columns: Mapping[str, pa.Array] | None = None,
+    fmt: ExportFormat, rows: list[dict[str, Any]], redactor: Redactor | None = None
 ) -> pa.Table:
     """Rows as a table of the format's fixed Arrow schema, built column by column, with every
     string redacted when a `redactor` is given. Fields listed in JSON_TEXT_COLUMNS become
-    `<field>_json` text columns. `columns`: columns already built (one value per row, e.g. the
-    message lists of `chat_columns`), taken as they are instead of the rows' fields. Raises
-    pa.ArrowInvalid/TypeError when a value does not fit its column's type."""
+    `<field>_json` text columns. Raises pa.ArrowInvalid/TypeError when a value does not fit its
+    column's type."""
     schema = ARROW_SCHEMAS[fmt]
     as_text = JSON_TEXT_COLUMNS[fmt]
     arrays = []
     for field in schema:
         name = field.name
         source = name[: -len("_json")] if name.endswith("_json") else None
-        if columns is not None and name in columns:
-            arrays.append(columns[name])
-            continue
         if source is not None and source in as_text:
             column: list[Any] = json_texts([r[source] for r in rows], redactor)
         else:
