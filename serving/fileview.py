@@ -123,8 +123,8 @@ def wrap(
     # Parents before children: a later bind of a parent would hide a child's bind.
     binds = sorted([(p, "--ro-bind") for p in visible] + [(writable, "--bind")],
                    key=lambda bind: len(bind[0].parts))  # fmt: skip
-    for path, how in binds:
-        args += [how, str(path), str(path)]
+    for folder, how in binds:
+        args += [how, str(folder), str(folder)]
     args += ["--chdir", str(writable), "--"]
     view.shown = [str(p) for p in visible]
     view.writable = str(writable)
