@@ -269,17 +269,13 @@ class SQLiteRunStore:
             " ORDER BY run_id, started_at, id"
         )
         out: dict[str, list[list[Any]]] = {}
-        unique = list(dict.fromkeys(run_ids))
-        for start in range(0, len(unique), self._IN_CHUNK):
-            chunk = unique[start : start + self._IN_CHUNK]
-            query = sql.format(",".join("?" * len(chunk)))
-            try:
-                rows = self._conn().execute(query, [*paths, *chunk]).fetchall()
-                values = orjson.loads("[" + ",".join([r[1] for r in rows]) + "]")
-            except (sqlite3.OperationalError, orjson.JSONDecodeError, TypeError) as exc:
-                raise StoreError(f"run store {self.path}: a stored body is not JSON") from exc
-            for (key, _), picked in zip(rows, values, strict=True):
-                out.setdefault(key, []).append(picked)
+        try:
+            for rows in self._chunked_rows(sql, run_ids, paths):
+                picks = self._json_array([r[1] for r in rows])
+                for (key, _), picked in zip(rows, picks, strict=True):
+                    out.setdefault(key, []).append(picked)
+        except sqlite3.OperationalError as exc:  # json_extract on a body that is not JSON
+            raise StoreError(f"run store {self.path}: a stored body is not JSON") from exc
         return out
 
     def review_fields(
@@ -300,18 +296,33 @@ class SQLiteRunStore:
         sql = f"SELECT json_extract(body, {marks}) FROM {table} ORDER BY {order}"
         try:
             rows = self._conn().execute(sql, list(paths)).fetchall()
-            picked: list[list[Any]] = orjson.loads("[" + ",".join([r[0] for r in rows]) + "]")
-        except (sqlite3.OperationalError, orjson.JSONDecodeError, TypeError) as exc:
+        except sqlite3.OperationalError as exc:
             raise StoreError(f"run store {self.path}: a stored body is not JSON") from exc
-        return picked
+        return self._json_array([r[0] for r in rows])
+
+    def _json_array(self, texts: list[str]) -> list[Any]:
+        """The JSON values `texts` (one per row, as SQLite wrote them), parsed in one call."""
+        try:
+            parsed: list[Any] = orjson.loads("[" + ",".join(texts) + "]")
+        except (orjson.JSONDecodeError, TypeError) as exc:
+            raise StoreError(f"run store {self.path}: a stored body is not JSON") from exc
+        return parsed
+
+    def _chunked_rows(
+        self, sql: str, keys: Sequence[str], params: Sequence[object] = ()
+    ) -> Iterator[list[Any]]:
+        """The rows of `sql` (its `IN ({})` filled with one chunk of the distinct `keys`, after
+        `params`), one chunk's rows at a time."""
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), self._IN_CHUNK):
+            chunk = unique[start : start + self._IN_CHUNK]
+            query = sql.format(",".join("?" * len(chunk)))
+            yield self._conn().execute(query, [*params, *chunk]).fetchall()
 
     def _grouped_bodies(self, sql: str, keys: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}
-        unique = list(dict.fromkeys(keys))
         loads = orjson.loads
-        for start in range(0, len(unique), self._IN_CHUNK):
-            chunk = unique[start : start + self._IN_CHUNK]
-            rows = self._conn().execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall()
+        for rows in self._chunked_rows(sql, keys):
             try:
                 for key, body in rows:
                     out.setdefault(key, []).append(loads(body))
@@ -327,10 +338,7 @@ class SQLiteRunStore:
         call on their JSON array, not one call per row."""
         adapter = _list_adapter(model)
         out: dict[str, list[R]] = {}
-        unique = list(dict.fromkeys(keys))
-        for start in range(0, len(unique), self._IN_CHUNK):
-            chunk = unique[start : start + self._IN_CHUNK]
-            rows = self._conn().execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall()
+        for rows in self._chunked_rows(sql, keys):
             try:
                 records = adapter.validate_json("[" + ",".join(r[1] for r in rows) + "]")
             except ValidationError as exc:
