@@ -20,9 +20,9 @@ The server runs as a process on this machine, in its own network namespace (loop
 SGLang code reaches neither the network nor the host's services; `serving/netns.py`), and every
 request goes through `Server.call`; the evidence's health table names the server's network
 (`server_network`: isolated, or host with the reason) and file view (`server_filesystem`:
-confined under bubblewrap, or host with the reason; `serving/fileview.py`). The arm's sandbox provides its patched
-workspace copy. Params (task.toml [params]): num_prompts,
-input_len, output_len, max_concurrency (0: all at once), request_rate (0: all at once), api,
+confined under bubblewrap, or host with the reason; `serving/fileview.py`). The arm's sandbox
+provides its patched workspace copy. Params (task.toml [params]): num_prompts, input_len,
+output_len, max_concurrency (0: all at once), request_rate (0: all at once), api,
 health_prompts, health_output_len, gate_prompts, gate_output_len, temperature.
 """
 
