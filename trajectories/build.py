@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -366,15 +367,18 @@ def _metrics(rec: StepRecord) -> dict[str, Any] | None:
     return metrics
 
 
-def token_totals(records: list[StepRecord]) -> dict[str, Any]:
-    def total(values: list[Any]) -> Any:
+def token_totals(steps: Sequence[StepRecord] | Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Tokens and cost summed over the steps (records, or their bodies as `rows` reads them):
+    `total_prompt_tokens`, `total_completion_tokens`, `total_cost_usd`; None where no step
+    has a value."""
+
+    def total(key: str) -> Any:
+        values = (s[key] if isinstance(s, dict) else getattr(s, key) for s in steps)
         present = [v for v in values if v is not None]
         return sum(present) if present else None
 
     return {
-        "total_prompt_tokens": total([s.prompt_tokens for s in records]),
-        "total_completion_tokens": total([s.completion_tokens for s in records]),
-        "total_cost_usd": total([s.cost_usd for s in records]),
+        f"total_{key}": total(key) for key in ("prompt_tokens", "completion_tokens", "cost_usd")
     }
 
 
@@ -404,7 +408,7 @@ def best_candidate(
         perf = e.result.evidence.performance
         return (proven(e), perf.speedup if perf else 0.0)
 
-    best = max(candidates, key=key, default=None) if candidates else None
+    best = max(candidates, key=key, default=None)
     perf = best.result.evidence.performance if best else None
     pool = [best] if best else experiments
     if scores:

@@ -30,6 +30,7 @@ from infra_agent.trajectories.build import (
     RunBundle,
     best_candidate,
     run_rewards,
+    token_totals,
 )
 from infra_agent.trajectories.formats import ExportFormat, specs_for_tools
 from infra_agent.trajectories.rewards import weighted_total
@@ -74,7 +75,7 @@ def run_row(bundle: RunBundle, fmt: ExportFormat, weights: dict[str, float]) -> 
     called: set[str] = set()
     messages, n_calls, has_assistant = _conversation(steps, called)
     facts = StepFacts(
-        len(steps), len(messages), n_calls, has_assistant, called, _token_totals(steps)
+        len(steps), len(messages), n_calls, has_assistant, called, token_totals(steps)
     )
     return row_of(bundle, fmt, weights, facts, messages)
 
@@ -177,20 +178,6 @@ def step_bodies(bundle: RunBundle) -> list[dict[str, Any]]:
     if bundle.step_bodies is not None:
         return bundle.step_bodies
     return [s.model_dump(mode="json", include=set(STEP_KEYS)) for s in bundle.steps]
-
-
-def _token_totals(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """`build.token_totals` of step bodies."""
-
-    def total(key: str) -> Any:
-        present = [v for s in steps if (v := s[key]) is not None]
-        return sum(present) if present else None
-
-    return {
-        "total_prompt_tokens": total("prompt_tokens"),
-        "total_completion_tokens": total("completion_tokens"),
-        "total_cost_usd": total("cost_usd"),
-    }
 
 
 def chat_messages(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:

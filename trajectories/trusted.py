@@ -83,27 +83,17 @@ class TrustedExperiment:
 
 def trusted_experiment(body: dict[str, Any]) -> ExperimentRecord:
     """The `TrustedExperiment` of a stored `ExperimentRecord` body (typed as the record it
-    stands for: only the attributes above may be read)."""
+    stands for: only the attributes above may be read): `picked_experiment` of the body's values
+    at `EXPERIMENT_PATHS`."""
     result = body["result"]
     evidence = result.get("evidence") or {}
-    perf, corr = evidence.get("performance"), evidence.get("correctness")
-    view = TrustedExperiment(
-        body["id"],
-        body["patch_id"],
-        _Result(
-            Verdict(result["verdict"]),
-            [Flag(f) for f in result.get("flags", ())],
-            _Evidence(
-                _Measured(perf["speedup"], perf["ci_low"], perf["ci_high"]) if perf else None,
-                _Checked(
-                    corr["passed"], corr.get("baseline_err_f64"), corr.get("candidate_err_f64")
-                )
-                if corr
-                else None,
-            ),
-        ),
-    )
-    return cast(ExperimentRecord, view)
+    perf = evidence.get("performance") or {}
+    corr = evidence.get("correctness") or {}
+    return picked_experiment(
+        [body["id"], body["patch_id"], result["verdict"], result.get("flags"),
+         perf.get("metric"), perf.get("speedup"), perf.get("ci_low"), perf.get("ci_high"),
+         corr.get("passed"), corr.get("baseline_err_f64"), corr.get("candidate_err_f64")]
+    )  # fmt: skip
 
 
 EXPERIMENT_PATHS = (
