@@ -77,8 +77,7 @@ class ChatColumns:
         if isinstance(steps, pa.ChunkedArray):  # over 2 GiB of text in one batch
             raise OverflowError("a batch's steps do not fit one Arrow array")
         n_runs, n = len(bundles), len(flat)
-        starts = np.zeros(n_runs + 1, dtype=np.int64)
-        np.cumsum(counts, out=starts[1:])
+        starts = offsets(counts)
         run_of = np.repeat(np.arange(n_runs), counts)
 
         role = pc.fill_null(pc.index_in(steps.field("role"), value_set=_ROLES), -1)
@@ -116,16 +115,18 @@ class ChatColumns:
 
         # Per-run step facts (`rows.StepFacts`), column-wise, as Python values.
         shown = code != _HARNESS
-        n_messages = _sums(shown, starts)
+        n_messages = per_run_sums(shown, starts)
         self._starts = starts.tolist()
         self._n_messages = n_messages.tolist()
-        self._n_calls = _sums(n_call, starts).tolist()
-        self._has_assistant = (_sums(is_asst, starts) > 0).tolist()
+        self._n_calls = per_run_sums(n_call, starts).tolist()
+        self._has_assistant = (per_run_sums(is_asst, starts) > 0).tolist()
         self._tokens = []
         for key in ("prompt_tokens", "completion_tokens"):
             col = steps.field(key)
-            sums = _sums(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), starts).tolist()
-            valid = _sums(col.is_valid().to_numpy(zero_copy_only=False), starts).tolist()
+            sums = per_run_sums(
+                pc.fill_null(col, 0).to_numpy(zero_copy_only=False), starts
+            ).tolist()
+            valid = per_run_sums(col.is_valid().to_numpy(zero_copy_only=False), starts).tolist()
             self._tokens.append((f"total_{key}", sums, valid))
         self._costs = steps.field("cost_usd").to_pylist()
         self._called: list[set[str]] = [set() for _ in range(n_runs)]
@@ -152,8 +153,7 @@ class ChatColumns:
             [call_ids, pa.repeat("function", len(flat_calls)), function],
             fields=list(MESSAGE_TYPE.field("tool_calls").type.value_type),
         )
-        call_offsets = np.zeros(n + 1, dtype=np.int32)
-        np.cumsum(n_call, out=call_offsets[1:])
+        call_offsets = offsets(n_call, np.int32)
         tool_calls = pa.ListArray.from_arrays(
             pa.array(call_offsets),
             call_values,
@@ -171,7 +171,7 @@ class ChatColumns:
             fields=list(MESSAGE_TYPE),
         )
         self._messages = messages.filter(pa.array(shown))
-        self._message_starts = np.concatenate([[0], np.cumsum(n_messages)])
+        self._message_starts = offsets(n_messages)
         m_asst = is_asst[shown]
         # Each run's first assistant message (the rl prompt/completion split), else its end.
         firsts = np.flatnonzero(m_asst)
@@ -222,7 +222,7 @@ class ChatColumns:
         slow = {i: _split(fmt, chat_messages(step_bodies(self.bundles[i])))
                 for i in kept if not self.simple[i]}  # fmt: skip
         for name, (lo, hi) in bounds.items():
-            column = _lists(self._messages, lo[fast], hi[fast], lists)
+            column = lists_of(self._messages, lo[fast], hi[fast], lists)
             if slow:
                 column = pa.concat_arrays(
                     [column, pa.array([m[name] for m in slow.values()], type=lists)]
@@ -241,23 +241,30 @@ def _split(fmt: ExportFormat, messages: list[dict[str, Any]]) -> dict[str, Any]:
     return {"prompt": messages[:at], "completion": messages[at:]}
 
 
-def _lists(values: pa.Array, lo: np.ndarray, hi: np.ndarray, type_: pa.DataType) -> pa.Array:
+def offsets(counts: np.ndarray, dtype: type = np.int64) -> np.ndarray:
+    """Where each group starts when groups of `counts` items lie end to end, and the total
+    last: [0, c0, c0+c1, ...] (Arrow list offsets, run delimiters)."""
+    out: np.ndarray = np.zeros(len(counts) + 1, dtype=dtype)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def lists_of(values: pa.Array, lo: np.ndarray, hi: np.ndarray, type_: pa.DataType) -> pa.Array:
     """The lists values[lo[k]:hi[k]], one per k."""
     lengths = hi - lo
-    offsets = np.zeros(len(lo) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
+    starts = offsets(lengths, np.int32)
     if len(lo) and np.array_equal(lo[1:], hi[:-1]):  # contiguous: no copy
-        taken = values.slice(int(lo[0]), int(offsets[-1]))
+        taken = values.slice(int(lo[0]), int(starts[-1]))
     else:
-        index = np.repeat(lo - offsets[:-1], lengths) + np.arange(offsets[-1])
+        index = np.repeat(lo - starts[:-1], lengths) + np.arange(starts[-1])
         taken = values.take(pa.array(index))
-    return pa.ListArray.from_arrays(pa.array(offsets), taken, type=type_)
+    return pa.ListArray.from_arrays(pa.array(starts), taken, type=type_)
 
 
-def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Per-run sums of per-step `values` (runs delimited by `starts`), exact for integers."""
-    total = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(values, out=total[1:])
+def per_run_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per-run sums of per-item `values` (runs delimited by `starts`), exact for integers and
+    booleans (a count)."""
+    total = offsets(values)
     return total[starts[1:]] - total[starts[:-1]]
 
 

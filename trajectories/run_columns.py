@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 
 from infra_agent.experiments.verdict import Flag, Verdict
-from infra_agent.trajectories.build import RunBundle
-from infra_agent.trajectories.chat_columns import ChatColumns
+from infra_agent.trajectories.build import RunBundle, best_candidate
+from infra_agent.trajectories.chat_columns import ChatColumns, lists_of, offsets, per_run_sums
 from infra_agent.trajectories.formats import ARROW_SCHEMAS, JSON_TEXT_COLUMNS, ExportFormat
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import (
@@ -50,8 +50,7 @@ class RunColumns:
         n_runs = len(bundles)
         experiments = [e for b in bundles for e in b.experiments]
         counts = np.fromiter((len(b.experiments) for b in bundles), np.int64, n_runs)
-        starts = np.zeros(n_runs + 1, dtype=np.int64)
-        np.cumsum(counts, out=starts[1:])
+        starts = offsets(counts)
         scores = [candidate_scores(e.result) for e in experiments]
         matrix = np.array([[s[name] for name in _CANDIDATE] for s in scores], dtype=np.float64)
         matrix = matrix.reshape(len(experiments), len(_CANDIDATE))
@@ -71,10 +70,7 @@ class RunColumns:
             [review_score(p, b.decisions.get(p.id, [])) for p in b.proposals] for b in bundles
         ]
         components[:, -1] = [sum(r) / len(r) if r else 0.0 for r in reviews]
-        total = np.zeros(n_runs)
-        for k, name in enumerate(COMPONENTS):  # `weighted_total`'s sum, in the same order
-            total = total + weights[name] * components[:, k]
-        self.reward = [round(t, 12) for t in total.tolist()]
+        self.reward = _weighted_totals(components, weights)
         self._components = components
 
         # Each proposal's components: its latest backing experiment's (of its run), plus review.
@@ -90,15 +86,11 @@ class RunColumns:
         picked = np.asarray(backing, dtype=np.int64)
         per_proposal[picked >= 0, :-1] = matrix[picked[picked >= 0]]
         per_proposal[:, -1] = [r for rs in reviews for r in rs]
-        p_total = np.zeros(len(backing))
-        for k, name in enumerate(COMPONENTS):
-            p_total = p_total + weights[name] * per_proposal[:, k]
-        self._proposal_reward = np.array([round(t, 12) for t in p_total.tolist()])
+        self._proposal_reward = _weighted_totals(per_proposal, weights)
         self._proposal_components = per_proposal
         p_counts = np.fromiter((len(b.proposals) for b in bundles), np.int64, n_runs)
-        self._proposal_starts = np.zeros(n_runs + 1, dtype=np.int64)
-        np.cumsum(p_counts, out=self._proposal_starts[1:])
-        self.suspicious = _count(flagged, starts)
+        self._proposal_starts = offsets(p_counts)
+        self.suspicious = per_run_sums(flagged, starts)
         self.n_experiments = counts
         # The accuracy outcome of runs without a proven candidate (`build.best_candidate`'s pool
         # is then every experiment), and which runs have one.
@@ -106,9 +98,9 @@ class RunColumns:
         improved = np.fromiter(
             (e.result.verdict is Verdict.IMPROVED for e in experiments), bool, len(experiments)
         )
-        self._failed = (_count(correctness < 0, starts) > 0).tolist()
-        self._passed = (_count(correctness > 0, starts) > 0).tolist()
-        self._has_candidate = (_count(improved & ~flagged, starts) > 0).tolist()
+        self._failed = (per_run_sums(correctness < 0, starts) > 0).tolist()
+        self._passed = (per_run_sums(correctness > 0, starts) > 0).tolist()
+        self._has_candidate = (per_run_sums(improved & ~flagged, starts) > 0).tolist()
         self.verdicts = [[e.result.verdict.value for e in by_patch(b)] for b in bundles]
 
     def table(self, fmt: ExportFormat, kept: list[int], redactor: Redactor | None) -> pa.Table:
@@ -187,53 +179,42 @@ class RunColumns:
             return None, None, None, "passed" if self._passed[i] else "not_measured"
         a, b = self._starts[i], self._starts[i + 1]
         experiments = self.bundles[i].experiments
-        scores = self._scores[a:b]
-        best, best_key, best_scores = None, None, None
-        for e, s in zip(experiments, scores, strict=True):
-            if e.result.verdict is not Verdict.IMPROVED or Flag.SUSPICIOUS in e.result.flags:
-                continue
-            perf = e.result.evidence.performance
-            key = (s["proven_improvement"], perf.speedup if perf else 0.0)
-            if best_key is None or key > best_key:
-                best, best_key, best_scores = e, key, s
-        assert best is not None and best_scores is not None  # the run has a proven candidate
-        correct = best_scores["correctness"]  # the pool of `best_candidate`'s accuracy: the best
-        outcome = "failed" if correct < 0 else "passed" if correct > 0 else "not_measured"
-        perf = best.result.evidence.performance
-        if perf is None:
-            return None, None, None, outcome
-        return perf.speedup, perf.ci_low, perf.ci_high, outcome
+        scores = {e.id: s for e, s in zip(experiments, self._scores[a:b], strict=True)}
+        best = best_candidate(experiments, scores)
+        return (
+            best["best_speedup"],
+            best["best_speedup_ci_low"],
+            best["best_speedup_ci_high"],
+            best["accuracy_outcome"],
+        )
 
     def _proposals(self, kept: list[int], type_: pa.ListType) -> pa.Array:
         """The kept runs' proposals with their rewards (`build.run_rewards`), a list per run."""
         lo, hi = self._proposal_starts[:-1][kept], self._proposal_starts[1:][kept]
-        lengths = hi - lo
-        offsets = np.zeros(len(kept) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        take = np.repeat(lo - offsets[:-1], lengths) + np.arange(offsets[-1])
-        chosen = [self._proposal_list[k] for k in take.tolist()]
-        item = type_.value_type
+        proposals, item = self._proposal_list, type_.value_type
         values = pa.StructArray.from_arrays(
             [
-                pa.array([p.id for p in chosen], pa.string()),
-                pa.array([p.patch_id for p in chosen], pa.string()),
-                pa.array([p.status.value for p in chosen], pa.string()),
-                pa.array(self._proposal_reward[take], pa.float64()),
+                pa.array([p.id for p in proposals], pa.string()),
+                pa.array([p.patch_id for p in proposals], pa.string()),
+                pa.array([p.status.value for p in proposals], pa.string()),
+                pa.array(self._proposal_reward, pa.float64()),
                 pa.StructArray.from_arrays(
-                    [pa.array(c) for c in self._proposal_components[take].T],
+                    [pa.array(c) for c in self._proposal_components.T],
                     fields=list(item.field("reward_components").type),
                 ),
             ],
             fields=list(item),
         )
-        return pa.ListArray.from_arrays(pa.array(offsets), values, type=type_)
+        return lists_of(values, lo, hi, type_)
 
 
-def _count(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Per run, how many of its experiments `mask` holds (runs delimited by `starts`)."""
-    total = np.zeros(len(mask) + 1, dtype=np.int64)
-    np.cumsum(mask, out=total[1:])
-    return total[starts[1:]] - total[starts[:-1]]
+def _weighted_totals(components: np.ndarray, weights: dict[str, float]) -> list[float]:
+    """`rewards.weighted_total` of each row of `components` (columns in `COMPONENTS` order):
+    the same float operations, in the same order, and the same rounding."""
+    total = np.zeros(len(components))
+    for k, name in enumerate(COMPONENTS):
+        total = total + weights[name] * components[:, k]
+    return [round(t, 12) for t in total.tolist()]
 
 
 def _per_run(values: np.ndarray, starts: np.ndarray, how: str) -> np.ndarray:
