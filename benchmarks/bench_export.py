@@ -62,7 +62,7 @@ from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
 from infra_agent.trajectories.rows import run_row
 from infra_agent.trajectories.run_columns import RunColumns
-from infra_agent.trajectories.trusted import TrustedReview
+from infra_agent.trajectories.trusted import TrustedReview, load_trusted_runs
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
 VERDICTS = [
@@ -171,11 +171,16 @@ def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str,
         review = run("read store", lambda: TrustedReview(store))  # as the export reads them
         for start in range(0, len(runs), BATCH_ROWS):
             chunk = runs[start : start + BATCH_ROWS]
+            # As `export._Producer.batch` reads them: the steps as the store's columns.
+            steps = run(
+                "read store",
+                lambda: store.step_columns_of_runs([r.id for r in chunk]),  # noqa: B023
+            )
             bundles = run(
                 "read store",
-                lambda: load_row_runs(store, chunk, review),  # noqa: B023
+                lambda: load_trusted_runs(store, chunk, review, steps=False),  # noqa: B023
             )
-            chat = run("step columns", lambda: ChatColumns(bundles))  # noqa: B023
+            chat = run("step columns", lambda: ChatColumns(bundles, steps))  # noqa: B023
             columns = run(
                 "per-run columns",
                 lambda: RunColumns(bundles, chat, weights),  # noqa: B023
@@ -305,6 +310,8 @@ def main() -> None:
         else:
             print("store: reused", end=" ")
         print(f"({db.stat().st_size / 1e6:.0f} MB, {db})")
+        _, t_open, _ = timed(lambda: open_store(db).close())  # adds columns to an older store
+        print(f"store opened for writing in {t_open:.1f} s (schema migration, if any)")
         store = open_store(db, readonly=True)
         redactor = Redactor.from_environment()
         plain_cpu: dict[ExportFormat, float] = {}

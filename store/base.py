@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from infra_agent.store.columns import StepColumns
 from infra_agent.store.records import (
     DecisionRecord,
     ExperimentRecord,
@@ -82,6 +83,22 @@ class TrustedBodies(Protocol):
     def experiment_bodies_of_runs(
         self, run_ids: Sequence[str]
     ) -> dict[str, list[dict[str, Any]]]: ...
+
+
+@runtime_checkable
+class ExportColumns(Protocol):
+    """Optional bulk reads of the fields exports read, kept by the store as typed columns
+    (`store.columns`). Each returns None when the store cannot (a file that predates them)."""
+
+    def step_columns_of_runs(self, run_ids: Sequence[str]) -> StepColumns | None:
+        """The steps of `run_ids` (distinct) as one Arrow struct array, runs in that order."""
+        ...
+
+    def experiment_columns_of_runs(
+        self, run_ids: Sequence[str]
+    ) -> dict[str, list[list[Any]]] | None:
+        """`BodyFields.experiment_fields_of_runs(run_ids, store.columns.EXPERIMENT_FIELDS)`."""
+        ...
 
 
 @runtime_checkable

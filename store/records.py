@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from infra_agent.experiments.verdict import ExperimentResult
 
-STORE_SCHEMA_VERSION = 1
+STORE_SCHEMA_VERSION = 2
 
 
 def now() -> datetime:

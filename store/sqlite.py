@@ -18,6 +18,8 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from infra_agent.errors import StoreError
+from infra_agent.store import columns
+from infra_agent.store.columns import COLUMNS_SCHEMA_VERSION, StepColumnReader, StepColumns
 from infra_agent.store.records import (
     STORE_SCHEMA_VERSION,
     DecisionRecord,
@@ -65,6 +67,15 @@ CREATE TRIGGER IF NOT EXISTS decisions_append_only_d BEFORE DELETE ON decisions
 """
 
 
+_EXPERIMENT_INSERT = (
+    "INSERT OR REPLACE INTO experiments (id, run_id, started_at, body, "
+    + ", ".join(c for c, _, _ in columns.EXPERIMENT_COLUMNS)
+    + ") VALUES (?, ?, ?, ?, "
+    + ", ".join("?" for _ in columns.EXPERIMENT_COLUMNS)
+    + ")"
+)
+
+
 class SQLiteRunStore:
     """Run store in one SQLite file. Safe for one writer and concurrent readers (WAL)."""
 
@@ -98,6 +109,7 @@ class SQLiteRunStore:
 
     def _check_and_migrate(self, conn: sqlite3.Connection, readonly: bool) -> None:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        version = 0
         if "meta" in tables:
             row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             version = int(row[0]) if row else 0
@@ -112,15 +124,23 @@ class SQLiteRunStore:
             # An empty file (a writer is creating it right now) or another program's database.
             raise StoreError(f"run store {self.path}: not an initialised infra-agent database")
         if readonly:
+            self.has_columns = version >= COLUMNS_SCHEMA_VERSION
             return
         with self.transaction():
             for statement in _SCHEMA.split(";\n"):
                 if statement.strip():
                     conn.execute(statement)
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                (str(STORE_SCHEMA_VERSION),),
+            conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1')")
+            version = int(
+                conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
             )
+            if version < COLUMNS_SCHEMA_VERSION:  # an older file: add the export columns
+                for statement in columns.migration():
+                    conn.execute(statement)
+            conn.execute(
+                "UPDATE meta SET value=? WHERE key='schema_version'", (str(STORE_SCHEMA_VERSION),)
+            )
+        self.has_columns = True
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -147,6 +167,10 @@ class SQLiteRunStore:
         if conn is not None:
             conn.close()
             self._local.conn = None
+        reader = getattr(self._local, "columns", None)
+        if reader is not None:
+            reader.close()
+            self._local.columns = None
 
     # -- helpers ----------------------------------------------------------------------------
     def _load(self, model: type[R], body: str) -> R:
@@ -203,10 +227,13 @@ class SQLiteRunStore:
                 "SELECT COALESCE(MAX(seq), -1) FROM steps WHERE run_id=?", (step.run_id,)
             ).fetchone()
             stored = step.model_copy(update={"seq": int(row[0]) + 1})
+            body = self._body(stored)
+            fields = orjson.loads(body)  # the columns hold the body's (redacted) values
             conn.execute(
-                "INSERT INTO steps (run_id, seq, body) VALUES (?, ?, ?)",
-                (stored.run_id, stored.seq, self._body(stored)),
+                columns.STEP_INSERT,
+                (stored.run_id, stored.seq, body, *columns.step_values(fields)),
             )
+            conn.executemany(columns.CALL_INSERT, columns.call_rows(fields))
         return stored
 
     def steps(self, run_id: str) -> list[StepRecord]:
@@ -276,6 +303,31 @@ class SQLiteRunStore:
                     out.setdefault(key, []).append(picked)
         except sqlite3.OperationalError as exc:  # json_extract on a body that is not JSON
             raise StoreError(f"run store {self.path}: a stored body is not JSON") from exc
+        return out
+
+    def step_columns_of_runs(self, run_ids: Sequence[str]) -> StepColumns | None:
+        """The steps of `run_ids` (distinct) as Arrow columns (`columns.StepColumns`), runs in
+        that order; None when this file predates the export columns (a read-only opener of an
+        older store) or ADBC's SQLite driver is not installed."""
+        if not self.has_columns or not StepColumnReader.available():
+            return None
+        reader = getattr(self._local, "columns", None)
+        if reader is None:
+            reader = self._local.columns = StepColumnReader(self.path)
+        return reader.read(run_ids)
+
+    def experiment_columns_of_runs(
+        self, run_ids: Sequence[str]
+    ) -> dict[str, list[list[Any]]] | None:
+        """`experiment_fields_of_runs(run_ids, columns.EXPERIMENT_FIELDS)` from the experiments'
+        export columns (no JSON to parse); None when this file predates them."""
+        if not self.has_columns:
+            return None
+        out: dict[str, list[list[Any]]] = {}
+        picks = columns.experiment_picks
+        for rows in self._chunked_rows(columns.EXPERIMENT_SELECT, run_ids):
+            for row in rows:
+                out.setdefault(row[0], []).append(picks(row))
         return out
 
     def review_fields(
@@ -360,13 +412,15 @@ class SQLiteRunStore:
         return self._one(PatchRecord, "SELECT body FROM patches WHERE id=?", (patch_id,))
 
     def put_experiment(self, experiment: ExperimentRecord) -> None:
+        body = self._body(experiment)
         self._write(
-            "INSERT OR REPLACE INTO experiments (id, run_id, started_at, body) VALUES (?, ?, ?, ?)",
+            _EXPERIMENT_INSERT,
             (
                 experiment.id,
                 experiment.run_id,
                 experiment.started_at.isoformat(),
-                self._body(experiment),
+                body,
+                *columns.experiment_values(orjson.loads(body)),
             ),
         )
 

@@ -24,30 +24,18 @@ conversion of the bodies, 20 us for the rest (benchmarks/bench_export.py prints 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from infra_agent.store.columns import StepColumns, step_type
 from infra_agent.trajectories.build import RunBundle
 from infra_agent.trajectories.formats import MESSAGE_TYPE, ExportFormat, specs_for_tools
 from infra_agent.trajectories.rows import chat_messages, step_bodies
 
-_CALL = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
-STEP_TYPE = pa.struct(
-    [
-        ("role", pa.string()),
-        ("content", pa.string()),
-        ("reasoning_content", pa.string()),
-        ("tool_calls", pa.list_(_CALL)),
-        ("tool_call_id", pa.string()),
-        ("error", pa.string()),
-        ("prompt_tokens", pa.int64()),
-        ("completion_tokens", pa.int64()),
-        ("cost_usd", pa.float64()),
-    ]
-)
+STEP_TYPE = step_type()
 """The fields of a step body (`StepRecord`'s JSON shape) the chat rows read."""
 
 _ROLES = pa.array(["system", "user", "assistant", "tool", "harness"])
@@ -68,15 +56,21 @@ class ChatColumns:
     `step_metrics(kept)`, `skip(i)` and `tools(i)` give what the rows read of the steps;
     `message_columns(fmt, kept)` the message columns of the kept runs' rows, in `kept` order."""
 
-    def __init__(self, bundles: list[RunBundle]) -> None:
+    def __init__(self, bundles: list[RunBundle], columns: StepColumns | None = None) -> None:
+        """`columns`: the bundles' steps as the store keeps them (`store.columns`), else they
+        are read from the bundles' step bodies (one Arrow conversion)."""
         self.bundles = bundles
-        bodies = [step_bodies(b) for b in bundles]
-        counts = np.fromiter((len(s) for s in bodies), dtype=np.int64, count=len(bodies))
-        flat = [step for steps in bodies for step in steps]
-        steps = pa.array(flat, type=STEP_TYPE)
-        if isinstance(steps, pa.ChunkedArray):  # over 2 GiB of text in one batch
-            raise OverflowError("a batch's steps do not fit one Arrow array")
-        n_runs, n = len(bundles), len(flat)
+        if columns is None:
+            bodies = [step_bodies(b) for b in bundles]
+            counts = np.fromiter((len(s) for s in bodies), dtype=np.int64, count=len(bodies))
+            flat = [step for steps in bodies for step in steps]
+            steps = pa.array(flat, type=STEP_TYPE)
+            if isinstance(steps, pa.ChunkedArray):  # over 2 GiB of text in one batch
+                raise OverflowError("a batch's steps do not fit one Arrow array")
+        else:
+            steps, counts = columns.steps, columns.counts
+        self._steps = steps
+        n_runs, n = len(bundles), len(steps)
         starts = offsets(counts)
         run_of = np.repeat(np.arange(n_runs), counts)
 
@@ -197,6 +191,11 @@ class ChatColumns:
         out["total_cost_usd"] = totals
         return out
 
+    def bodies(self, i: int) -> list[dict[str, Any]]:
+        """Run i's steps as step bodies (`rows.step_bodies`)."""
+        lo, hi = self._starts[i], self._starts[i + 1]
+        return cast(list[dict[str, Any]], self._steps.slice(lo, hi - lo).to_pylist())
+
     def skip(self, i: int) -> str | None:
         """Why run i forms no chat row (`rows.RunRow.skip`), None when it does."""
         if self._starts[i + 1] == self._starts[i]:
@@ -219,8 +218,7 @@ class ChatColumns:
             bounds = {"prompt": (starts[:-1], split), "completion": (split, starts[1:])}
         out = {}
         fast = [i for i in kept if self.simple[i]]
-        slow = {i: _split(fmt, chat_messages(step_bodies(self.bundles[i])))
-                for i in kept if not self.simple[i]}  # fmt: skip
+        slow = {i: _split(fmt, chat_messages(self.bodies(i))) for i in kept if not self.simple[i]}
         for name, (lo, hi) in bounds.items():
             column = lists_of(self._messages, lo[fast], hi[fast], lists)
             if slow:

@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import Verdict
 from infra_agent.store import open_store
-from infra_agent.store.base import BodyFields, RunStore, TrustedBodies
+from infra_agent.store.base import BodyFields, ExportColumns, RunStore, TrustedBodies
 from infra_agent.store.records import RunRecord
 from infra_agent.trajectories.atif import VerdictCounts
 from infra_agent.trajectories.build import (
@@ -179,6 +179,11 @@ class _Producer:
         atif = self.fmt is ExportFormat.ATIF
         if atif:
             return self._trajectories(load_runs(store, admitted, review))
+        if self.parquet and self.trusted_bodies and isinstance(store, ExportColumns):
+            steps = store.step_columns_of_runs([run.id for run in admitted])
+            if steps is not None:  # the store keeps the steps as columns: read them so
+                bundles = load_trusted_runs(store, admitted, review, steps=False)
+                return self._columns(ChatColumns(bundles, steps)) if bundles else _Batch()
         return self._rows(load_row_runs(store, admitted, review, trusted=self.trusted_bodies))
 
     def _rows(self, bundles: list[RunBundle]) -> _Batch:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from infra_agent.experiments.verdict import Flag, Verdict
-from infra_agent.store.base import BodyFields, RunStore, TrustedBodies
+from infra_agent.store.base import BodyFields, ExportColumns, RunStore, TrustedBodies
+from infra_agent.store.columns import EXPERIMENT_FIELDS
 from infra_agent.store.records import (
     DecisionAction,
     DecisionRecord,
@@ -96,19 +97,7 @@ def trusted_experiment(body: dict[str, Any]) -> ExperimentRecord:
     )  # fmt: skip
 
 
-EXPERIMENT_PATHS = (
-    "$.id",
-    "$.patch_id",
-    "$.result.verdict",
-    "$.result.flags",
-    "$.result.evidence.performance.metric",  # a required field: set iff there is performance
-    "$.result.evidence.performance.speedup",
-    "$.result.evidence.performance.ci_low",
-    "$.result.evidence.performance.ci_high",
-    "$.result.evidence.correctness.passed",  # required: set iff there is correctness
-    "$.result.evidence.correctness.baseline_err_f64",
-    "$.result.evidence.correctness.candidate_err_f64",
-)
+EXPERIMENT_PATHS = EXPERIMENT_FIELDS
 """What `TrustedExperiment` reads of a stored experiment body (`store.base.BodyFields`)."""
 
 
@@ -183,20 +172,16 @@ class TrustedReview(ReviewIndex):
 
 
 def load_trusted_runs(
-    store: RunStore, runs: list[RunRecord], review: ReviewIndex
+    store: RunStore, runs: list[RunRecord], review: ReviewIndex, *, steps: bool = True
 ) -> list[RunBundle]:
     """`build.load_runs(store, runs, review, patches=False)` from the store's trusted bodies
     (`store.base.TrustedBodies`): the same rows come out of `rows.run_row`. `store` must offer
-    `TrustedBodies`."""
+    `TrustedBodies`. With `steps=False` the bundles carry no steps at all (`step_bodies` None):
+    for callers that read them as columns (`store.base.ExportColumns`)."""
     bodies = cast(TrustedBodies, store)
     ids = [run.id for run in runs]
-    steps = bodies.step_bodies_of_runs(ids)
-    if isinstance(store, BodyFields):  # only the fields the rows read, picked by the database
-        picked = store.experiment_fields_of_runs(ids, EXPERIMENT_PATHS)
-        experiments = {k: [picked_experiment(v) for v in vs] for k, vs in picked.items()}
-    else:
-        whole = bodies.experiment_bodies_of_runs(ids)
-        experiments = {k: [trusted_experiment(b) for b in bs] for k, bs in whole.items()}
+    step_bodies = bodies.step_bodies_of_runs(ids) if steps else {}
+    experiments = _experiments(store, ids)
     bundles = []
     for run in runs:
         proposals = list(review.proposals.get(run.id, []))
@@ -209,7 +194,21 @@ def load_trusted_runs(
                 experiments=run_experiments,
                 proposals=proposals,
                 decisions={p.id: list(review.decisions.get(p.id, [])) for p in proposals},
-                step_bodies=steps.get(run.id, []),
+                step_bodies=step_bodies.get(run.id, []) if steps else None,
             )
         )
     return bundles
+
+
+def _experiments(store: RunStore, ids: list[str]) -> dict[str, list[ExperimentRecord]]:
+    """The `TrustedExperiment` views of the runs' experiments: from the store's export columns,
+    else the fields it picks out of the bodies, else the whole bodies."""
+    picked = None
+    if isinstance(store, ExportColumns):
+        picked = store.experiment_columns_of_runs(ids)
+    if picked is None and isinstance(store, BodyFields):
+        picked = store.experiment_fields_of_runs(ids, EXPERIMENT_PATHS)
+    if picked is not None:
+        return {k: [picked_experiment(v) for v in vs] for k, vs in picked.items()}
+    whole = cast(TrustedBodies, store).experiment_bodies_of_runs(ids)
+    return {k: [trusted_experiment(b) for b in bs] for k, bs in whole.items()}
