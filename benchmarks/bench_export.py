@@ -3,7 +3,8 @@
 For rl/parquet and openai-sft/parquet, prints side by side (interleaved, best of 3) rows/s of
 
 - the full export (store -> rows -> redacted, validated Parquet file), as `infra-agent export`
-  runs it (the store's trusted JSON bodies, messages built column-wise by `chat_columns`), and
+  runs it (steps read as the store's export columns through ADBC, `store.columns`; messages
+  built column-wise by `chat_columns`), and
   the same from validated records row by row (the reference path, `trusted_bodies=False`: the
   benchmark asserts both files are the same bytes);
 - our row writer alone on the exported rows (redaction, typed Arrow columns, column checks, zstd);

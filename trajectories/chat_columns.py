@@ -1,9 +1,10 @@
 """The chat messages of a batch of runs as Arrow columns: the Parquet export's fast path.
 
 `rows.run_row` builds each run's conversation as Python dicts, one step at a time, and Arrow then
-converts them back, value by value. Here a whole batch's step bodies (the store's parsed JSON,
-`trusted.load_trusted_runs`) become one Arrow struct array in a single conversion, and the ATIF
-mapping of `rows._conversation` is done column-wise (numpy, Arrow compute): no Python code runs
+converts them back, value by value. Here a whole batch's steps are one Arrow struct array
+(`STEP_TYPE`): read as such from the store's export columns (`store.columns.StepColumns`), or
+converted in one call from the store's parsed step bodies (`trusted.load_trusted_runs`), and
+the ATIF mapping of `rows._conversation` is done column-wise (numpy, Arrow compute): no Python code runs
 per step or per message.
 
 Column-wise is exact for runs in the *simple* shape, the common one: every tool result answers a
@@ -18,8 +19,9 @@ byte).
 
 The rest of each row (rewards, metrics, proposals) is `run_columns.RunColumns`', with the step
 facts computed here column-wise (message and call counts, token totals, names of the tools
-called). Costs, per run of 11 steps on a shared 2-core machine: about 20 us for the Arrow
-conversion of the bodies, 20 us for the rest (benchmarks/bench_export.py prints the phases).
+called). Costs, per run of 11 steps on a shared 2-core machine: about 20 us for the mapping,
+plus about 20 us to convert step bodies when the steps are not read as columns
+(benchmarks/bench_export.py prints the phases).
 """
 
 from __future__ import annotations

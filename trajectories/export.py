@@ -3,8 +3,9 @@
 Runs are read in the store's creation order (created_at, then id) and handled in batches, so the
 same store and filters always produce the same bytes. `openai-sft` and `rl` rows are made from
 the store records directly (`rows.run_row`, on the store's trusted JSON bodies when it offers
-them: `trusted.load_trusted_runs`); as Parquet from trusted bodies, a batch's table is built
-column-wise instead (`chat_columns.ChatColumns`: one Arrow conversion of the batch's step bodies,
+them: `trusted.load_trusted_runs`); as Parquet, a batch's table is built column-wise instead
+(`chat_columns.ChatColumns`: the batch's steps as one Arrow array, read from the store's export
+columns through ADBC where it keeps them (`store.columns`), else converted from the step bodies;
 the conversation mapped with numpy and Arrow compute, Python only for runs not in the simple
 shape; `run_columns.RunColumns`: rewards, metrics and proposals from arrays), the same table
 either way. `atif` rows are the validated `Trajectory` records.
