@@ -16,7 +16,7 @@ A store written by an older infra-agent gains the columns (filled from the bodie
 transaction) the first time a writer opens it; read-only openers of an older file see
 `has_columns` False and exports fall back to the bodies.
 
-`StepColumnReader` reads the step columns of many runs straight into one Arrow struct array
+`ColumnReader` reads the step (and experiment) columns of many runs straight into one Arrow struct array
 (`STEP_TYPE`) through ADBC's SQLite driver (`adbc-driver-sqlite`): no Python object per value,
 about a third of the cost of the same query through `sqlite3`. ADBC infers a column's type from
 its first rows, so nullable columns are read as non-null values plus an `IS NULL` flag and their
@@ -140,25 +140,20 @@ def experiment_values(body: dict[str, Any]) -> list[Any]:
     ]  # fmt: skip
 
 
-EXPERIMENT_SELECT = (
-    "SELECT run_id, id, "
-    + ", ".join(c for c, _, _ in EXPERIMENT_COLUMNS)
-    + " FROM experiments WHERE run_id IN ({}) ORDER BY run_id, started_at, id"
+_TYPED = {"TEXT": "''", "INTEGER": "0", "REAL": "0.0"}
+"""A non-null value of each SQL type: the first row of a column query (see `_STEP_QUERY`)."""
+_EXPERIMENT_QUERY = (
+    "SELECT -1, '', '', '', "
+    + ", ".join(_TYPED[kind] for _, _, kind in EXPERIMENT_COLUMNS)
+    + " UNION ALL SELECT j.key, e.started_at, e.id, e.id, "
+    + ", ".join(f"e.{c}" for c, _, _ in EXPERIMENT_COLUMNS)
+    + " FROM json_each(?) j JOIN experiments e ON e.run_id = j.value ORDER BY 1, 2, 3"
 )
-_PASSED = 1 + EXPERIMENT_FIELDS.index("$.result.evidence.correctness.passed")
-_FLAGS = 1 + EXPERIMENT_FIELDS.index("$.result.flags")
-
-
-def experiment_picks(row: Sequence[Any]) -> list[Any]:
-    """An `EXPERIMENT_SELECT` row (run_id first) as the values at `EXPERIMENT_FIELDS`, as
-    `json_extract` of the body would give them (flags parsed, passed a bool)."""
-    import orjson
-
-    values = list(row[1:])
-    flags, passed = row[_FLAGS], row[_PASSED]
-    values[_FLAGS - 1] = orjson.loads(flags) if flags is not None else []
-    values[_PASSED - 1] = bool(passed) if passed is not None else None
-    return values
+"""The experiments of the runs in a JSON array, in its order, each run's in
+`experiments_of_runs` order (started_at, then id), after a row of types; the id twice (the
+first for the order, the second is `EXPERIMENT_FIELDS`' first)."""
+_PASSED = EXPERIMENT_FIELDS.index("$.result.evidence.correctness.passed")
+_FLAGS = EXPERIMENT_FIELDS.index("$.result.flags")
 
 
 @dataclass
@@ -171,7 +166,6 @@ class StepColumns:
     """Steps per run (int64), in the runs' order."""
 
 
-_TYPED = {"TEXT": "''", "INTEGER": "0", "REAL": "0.0"}
 _STEP_QUERY = (
     "SELECT -1, -1, "
     + ", ".join(_TYPED[kind] for _, kind in STEP_COLUMNS)
@@ -209,8 +203,8 @@ def step_type() -> pa.StructType:
     )
 
 
-class StepColumnReader:
-    """Reads the step columns of a store file through ADBC (one connection, opened lazily)."""
+class ColumnReader:
+    """Reads the export columns of a store file through ADBC (one connection, opened lazily)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -226,33 +220,57 @@ class StepColumnReader:
             return False
         return True
 
-    def read(self, run_ids: Sequence[str]) -> StepColumns:
-        """The steps of `run_ids` (distinct ids), in that order, each run's in seq order."""
+    def _tables(self, run_ids: Sequence[str], *queries: str) -> list[pa.Table]:
+        """The results of `queries` (each with one parameter: `run_ids` as a JSON array), in one
+        read transaction: one snapshot of the file."""
         import json
 
-        import numpy as np
-        import pyarrow as pa
+        from adbc_driver_manager import Error as AdbcError
 
         if self._conn is None:
             import adbc_driver_sqlite.dbapi
 
             self._conn = adbc_driver_sqlite.dbapi.connect(str(self.path))
         ids = json.dumps(list(run_ids))
-        from adbc_driver_manager import Error as AdbcError
-
-        try:  # both queries in one read transaction: one snapshot of the file
+        tables = []
+        try:
             with self._conn.cursor() as cursor:
                 cursor.adbc_statement.set_options(**_BATCH_ROWS)
-                cursor.execute(_STEP_QUERY, (ids,))
-                rows = cursor.fetch_arrow_table().slice(1)  # the row of types
-                cursor.execute(_CALL_QUERY, (ids,))
-                calls = cursor.fetch_arrow_table()
+                for query in queries:
+                    cursor.execute(query, (ids,))
+                    tables.append(cursor.fetch_arrow_table())
         except AdbcError as exc:
             raise StoreError(
-                f"run store {self.path}: cannot read its step columns ({exc})"
+                f"run store {self.path}: cannot read its export columns ({exc})"
             ) from exc
         finally:
             self._conn.rollback()  # let go of the snapshot (and of the WAL it pins)
+        return tables
+
+    def experiments(self, run_ids: Sequence[str]) -> dict[str, list[list[Any]]]:
+        """Run id -> per experiment of the run (started_at, then id), the values at
+        `EXPERIMENT_FIELDS` of its body, as `json_extract` would give them (flags a list,
+        passed a bool, None where absent)."""
+        import orjson
+
+        (table,) = self._tables(run_ids, _EXPERIMENT_QUERY)
+        table = table.slice(1)  # the row of types
+        keys = table.column(0).to_pylist()
+        values = [table.column(k).to_pylist() for k in range(3, table.num_columns)]
+        values[_FLAGS] = [orjson.loads(f) if f is not None else [] for f in values[_FLAGS]]
+        values[_PASSED] = [bool(p) if p is not None else None for p in values[_PASSED]]
+        out: dict[str, list[list[Any]]] = {}
+        for key, picked in zip(keys, zip(*values, strict=True), strict=True):
+            out.setdefault(run_ids[key], []).append(list(picked))
+        return out
+
+    def steps(self, run_ids: Sequence[str]) -> StepColumns:
+        """The steps of `run_ids` (distinct ids), in that order, each run's in seq order."""
+        import numpy as np
+        import pyarrow as pa
+
+        rows, calls = self._tables(run_ids, _STEP_QUERY, _CALL_QUERY)
+        rows = rows.slice(1)  # the row of types
         kind = step_type()
         if rows.num_rows == 0:
             return StepColumns(pa.array([], type=kind), np.zeros(len(run_ids), np.int64))

@@ -12,14 +12,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from infra_agent.errors import StoreError
 from infra_agent.store import columns
-from infra_agent.store.columns import COLUMNS_SCHEMA_VERSION, StepColumnReader, StepColumns
+from infra_agent.store.columns import COLUMNS_SCHEMA_VERSION, ColumnReader, StepColumns
 from infra_agent.store.records import (
     STORE_SCHEMA_VERSION,
     DecisionRecord,
@@ -316,26 +316,25 @@ class SQLiteRunStore:
         """The steps of `run_ids` (distinct) as Arrow columns (`columns.StepColumns`), runs in
         that order; None when this file predates the export columns (a read-only opener of an
         older store) or ADBC's SQLite driver is not installed."""
-        if not self.has_columns or not StepColumnReader.available():
-            return None
-        reader = getattr(self._local, "columns", None)
-        if reader is None:
-            reader = self._local.columns = StepColumnReader(self.path)
-        return reader.read(run_ids)
+        reader = self._column_reader()
+        return reader.steps(run_ids) if reader is not None else None
 
     def experiment_columns_of_runs(
         self, run_ids: Sequence[str]
     ) -> dict[str, list[list[Any]]] | None:
         """`experiment_fields_of_runs(run_ids, columns.EXPERIMENT_FIELDS)` from the experiments'
-        export columns (no JSON to parse); None when this file predates them."""
-        if not self.has_columns:
+        export columns (no JSON to parse), for distinct `run_ids`; None as for
+        `step_columns_of_runs`."""
+        reader = self._column_reader()
+        return reader.experiments(run_ids) if reader is not None else None
+
+    def _column_reader(self) -> ColumnReader | None:
+        if not self.has_columns or not ColumnReader.available():
             return None
-        out: dict[str, list[list[Any]]] = {}
-        picks = columns.experiment_picks
-        for rows in self._chunked_rows(columns.EXPERIMENT_SELECT, run_ids):
-            for row in rows:
-                out.setdefault(row[0], []).append(picks(row))
-        return out
+        reader = getattr(self._local, "columns", None)
+        if reader is None:
+            reader = self._local.columns = ColumnReader(self.path)
+        return cast(ColumnReader, reader)
 
     def review_fields(
         self, proposal_paths: Sequence[str], decision_paths: Sequence[str]

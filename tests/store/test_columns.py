@@ -157,6 +157,9 @@ def test_types_hold_when_the_first_runs_have_no_optional_values(tmp_path: Path) 
     assert columns is not None and columns.steps.type == STEP_TYPE
     assert columns.steps.equals(_bodies_as_columns(store, ids))
     assert columns.steps.field("error").null_count < len(columns.steps)
+    assert store.experiment_columns_of_runs(ids) == store.experiment_fields_of_runs(
+        ids, EXPERIMENT_FIELDS
+    )
     store.close()
 
 
