@@ -100,6 +100,10 @@ class ExportColumns(Protocol):
         """`BodyFields.experiment_fields_of_runs(run_ids, store.columns.EXPERIMENT_FIELDS)`."""
         ...
 
+    def review_columns(self) -> tuple[list[list[Any]], list[list[Any]]] | None:
+        """`BodyFields.review_fields(store.columns.PROPOSAL_FIELDS, ...DECISION_FIELDS)`."""
+        ...
+
 
 @runtime_checkable
 class BodyFields(Protocol):

@@ -10,7 +10,9 @@ written with the body (from the same redacted JSON, so the two always agree):
   completion_tokens, cost_usd, and n_calls; each tool call is a row of `step_calls` (run_id, seq,
   idx, id, name, arguments), arguments as the model wrote them;
 - `experiments`: patch_id, verdict, flags (JSON text, NULL when there are none), metric,
-  speedup, ci_low, ci_high, passed, baseline_err_f64, candidate_err_f64.
+  speedup, ci_low, ci_high, passed, baseline_err_f64, candidate_err_f64;
+- `proposals`: patch_id, patch_hash, experiment_ids (JSON text); `decisions`: action,
+  patch_hash (beside the id, run, status and proposal columns they always had).
 
 A store written by an older infra-agent gains the columns (filled from the bodies, in one
 transaction) the first time a writer opens it; read-only openers of an older file see
@@ -71,6 +73,25 @@ EXPERIMENT_FIELDS = ("$.id", *(path for _, path, _ in EXPERIMENT_COLUMNS))
 body: the id, then `EXPERIMENT_COLUMNS` in order."""
 
 
+PROPOSAL_COLUMNS = (
+    ("patch_id", "$.patch_id"),
+    ("patch_hash", "$.patch_hash"),
+    ("experiment_ids", "$.experiment_ids"),
+)
+DECISION_COLUMNS = (("action", "$.action"), ("patch_hash", "$.patch_hash"))
+PROPOSAL_FIELDS = ("$.id", "$.run_id", "$.patch_id", "$.patch_hash", "$.experiment_ids", "$.status")
+"""What `SQLiteRunStore.review_columns` gives per proposal, as JSON paths of its body."""
+DECISION_FIELDS = ("$.proposal_id", "$.action", "$.patch_hash")
+"""What `SQLiteRunStore.review_columns` gives per decision, as JSON paths of its body."""
+REVIEW_QUERIES = (
+    "SELECT id, run_id, patch_id, patch_hash, experiment_ids, status FROM proposals"
+    " ORDER BY created_at, id",
+    "SELECT proposal_id, action, patch_hash FROM decisions ORDER BY created_at, id",
+)
+"""`PROPOSAL_FIELDS` of every proposal and `DECISION_FIELDS` of every decision, from the
+columns (experiment_ids as JSON text)."""
+
+
 def migration() -> list[str]:
     """The statements that add the export columns to a version-1 store and fill them from the
     bodies (run inside the opener's transaction)."""
@@ -80,7 +101,20 @@ def migration() -> list[str]:
     fill_experiments = ", ".join(
         f"{c} = json_extract(body, '{p}')" for c, p, _ in EXPERIMENT_COLUMNS if c != "flags"
     )
+    review = [
+        *(f"ALTER TABLE proposals ADD COLUMN {c} TEXT" for c, _ in PROPOSAL_COLUMNS),
+        "UPDATE proposals SET "
+        + ", ".join(f"{c} = json_extract(body, '{p}')" for c, p in PROPOSAL_COLUMNS),
+        *(f"ALTER TABLE decisions ADD COLUMN {c} TEXT" for c, _ in DECISION_COLUMNS),
+    ]
+    fill_decisions = ", ".join(f"{c} = json_extract(body, '{p}')" for c, p in DECISION_COLUMNS)
     return [
+        *review,
+        # Decisions are append-only (triggers refuse UPDATE): fill them with the trigger away.
+        "DROP TRIGGER IF EXISTS decisions_append_only_u",
+        f"UPDATE decisions SET {fill_decisions}",
+        "CREATE TRIGGER decisions_append_only_u BEFORE UPDATE ON decisions"
+        " BEGIN SELECT RAISE(ABORT, 'decisions are append-only'); END",
         *steps,
         "ALTER TABLE steps ADD COLUMN n_calls INTEGER NOT NULL DEFAULT 0",
         f"UPDATE steps SET {fill_steps}, "
@@ -108,6 +142,18 @@ STEP_INSERT = (
 CALL_INSERT = (
     "INSERT INTO step_calls (run_id, seq, idx, id, name, arguments) VALUES (?, ?, ?, ?, ?, ?)"
 )
+
+
+def proposal_values(body: dict[str, Any]) -> list[Any]:
+    """A stored proposal body's `PROPOSAL_COLUMNS` values (experiment_ids as JSON text)."""
+    import orjson
+
+    return [body["patch_id"], body["patch_hash"], orjson.dumps(body["experiment_ids"]).decode()]
+
+
+def decision_values(body: dict[str, Any]) -> list[Any]:
+    """A stored decision body's `DECISION_COLUMNS` values."""
+    return [body["action"], body["patch_hash"]]
 
 
 def step_values(body: dict[str, Any]) -> list[Any]:

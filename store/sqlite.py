@@ -336,6 +336,19 @@ class SQLiteRunStore:
             reader = self._local.columns = ColumnReader(self.path)
         return cast(ColumnReader, reader)
 
+    def review_columns(self) -> tuple[list[list[Any]], list[list[Any]]] | None:
+        """`review_fields(columns.PROPOSAL_FIELDS, columns.DECISION_FIELDS)` from the
+        proposals' and decisions' export columns; None when this file predates them."""
+        if not self.has_columns:
+            return None
+        conn = self._conn()
+        proposals_sql, decisions_sql = columns.REVIEW_QUERIES
+        proposals = [list(r) for r in conn.execute(proposals_sql).fetchall()]
+        ids = self._json_array([p[4] for p in proposals])
+        for proposal, experiment_ids in zip(proposals, ids, strict=True):
+            proposal[4] = experiment_ids
+        return proposals, [list(r) for r in conn.execute(decisions_sql).fetchall()]
+
     def review_fields(
         self, proposal_paths: Sequence[str], decision_paths: Sequence[str]
     ) -> tuple[list[list[Any]], list[list[Any]]]:
@@ -465,13 +478,15 @@ class SQLiteRunStore:
     def put_proposal(self, proposal: ProposalRecord) -> None:
         proposal.updated_at = now()
         self._write(
-            "INSERT OR REPLACE INTO proposals (id, run_id, status, created_at, body) VALUES (?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO proposals (id, run_id, status, created_at, body, patch_id,"
+            " patch_hash, experiment_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 proposal.id,
                 proposal.run_id,
                 proposal.status.value,
                 proposal.created_at.isoformat(),
-                self._body(proposal),
+                body := self._body(proposal),
+                *columns.proposal_values(orjson.loads(body)),
             ),
         )
 
@@ -503,12 +518,14 @@ class SQLiteRunStore:
 
     def add_decision(self, decision: DecisionRecord) -> None:
         self._write(
-            "INSERT INTO decisions (id, proposal_id, created_at, body) VALUES (?, ?, ?, ?)",
+            "INSERT INTO decisions (id, proposal_id, created_at, body, action, patch_hash)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
             (
                 decision.id,
                 decision.proposal_id,
                 decision.created_at.isoformat(),
-                self._body(decision),
+                body := self._body(decision),
+                *columns.decision_values(orjson.loads(body)),
             ),
         )
 

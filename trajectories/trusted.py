@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.store.base import BodyFields, ExportColumns, RunStore, TrustedBodies
-from infra_agent.store.columns import EXPERIMENT_FIELDS
+from infra_agent.store.columns import DECISION_FIELDS, EXPERIMENT_FIELDS, PROPOSAL_FIELDS
 from infra_agent.store.records import (
     DecisionAction,
     DecisionRecord,
@@ -123,8 +123,8 @@ def picked_experiment(values: list[Any]) -> ExperimentRecord:
     return cast(ExperimentRecord, view)
 
 
-PROPOSAL_PATHS = ("$.id", "$.run_id", "$.patch_id", "$.patch_hash", "$.experiment_ids", "$.status")
-DECISION_PATHS = ("$.proposal_id", "$.action", "$.patch_hash")
+PROPOSAL_PATHS = PROPOSAL_FIELDS
+DECISION_PATHS = DECISION_FIELDS
 
 
 @dataclass(slots=True)
@@ -151,11 +151,15 @@ class TrustedDecision:
 
 class TrustedReview(ReviewIndex):
     """`build.ReviewIndex` with proposals and decisions as `TrustedProposal` / `TrustedDecision`
-    views of the bodies' fields, picked by the store (`store.base.BodyFields.review_fields`):
-    for the chat and RL rows only (`load_trusted_runs`), which read no other field."""
+    views of the bodies' fields, read from the store's export columns
+    (`store.base.ExportColumns.review_columns`) or picked out of its bodies
+    (`store.base.BodyFields.review_fields`): for the chat and RL rows only (`load_trusted_runs`), which read no other field."""
 
     def __init__(self, store: BodyFields) -> None:
-        proposals, decisions = store.review_fields(PROPOSAL_PATHS, DECISION_PATHS)
+        picked = store.review_columns() if isinstance(store, ExportColumns) else None
+        if picked is None:
+            picked = store.review_fields(PROPOSAL_PATHS, DECISION_PATHS)
+        proposals, decisions = picked
         status = {s.value: s for s in ProposalStatus}
         action = {a.value: a for a in DecisionAction}
         self.proposals = defaultdict(list)

@@ -19,11 +19,19 @@ from infra_agent.experiments.verdict import (
     Verdict,
 )
 from infra_agent.store import open_store, sqlite
-from infra_agent.store.columns import EXPERIMENT_FIELDS, step_type
+from infra_agent.store.columns import (
+    DECISION_FIELDS,
+    EXPERIMENT_FIELDS,
+    PROPOSAL_FIELDS,
+    step_type,
+)
 from infra_agent.store.records import (
+    DecisionAction,
+    DecisionRecord,
     ExperimentRecord,
     PatchKind,
     PatchRecord,
+    ProposalRecord,
     RunRecord,
     StepRecord,
     ToolCall,
@@ -103,7 +111,15 @@ def _populate(path: Path, n: int, plain_first: int = 0) -> list[str]:
             for step in _steps(run.id, i):
                 store.add_step(step)
             store.put_patch(PatchRecord(id=f"p{i}", kind=PatchKind.KNOBS, knobs={"k": i}))
-            store.put_experiment(_experiment(run, i))
+            experiment = _experiment(run, i)
+            store.put_experiment(experiment)
+            if i % 2:
+                proposal = ProposalRecord(run_id=run.id, task=run.task, patch_id=f"p{i}",
+                                          patch_hash=f"h{i}", experiment_ids=[experiment.id])  # fmt: skip
+                store.put_proposal(proposal)
+                for action in [DecisionAction.APPROVE, DecisionAction.REJECT][: i % 3]:
+                    store.add_decision(DecisionRecord(proposal_id=proposal.id, reviewer="r",
+                                                      patch_hash=f"h{i}", action=action))  # fmt: skip
     store.close()
     return ids
 
@@ -142,6 +158,8 @@ def test_step_and_experiment_columns_equal_the_bodies(tmp_path: Path) -> None:
     assert store.experiment_columns_of_runs(ids) == store.experiment_fields_of_runs(
         ids, EXPERIMENT_FIELDS
     )
+    assert store.review_columns() == store.review_fields(PROPOSAL_FIELDS, DECISION_FIELDS)
+    assert len(store.review_columns()[1]) > 0  # type: ignore[index]
     empty = store.step_columns_of_runs(["no-such-run"])
     assert empty is not None and len(empty.steps) == 0 and empty.counts.tolist() == [0]
     store.close()
@@ -170,6 +188,8 @@ def test_an_older_store_gains_the_columns_when_a_writer_opens_it(tmp_path: Path)
     assert isinstance(reader, sqlite.SQLiteRunStore) and not reader.has_columns
     assert reader.step_columns_of_runs(ids) is None
     assert reader.experiment_columns_of_runs(ids) is None
+    assert reader.review_columns() is None
+    reader_fields = reader.review_fields(PROPOSAL_FIELDS, DECISION_FIELDS)
     # Exports of the older file read the bodies instead: the same bytes.
     redactor = Redactor([])
     old_out, new_out = tmp_path / "old.parquet", tmp_path / "new.parquet"
@@ -187,8 +207,13 @@ def test_an_older_store_gains_the_columns_when_a_writer_opens_it(tmp_path: Path)
     assert migrated.steps.equals(native.steps)
     assert migrated.counts.tolist() == native.counts.tolist()
     assert writer.experiment_columns_of_runs(ids) == new.experiment_columns_of_runs(ids)  # type: ignore[attr-defined]
-    version = sqlite3.connect(tmp_path / "old.db").execute("SELECT value FROM meta").fetchone()
-    assert version == ("2",)
+    assert writer.review_columns() == new.review_columns()  # type: ignore[attr-defined]
+    assert reader_fields == writer.review_fields(PROPOSAL_FIELDS, DECISION_FIELDS)
+    conn = sqlite3.connect(tmp_path / "old.db")
+    assert conn.execute("SELECT value FROM meta").fetchone() == ("2",)
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):  # still append-only
+        conn.execute("UPDATE decisions SET action = 'approve'")
+    conn.close()
     writer.close()
     new.close()
 
