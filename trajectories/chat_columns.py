@@ -125,6 +125,7 @@ class ChatColumns:
             valid = per_run_sums(col.is_valid().to_numpy(zero_copy_only=False), starts).tolist()
             self._tokens.append((f"total_{key}", sums, valid))
         self._costs = steps.field("cost_usd").to_pylist()
+        self._specs: dict[frozenset[str], list[dict[str, Any]]] = {}
         self._called: list[set[str]] = [set() for _ in range(n_runs)]
         for r, name in zip(
             run_of[call_step].tolist(), flat_calls.field("name").to_pylist(), strict=True
@@ -205,8 +206,16 @@ class ChatColumns:
         return None if self._has_assistant[i] else "no assistant message"
 
     def tools(self, i: int) -> list[dict[str, Any]]:
-        """The tool specs of run i's row (`formats.specs_for_tools`)."""
-        return specs_for_tools(self.bundles[i].run.config.get("tools"), self._called[i])
+        """The tool specs of run i's row (`formats.specs_for_tools`). Runs that recorded no
+        tools and called the same ones share one list (the writer encodes it once)."""
+        recorded = self.bundles[i].run.config.get("tools")
+        if recorded is not None:
+            return specs_for_tools(recorded, self._called[i])
+        called = frozenset(self._called[i])
+        specs = self._specs.get(called)
+        if specs is None:
+            specs = self._specs[called] = specs_for_tools(None, self._called[i])
+        return specs
 
     def message_columns(self, fmt: ExportFormat, kept: list[int]) -> dict[str, pa.Array]:
         """The message columns (`messages`, or `prompt` and `completion`) of the rows of runs
