@@ -213,19 +213,22 @@ class StepColumns:
 
 
 _STEP_QUERY = (
-    "SELECT -1, -1, "
+    "SELECT -1 AS k, -1 AS seq, "
     + ", ".join(_TYPED[kind] for _, kind in STEP_COLUMNS)
     + ", 0 UNION ALL SELECT j.key, s.seq, "
     + ", ".join(f"s.{name}" for name, _ in STEP_COLUMNS)
-    + ", s.n_calls FROM json_each(?) j JOIN steps s ON s.run_id = j.value ORDER BY 1, 2"
+    + ", s.n_calls FROM json_each(?) j JOIN steps s ON s.run_id = j.value"
 )
-"""The steps of the runs in a JSON array, in its order, after one row of non-null values of
-each column's type: ADBC infers a column's type from the first rows it reads, and a column of
-NULLs there (no step of the first runs had an error) would be read as integers."""
+"""The steps of the runs in a JSON array, after one row of non-null values of each column's
+type: ADBC infers a column's type from the first rows it reads, and a column of NULLs there (no
+step of the first runs had an error) would be read as integers. No ORDER BY: SQLite's plan
+(the array's elements in order, each run's steps by the primary key) gives the runs' order
+without sorting every row's text (about 15% of the query); `_in_order` checks it."""
 _CALL_QUERY = (
-    "SELECT c.id, c.name, c.arguments FROM json_each(?) j JOIN step_calls c"
-    " ON c.run_id = j.value ORDER BY j.key, c.seq, c.idx"
+    "SELECT j.key, c.seq, c.idx, c.id, c.name, c.arguments FROM json_each(?) j"
+    " JOIN step_calls c ON c.run_id = j.value"
 )
+"""The tool calls of the runs in a JSON array (run, step, then call order: `_in_order`)."""
 _BATCH_ROWS = {"adbc.sqlite.query.batch_rows": "8192"}
 
 
@@ -247,6 +250,23 @@ def step_type() -> pa.StructType:
             ("cost_usd", pa.float64()),
         ]
     )
+
+
+def _in_order(table: pa.Table, n_keys: int) -> pa.Table:
+    """`table` sorted by its first `n_keys` (integer) columns: as it is when they already
+    increase (the query plan's order), else sorted here (any other plan)."""
+    import numpy as np
+
+    if table.num_rows < 2:
+        return table
+    keys = np.stack([table.column(k).to_numpy() for k in range(n_keys)], axis=1)
+    step = np.diff(keys, axis=0)
+    # Lexicographic increase: the first non-zero difference of each pair of rows is positive.
+    first = np.argmax(step != 0, axis=1)
+    if (step[np.arange(len(step)), first] > 0).all():
+        return table
+    names = table.column_names[:n_keys]
+    return table.sort_by([(name, "ascending") for name in names])
 
 
 class ColumnReader:
@@ -316,7 +336,9 @@ class ColumnReader:
         import pyarrow as pa
 
         rows, calls = self._tables(run_ids, _STEP_QUERY, _CALL_QUERY)
-        rows = rows.slice(1)  # the row of types
+        rows = _in_order(rows, 2)
+        rows = rows.slice(1)  # the row of types (key -1: first)
+        calls = _in_order(calls, 3).drop_columns(calls.column_names[:3])
         kind = step_type()
         if rows.num_rows == 0:
             return StepColumns(pa.array([], type=kind), np.zeros(len(run_ids), np.int64))

@@ -23,6 +23,7 @@ from infra_agent.store.columns import (
     DECISION_FIELDS,
     EXPERIMENT_FIELDS,
     PROPOSAL_FIELDS,
+    _in_order,
     step_type,
 )
 from infra_agent.store.records import (
@@ -240,3 +241,12 @@ def test_a_store_whose_calls_disagree_with_its_steps_is_refused(tmp_path: Path) 
     with pytest.raises(Exception, match="step_calls disagree with steps.n_calls"):
         store.step_columns_of_runs(ids)  # type: ignore[attr-defined]
     store.close()
+
+
+def test_rows_in_another_order_are_sorted() -> None:
+    table = pa.table(
+        {"k": [0, 1, 0, -1, 1], "seq": [1, 0, 0, -1, 1], "v": ["b", "c", "a", "", "d"]}
+    )
+    assert _in_order(table, 2).column("v").to_pylist() == ["", "a", "b", "c", "d"]
+    ordered = _in_order(table, 2)
+    assert _in_order(ordered, 2) is ordered  # already in order: kept as it is
