@@ -76,7 +76,9 @@ VERDICTS = [
 
 
 def populate(db: Path, n: int) -> None:
-    """N runs of 12 messages (4 tool calls), 2 experiments, 1 proposal with a decision each."""
+    """N runs of 12 messages (4 tool calls), 2 experiments, 1 proposal with a decision each.
+    The system prompt is the same in every run; the other texts differ from run to run (batch
+    redaction gates each distinct string once, so repeated texts would flatter it)."""
     store = open_store(db)
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     with store.transaction():
@@ -88,21 +90,21 @@ def populate(db: Path, n: int) -> None:
             store.add_step(
                 StepRecord(run_id=run.id, role="system", content="You are an infra engineer. " * 20)
             )
-            store.add_step(
-                StepRecord(run_id=run.id, role="user", content=f"Make task-{i % 7} faster.")
-            )
-            for k in range(4):
+            store.add_step(StepRecord(run_id=run.id, role="user",
+                                      content=f"Make task-{i % 7} faster (ticket {i})."))  # fmt: skip
+            for k in range(4):  # text differs from run to run, as a real agent's does
                 args = json.dumps(
-                    {"patch": f"p{k}.diff", "knobs": {"batch": 2**k, "mode": ["a", "b"][k % 2]}}
+                    {"patch": f"p{i}-{k}.diff", "knobs": {"batch": 2**k, "mode": ["a", "b"][k % 2]}}
                 )
+                log = "".join(f"[{i}.{k}.{j}] step {(i * 31 + j) % 997} us\n" for j in range(24))
                 store.add_step(StepRecord(
-                    run_id=run.id, role="assistant", content=f"Step {k}: trying a change.",
-                    reasoning_content="The profile shows the norm recomputed per split. " * 5,
+                    run_id=run.id, role="assistant", content=f"Step {k} of run {i}: batch {2**k}.",
+                    reasoning_content=f"Run {i}: the norm is recomputed per split ({i % 89} us). " * 4,
                     tool_calls=[ToolCall(id=f"c{k}", name="run_experiment", arguments=args)],
                     prompt_tokens=1000 + 200 * k, completion_tokens=80, cost_usd=0.001,
                 ))  # fmt: skip
                 store.add_step(StepRecord(run_id=run.id, role="tool", tool_call_id=f"c{k}", name="run_experiment",
-                                          content="IMPROVED speedup 1.4x (95% CI 1.3-1.5)\n" + "log line\n" * 30))  # fmt: skip
+                                          content=f"IMPROVED speedup 1.{(i + k) % 9}x\n" + log))  # fmt: skip
             store.add_step(StepRecord(run_id=run.id, role="assistant", content="Done."))
             exp_ids = []
             for k in range(2):

@@ -84,12 +84,16 @@ PROPOSAL_FIELDS = ("$.id", "$.run_id", "$.patch_id", "$.patch_hash", "$.experime
 DECISION_FIELDS = ("$.proposal_id", "$.action", "$.patch_hash")
 """What `SQLiteRunStore.review_columns` gives per decision, as JSON paths of its body."""
 REVIEW_QUERIES = (
-    "SELECT id, run_id, patch_id, patch_hash, experiment_ids, status FROM proposals"
-    " ORDER BY created_at, id",
-    "SELECT proposal_id, action, patch_hash FROM decisions ORDER BY created_at, id",
+    "SELECT '' AS created_at, '' AS id, '' AS run_id, '' AS patch_id, '' AS patch_hash,"
+    " '' AS experiment_ids, '' AS status UNION ALL SELECT created_at, id, run_id, patch_id,"
+    " patch_hash, experiment_ids, status FROM proposals ORDER BY 1, 2",
+    "SELECT '' AS created_at, '' AS id, '' AS proposal_id, '' AS action, '' AS patch_hash"
+    " UNION ALL SELECT created_at, id, proposal_id, action, patch_hash FROM decisions"
+    " ORDER BY 1, 2",
 )
-"""`PROPOSAL_FIELDS` of every proposal and `DECISION_FIELDS` of every decision, from the
-columns (experiment_ids as JSON text)."""
+"""Every proposal and every decision (created_at, then id), each after a row of types (see
+`_STEP_QUERY`): created_at, then `PROPOSAL_FIELDS` / id and `DECISION_FIELDS`, from the columns
+(experiment_ids as JSON text)."""
 
 
 def migration() -> list[str]:
@@ -252,6 +256,11 @@ def step_type() -> pa.StructType:
     )
 
 
+def _array(column: pa.ChunkedArray) -> pa.Array:
+    """A query result's column as one array (no copy when it came as one batch)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def _in_order(table: pa.Table, n_keys: int) -> pa.Table:
     """`table` sorted by its first `n_keys` (integer) columns: as it is when they already
     increase (the query plan's order), else sorted here (any other plan)."""
@@ -286,9 +295,9 @@ class ColumnReader:
             return False
         return True
 
-    def _tables(self, run_ids: Sequence[str], *queries: str) -> list[pa.Table]:
-        """The results of `queries` (each with one parameter: `run_ids` as a JSON array), in one
-        read transaction: one snapshot of the file."""
+    def _tables(self, run_ids: Sequence[str] | None, *queries: str) -> list[pa.Table]:
+        """The results of `queries` (each with one parameter, `run_ids` as a JSON array, unless
+        None), in one read transaction: one snapshot of the file."""
         import json
 
         from adbc_driver_manager import Error as AdbcError
@@ -297,13 +306,13 @@ class ColumnReader:
             import adbc_driver_sqlite.dbapi
 
             self._conn = adbc_driver_sqlite.dbapi.connect(str(self.path))
-        ids = json.dumps(list(run_ids))
+        params = (json.dumps(list(run_ids)),) if run_ids is not None else None
         tables = []
         try:
             with self._conn.cursor() as cursor:
                 cursor.adbc_statement.set_options(**_BATCH_ROWS)
                 for query in queries:
-                    cursor.execute(query, (ids,))
+                    cursor.execute(query, params)
                     tables.append(cursor.fetch_arrow_table())
         except AdbcError as exc:
             raise StoreError(
@@ -330,6 +339,23 @@ class ColumnReader:
             out.setdefault(run_ids[key], []).append(list(picked))
         return out
 
+    def review(self) -> tuple[list[list[Any]], list[list[Any]]]:
+        """`PROPOSAL_FIELDS` of every proposal, `DECISION_FIELDS` of every decision (each in
+        created_at, then id order), as `json_extract` of the bodies would give them."""
+        import orjson
+
+        proposals, decisions = self._tables(None, *REVIEW_QUERIES)
+        fields = []
+        for table, first in ((proposals, 1), (decisions, 2)):  # past created_at (and id)
+            fields.append(
+                [table.column(k).to_pylist()[1:] for k in range(first, table.num_columns)]
+            )
+        experiment_ids = PROPOSAL_FIELDS.index("$.experiment_ids")
+        texts = fields[0][experiment_ids]
+        fields[0][experiment_ids] = orjson.loads("[" + ",".join(texts) + "]")  # one parse
+        proposals_out = [list(v) for v in zip(*fields[0], strict=True)]
+        return proposals_out, [list(v) for v in zip(*fields[1], strict=True)]
+
     def steps(self, run_ids: Sequence[str]) -> StepColumns:
         """The steps of `run_ids` (distinct ids), in that order, each run's in seq order."""
         import numpy as np
@@ -337,12 +363,11 @@ class ColumnReader:
 
         rows, calls = self._tables(run_ids, _STEP_QUERY, _CALL_QUERY)
         rows = _in_order(rows, 2)
-        rows = rows.slice(1)  # the row of types (key -1: first)
         calls = _in_order(calls, 3).drop_columns(calls.column_names[:3])
         kind = step_type()
-        if rows.num_rows == 0:
+        if rows.num_rows == 1:  # the row of types alone
             return StepColumns(pa.array([], type=kind), np.zeros(len(run_ids), np.int64))
-        columns = [c.combine_chunks() for c in rows.columns]
+        columns = [_array(c).slice(1) for c in rows.columns]  # after the row of types
         run_index = columns[0].to_numpy()
         counts = np.bincount(run_index, minlength=len(run_ids)).astype(np.int64)
         fields = {
@@ -357,7 +382,7 @@ class ColumnReader:
         call_fields = list(call_type.value_type)
         if calls.num_rows:
             values = pa.StructArray.from_arrays(
-                [c.combine_chunks().cast(pa.string()) for c in calls.columns], fields=call_fields
+                [_array(c).cast(pa.string()) for c in calls.columns], fields=call_fields
             )
         else:
             values = pa.array([], type=call_type.value_type)

@@ -338,16 +338,9 @@ class SQLiteRunStore:
 
     def review_columns(self) -> tuple[list[list[Any]], list[list[Any]]] | None:
         """`review_fields(columns.PROPOSAL_FIELDS, columns.DECISION_FIELDS)` from the
-        proposals' and decisions' export columns; None when this file predates them."""
-        if not self.has_columns:
-            return None
-        conn = self._conn()
-        proposals_sql, decisions_sql = columns.REVIEW_QUERIES
-        proposals = [list(r) for r in conn.execute(proposals_sql).fetchall()]
-        ids = self._json_array([p[4] for p in proposals])
-        for proposal, experiment_ids in zip(proposals, ids, strict=True):
-            proposal[4] = experiment_ids
-        return proposals, [list(r) for r in conn.execute(decisions_sql).fetchall()]
+        proposals' and decisions' export columns; None as for `step_columns_of_runs`."""
+        reader = self._column_reader()
+        return reader.review() if reader is not None else None
 
     def review_fields(
         self, proposal_paths: Sequence[str], decision_paths: Sequence[str]
