@@ -56,7 +56,9 @@ def test_reference_fix_improves_consistently_and_is_recorded(tmp_path: Path) -> 
 
 def test_a_a_gives_no_change(pytask) -> None:
     """Baseline against itself, 20 measurements with the real workers, sampling and decision:
-    at least 19 must be NO_CHANGE."""
+    at least 17 must be NO_CHANGE. The decision rule's A/A false-positive rate measured on a
+    loaded 2-core machine is 1-3% (benchmarks/bench_feedback_bench.py prints it); at 3%, three or
+    more of 20 happen 2% of the time, while a rule that ignores noise fails this every time."""
     task = pytask(min_samples=6, max_samples=10, measure_budget_s=1.0)
     harness = load_harness(task, task.manifest.params)
     arms = ArmSet(call_timeout_s=10)
@@ -79,7 +81,7 @@ def test_a_a_gives_no_change(pytask) -> None:
             verdicts.append(decide(m, task.manifest)[0])
     finally:
         arms.close()
-    assert verdicts.count(Verdict.NO_CHANGE) >= 19, verdicts
+    assert verdicts.count(Verdict.NO_CHANGE) >= 17, verdicts
 
 
 def _empty_effect_patch():  # -> Patch
@@ -110,7 +112,7 @@ def test_a_a_on_a_torch_task_twenty_times() -> None:
     task, patch = _empty_effect_patch()
     verdicts = [run_experiment(task, patch).result.verdict for _ in range(20)]
     print("A/A example-matmul:", {v.value: verdicts.count(v) for v in set(verdicts)})
-    assert verdicts.count(Verdict.NO_CHANGE) >= 19, verdicts
+    assert verdicts.count(Verdict.NO_CHANGE) >= 17, verdicts
 
 
 def synthetic(base: list[float], cand: list[float], **extra: list[float]) -> Measurement:
