@@ -18,11 +18,11 @@ A store written by an older infra-agent gains the columns (filled from the bodie
 transaction) the first time a writer opens it; read-only openers of an older file see
 `has_columns` False and exports fall back to the bodies.
 
-`ColumnReader` reads the step (and experiment) columns of many runs straight into one Arrow struct array
-(`STEP_TYPE`) through ADBC's SQLite driver (`adbc-driver-sqlite`): no Python object per value,
-about a third of the cost of the same query through `sqlite3`. ADBC infers a column's type from
-its first rows, so nullable columns are read as non-null values plus an `IS NULL` flag and their
-validity is rebuilt here.
+`ColumnReader` reads these columns for many runs straight into Arrow through ADBC's SQLite
+driver (`adbc-driver-sqlite`): no Python object per value, about a third of the cost of the same
+query through `sqlite3`; a batch's steps become one struct array (`step_type`). ADBC infers a
+column's type from the first rows it reads, so each query (but the calls', whose columns are
+never NULL) starts with a row of non-null values of every column's type, dropped here.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ EXPERIMENT_COLUMNS = (
 EXPERIMENT_FIELDS = ("$.id", *(path for _, path, _ in EXPERIMENT_COLUMNS))
 """What `SQLiteRunStore.experiment_columns_of_runs` gives per experiment, as JSON paths of its
 body: the id, then `EXPERIMENT_COLUMNS` in order."""
+_PASSED = EXPERIMENT_FIELDS.index("$.result.evidence.correctness.passed")
+_FLAGS = EXPERIMENT_FIELDS.index("$.result.flags")
 
 
 PROPOSAL_COLUMNS = (
@@ -173,21 +175,37 @@ def call_rows(body: dict[str, Any]) -> list[tuple[Any, ...]]:
     ]
 
 
-def experiment_values(body: dict[str, Any]) -> list[Any]:
-    """A stored experiment body's `EXPERIMENT_COLUMNS` values (flags as JSON text, None when
-    there are none)."""
-    import orjson
-
+def experiment_fields(body: dict[str, Any]) -> list[Any]:
+    """A stored experiment body's values at `EXPERIMENT_FIELDS` (None where absent)."""
     result = body["result"]
     evidence = result.get("evidence") or {}
     perf = evidence.get("performance") or {}
     corr = evidence.get("correctness") or {}
-    flags = result.get("flags")
     return [
-        body["patch_id"], result["verdict"], orjson.dumps(flags).decode() if flags else None,
+        body["id"], body["patch_id"], result["verdict"], result.get("flags"),
         perf.get("metric"), perf.get("speedup"), perf.get("ci_low"), perf.get("ci_high"),
         corr.get("passed"), corr.get("baseline_err_f64"), corr.get("candidate_err_f64"),
     ]  # fmt: skip
+
+
+def experiment_values(body: dict[str, Any]) -> list[Any]:
+    """A stored experiment body's `EXPERIMENT_COLUMNS` values (`experiment_fields` but the id;
+    flags as JSON text, None when there are none)."""
+    import orjson
+
+    values = experiment_fields(body)[1:]
+    flags = values[_FLAGS - 1]
+    values[_FLAGS - 1] = orjson.dumps(flags).decode() if flags else None
+    return values
+
+
+EXPERIMENT_INSERT = (
+    "INSERT OR REPLACE INTO experiments (id, run_id, started_at, body, "
+    + ", ".join(c for c, _, _ in EXPERIMENT_COLUMNS)
+    + ") VALUES (?, ?, ?, ?, "
+    + ", ".join("?" for _ in EXPERIMENT_COLUMNS)
+    + ")"
+)
 
 
 _TYPED = {"TEXT": "''", "INTEGER": "0", "REAL": "0.0"}
@@ -202,8 +220,6 @@ _EXPERIMENT_QUERY = (
 """The experiments of the runs in a JSON array, in its order, each run's in
 `experiments_of_runs` order (started_at, then id), after a row of types; the id twice (the
 first for the order, the second is `EXPERIMENT_FIELDS`' first)."""
-_PASSED = EXPERIMENT_FIELDS.index("$.result.evidence.correctness.passed")
-_FLAGS = EXPERIMENT_FIELDS.index("$.result.flags")
 
 
 @dataclass

@@ -67,15 +67,6 @@ CREATE TRIGGER IF NOT EXISTS decisions_append_only_d BEFORE DELETE ON decisions
 """
 
 
-_EXPERIMENT_INSERT = (
-    "INSERT OR REPLACE INTO experiments (id, run_id, started_at, body, "
-    + ", ".join(c for c, _, _ in columns.EXPERIMENT_COLUMNS)
-    + ") VALUES (?, ?, ?, ?, "
-    + ", ".join("?" for _ in columns.EXPERIMENT_COLUMNS)
-    + ")"
-)
-
-
 class SQLiteRunStore:
     """Run store in one SQLite file. Safe for one writer and concurrent readers (WAL)."""
 
@@ -426,7 +417,7 @@ class SQLiteRunStore:
     def put_experiment(self, experiment: ExperimentRecord) -> None:
         body = self._body(experiment)
         self._write(
-            _EXPERIMENT_INSERT,
+            columns.EXPERIMENT_INSERT,
             (
                 experiment.id,
                 experiment.run_id,

@@ -26,7 +26,12 @@ from typing import Any, cast
 
 from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.store.base import BodyFields, ExportColumns, RunStore, TrustedBodies
-from infra_agent.store.columns import DECISION_FIELDS, EXPERIMENT_FIELDS, PROPOSAL_FIELDS
+from infra_agent.store.columns import (
+    DECISION_FIELDS,
+    EXPERIMENT_FIELDS,
+    PROPOSAL_FIELDS,
+    experiment_fields,
+)
 from infra_agent.store.records import (
     DecisionAction,
     DecisionRecord,
@@ -86,15 +91,7 @@ def trusted_experiment(body: dict[str, Any]) -> ExperimentRecord:
     """The `TrustedExperiment` of a stored `ExperimentRecord` body (typed as the record it
     stands for: only the attributes above may be read): `picked_experiment` of the body's values
     at `EXPERIMENT_PATHS`."""
-    result = body["result"]
-    evidence = result.get("evidence") or {}
-    perf = evidence.get("performance") or {}
-    corr = evidence.get("correctness") or {}
-    return picked_experiment(
-        [body["id"], body["patch_id"], result["verdict"], result.get("flags"),
-         perf.get("metric"), perf.get("speedup"), perf.get("ci_low"), perf.get("ci_high"),
-         corr.get("passed"), corr.get("baseline_err_f64"), corr.get("candidate_err_f64")]
-    )  # fmt: skip
+    return picked_experiment(experiment_fields(body))
 
 
 EXPERIMENT_PATHS = EXPERIMENT_FIELDS
@@ -153,7 +150,8 @@ class TrustedReview(ReviewIndex):
     """`build.ReviewIndex` with proposals and decisions as `TrustedProposal` / `TrustedDecision`
     views of the bodies' fields, read from the store's export columns
     (`store.base.ExportColumns.review_columns`) or picked out of its bodies
-    (`store.base.BodyFields.review_fields`): for the chat and RL rows only (`load_trusted_runs`), which read no other field."""
+    (`store.base.BodyFields.review_fields`): for the chat and RL rows only
+    (`load_trusted_runs`), which read no other field."""
 
     def __init__(self, store: BodyFields) -> None:
         picked = store.review_columns() if isinstance(store, ExportColumns) else None
