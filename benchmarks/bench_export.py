@@ -57,13 +57,13 @@ from infra_agent.store.records import (
 )
 from infra_agent.trajectories.build import ReviewIndex
 from infra_agent.trajectories.chat_columns import ChatColumns
+from infra_agent.trajectories.evidence import EvidenceColumns, ReviewColumns
 from infra_agent.trajectories.export import BATCH_ROWS, export_dataset, load_row_runs
 from infra_agent.trajectories.formats import ARROW_SCHEMAS, ExportFormat
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
 from infra_agent.trajectories.rows import run_row
 from infra_agent.trajectories.run_columns import RunColumns
-from infra_agent.trajectories.trusted import TrustedReview, load_trusted_runs
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
 VERDICTS = [
@@ -154,9 +154,9 @@ def line(label: str, n: int, wall: float, cpu: float | None, note: str = "") -> 
 
 def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str, float, float]]:
     """CPU and wall seconds of each phase of a one-process export, run batch by batch through
-    the exporter's own functions: read the store, step columns (one Arrow conversion of the
-    batch's step bodies and the column-wise conversation), per-run columns (rewards scored and
-    aggregated), the table (message lists, metrics, proposals, tool specs), redaction, column
+    the exporter's own functions: read the store (runs, and the export columns of steps,
+    experiments, proposals and decisions), step columns (the column-wise conversation), per-run
+    columns (experiments and proposals as arrays, rewards scored and aggregated), the table (message lists, metrics, proposals, tool specs), redaction, column
     checks, Parquet writing."""
     weights = RewardWeights().model_dump()
     totals: dict[str, list[float]] = {}
@@ -171,27 +171,27 @@ def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str,
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "x.parquet", "wb") as f:
         sink = ParquetSink(f, ARROW_SCHEMAS[fmt])
         runs = run("read store", lambda: list(store.iter_runs()))
-        review = run("read store", lambda: TrustedReview(store))  # as the export reads them
+        reviews = run("read store", lambda: ReviewColumns(*store.review_tables()))
         for start in range(0, len(runs), BATCH_ROWS):
             chunk = runs[start : start + BATCH_ROWS]
-            # As `export._Producer.batch` reads them: the steps as the store's columns.
-            steps = run(
-                "read store",
-                lambda: store.step_columns_of_runs([r.id for r in chunk]),  # noqa: B023
+            ids = [r.id for r in chunk]
+            # As `export._Producer.batch` reads them: the store's export columns.
+            steps = run("read store", lambda: store.step_columns_of_runs(ids))  # noqa: B023
+            table = run("read store", lambda: store.experiment_table_of_runs(ids))  # noqa: B023
+            chat = run("step columns", lambda: ChatColumns(chunk, steps))  # noqa: B023
+            evidence = run(
+                "per-run columns",
+                lambda: EvidenceColumns.of_store(chunk, table, reviews),  # noqa: B023
             )
-            bundles = run(
-                "read store",
-                lambda: load_trusted_runs(store, chunk, review, steps=False),  # noqa: B023
-            )
-            chat = run("step columns", lambda: ChatColumns(bundles, steps))  # noqa: B023
+            assert evidence is not None
             columns = run(
                 "per-run columns",
-                lambda: RunColumns(bundles, chat, weights),  # noqa: B023
+                lambda: RunColumns(chunk, evidence, chat, weights),  # noqa: B023
             )
-            kept = [i for i in range(len(bundles)) if chat.skip(i) is None]
+            kept = [i for i in range(len(chunk)) if chat.skip(i) is None]
             table = run("table", lambda: columns.table(fmt, kept, None))  # noqa: B023
             # As `table(..., redactor)` does: the tool specs' JSON once per distinct value.
-            tools = list({id(t): json.dumps(t) for t in map(chat.tools, kept)}.values())
+            tools = [json.dumps(t) for t in chat.tools(kept)[0]]
             run("redaction", lambda: redactor.texts(tools))  # noqa: B023
             table = run("redaction", lambda: redactor.table(table, done={"tools_json"}))  # noqa: B023
             run("column checks", lambda: check_table(fmt, table))  # noqa: B023

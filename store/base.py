@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from infra_agent.store.columns import StepColumns
 from infra_agent.store.records import (
@@ -18,6 +18,9 @@ from infra_agent.store.records import (
     RunRecord,
     StepRecord,
 )
+
+if TYPE_CHECKING:  # pyarrow is only needed by exports
+    import pyarrow as pa
 
 
 class RunStore(Protocol):
@@ -102,6 +105,16 @@ class ExportColumns(Protocol):
 
     def review_columns(self) -> tuple[list[list[Any]], list[list[Any]]] | None:
         """`BodyFields.review_fields(store.columns.PROPOSAL_FIELDS, ...DECISION_FIELDS)`."""
+        ...
+
+    def experiment_table_of_runs(self, run_ids: Sequence[str]) -> pa.Table | None:
+        """The experiments of `run_ids` (distinct) as one Arrow table, runs in that order:
+        `store.columns.ColumnReader.experiment_table`'s columns."""
+        ...
+
+    def review_tables(self) -> tuple[pa.Table, pa.Table] | None:
+        """Every proposal and every decision as Arrow tables:
+        `store.columns.ColumnReader.review_tables`' columns."""
         ...
 
 

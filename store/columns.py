@@ -338,16 +338,24 @@ class ColumnReader:
             self._conn.rollback()  # let go of the snapshot (and of the WAL it pins)
         return tables
 
+    def experiment_table(self, run_ids: Sequence[str]) -> pa.Table:
+        """The experiments of `run_ids` (distinct), runs in that order, each run's in
+        `experiments_of_runs` order (started_at, then id): a column `run` (the run's index in
+        `run_ids`), `id`, then `EXPERIMENT_COLUMNS` as stored (flags JSON text or null, passed
+        0/1 or null)."""
+        (table,) = self._tables(run_ids, _EXPERIMENT_QUERY)
+        table = table.slice(1).select([0, *range(3, table.num_columns)])  # past the order keys
+        return table.rename_columns(["run", "id", *(c for c, _, _ in EXPERIMENT_COLUMNS)])
+
     def experiments(self, run_ids: Sequence[str]) -> dict[str, list[list[Any]]]:
         """Run id -> per experiment of the run (started_at, then id), the values at
         `EXPERIMENT_FIELDS` of its body, as `json_extract` would give them (flags a list,
         passed a bool, None where absent)."""
         import orjson
 
-        (table,) = self._tables(run_ids, _EXPERIMENT_QUERY)
-        table = table.slice(1)  # the row of types
+        table = self.experiment_table(run_ids)
         keys = table.column(0).to_pylist()
-        values = [table.column(k).to_pylist() for k in range(3, table.num_columns)]
+        values = [table.column(k).to_pylist() for k in range(1, table.num_columns)]
         values[_FLAGS] = [orjson.loads(f) if f is not None else [] for f in values[_FLAGS]]
         values[_PASSED] = [bool(p) if p is not None else None for p in values[_PASSED]]
         out: dict[str, list[list[Any]]] = {}
@@ -355,17 +363,26 @@ class ColumnReader:
             out.setdefault(run_ids[key], []).append(list(picked))
         return out
 
+    def review_tables(self) -> tuple[pa.Table, pa.Table]:
+        """Every proposal (`id`, `run_id`, `patch_id`, `patch_hash`, `experiment_ids` as JSON
+        text, `status`) and every decision (`id`, `proposal_id`, `action`, `patch_hash`), each
+        in created_at, then id order."""
+        proposals, decisions = self._tables(None, *REVIEW_QUERIES)
+        return (
+            proposals.slice(1).drop_columns(["created_at"]),
+            decisions.slice(1).drop_columns(["created_at"]),
+        )
+
     def review(self) -> tuple[list[list[Any]], list[list[Any]]]:
         """`PROPOSAL_FIELDS` of every proposal, `DECISION_FIELDS` of every decision (each in
         created_at, then id order), as `json_extract` of the bodies would give them."""
         import orjson
 
-        proposals, decisions = self._tables(None, *REVIEW_QUERIES)
-        fields = []
-        for table, first in ((proposals, 1), (decisions, 2)):  # past created_at (and id)
-            fields.append(
-                [table.column(k).to_pylist()[1:] for k in range(first, table.num_columns)]
-            )
+        proposals, decisions = self.review_tables()
+        fields = [
+            [proposals.column(k).to_pylist() for k in range(proposals.num_columns)],
+            [decisions.column(k).to_pylist() for k in range(1, decisions.num_columns)],
+        ]
         experiment_ids = PROPOSAL_FIELDS.index("$.experiment_ids")
         texts = fields[0][experiment_ids]
         fields[0][experiment_ids] = orjson.loads("[" + ",".join(texts) + "]")  # one parse

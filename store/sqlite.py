@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -32,6 +32,9 @@ from infra_agent.store.records import (
     StepRecord,
     now,
 )
+
+if TYPE_CHECKING:  # pyarrow is only needed by exports
+    import pyarrow as pa
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -318,6 +321,18 @@ class SQLiteRunStore:
         `step_columns_of_runs`."""
         reader = self._column_reader()
         return reader.experiments(run_ids) if reader is not None else None
+
+    def experiment_table_of_runs(self, run_ids: Sequence[str]) -> pa.Table | None:
+        """The experiments of `run_ids` (distinct) as one Arrow table of their export columns
+        (`columns.ColumnReader.experiment_table`); None as for `step_columns_of_runs`."""
+        reader = self._column_reader()
+        return reader.experiment_table(run_ids) if reader is not None else None
+
+    def review_tables(self) -> tuple[pa.Table, pa.Table] | None:
+        """Every proposal and decision as Arrow tables of their export columns
+        (`columns.ColumnReader.review_tables`); None as for `step_columns_of_runs`."""
+        reader = self._column_reader()
+        return reader.review_tables() if reader is not None else None
 
     def _column_reader(self) -> ColumnReader | None:
         if not self.has_columns or not ColumnReader.available():

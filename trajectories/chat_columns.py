@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from infra_agent.store.columns import StepColumns, step_type
+from infra_agent.store.records import RunRecord
 from infra_agent.trajectories.build import RunBundle
 from infra_agent.trajectories.formats import MESSAGE_TYPE, ExportFormat, specs_for_tools
 from infra_agent.trajectories.rows import chat_messages, step_bodies
@@ -50,29 +51,23 @@ WHITESPACE = (
 _BLANK = "^[" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]*$"
 """RE2: text that `str.strip()` empties (`rows.arguments_text` writes `{}` for it)."""
 _SEP = "\x1f"
+SKIPS = (None, "no steps recorded", "no assistant message")
+"""Why a run forms no chat row (`rows.RunRow.skip`), by `ChatColumns.skip_codes`."""
 
 
 class ChatColumns:
-    """One column-wise pass over the steps of a batch of runs (`bundles`, in order).
+    """One column-wise pass over the steps of a batch of runs (`runs`, in order).
 
     `step_metrics(kept)`, `skip(i)` and `tools(i)` give what the rows read of the steps;
     `message_columns(fmt, kept)` the message columns of the kept runs' rows, in `kept` order."""
 
-    def __init__(self, bundles: list[RunBundle], columns: StepColumns | None = None) -> None:
-        """`columns`: the bundles' steps as the store keeps them (`store.columns`), else they
-        are read from the bundles' step bodies (one Arrow conversion)."""
-        self.bundles = bundles
-        if columns is None:
-            bodies = [step_bodies(b) for b in bundles]
-            counts = np.fromiter((len(s) for s in bodies), dtype=np.int64, count=len(bodies))
-            flat = [step for steps in bodies for step in steps]
-            steps = pa.array(flat, type=STEP_TYPE)
-            if isinstance(steps, pa.ChunkedArray):  # over 2 GiB of text in one batch
-                raise OverflowError("a batch's steps do not fit one Arrow array")
-        else:
-            steps, counts = columns.steps, columns.counts
+    def __init__(self, runs: list[RunRecord], columns: StepColumns) -> None:
+        """`columns`: the runs' steps, as the store keeps them (`store.columns`) or converted
+        from their bodies (`of_bundles`)."""
+        self.runs = runs
+        steps, counts = columns.steps, columns.counts
         self._steps = steps
-        n_runs, n = len(bundles), len(steps)
+        n_runs, n = len(runs), len(steps)
         starts = offsets(counts)
         run_of = np.repeat(np.arange(n_runs), counts)
 
@@ -115,7 +110,9 @@ class ChatColumns:
         self._starts = starts.tolist()
         self._n_messages = n_messages.tolist()
         self._n_calls = per_run_sums(n_call, starts).tolist()
-        self._has_assistant = (per_run_sums(is_asst, starts) > 0).tolist()
+        self.skip_codes = np.where(per_run_sums(is_asst, starts) > 0, 0, 2)
+        """Per run, why it forms no chat row: an index into `SKIPS` (0: it does)."""
+        self.skip_codes[np.diff(starts) == 0] = 1
         self._tokens = []
         for key in ("prompt_tokens", "completion_tokens"):
             col = steps.field(key)
@@ -125,12 +122,14 @@ class ChatColumns:
             valid = per_run_sums(col.is_valid().to_numpy(zero_copy_only=False), starts).tolist()
             self._tokens.append((f"total_{key}", sums, valid))
         self._costs = steps.field("cost_usd").to_pylist()
-        self._specs: dict[frozenset[str], list[dict[str, Any]]] = {}
-        self._called: list[set[str]] = [set() for _ in range(n_runs)]
-        for r, name in zip(
-            run_of[call_step].tolist(), flat_calls.field("name").to_pylist(), strict=True
-        ):
-            self._called[r].add(name)
+        # The names of the tools each run called: (run, name) pairs, sorted, one of each.
+        names = flat_calls.field("name").dictionary_encode()
+        self._names = names.dictionary.to_pylist()
+        width = max(len(self._names), 1)
+        pairs = np.unique(run_of[call_step] * width + names.indices.to_numpy(zero_copy_only=False))
+        self._called_code = pairs % width
+        self._called_at = np.searchsorted(pairs // width, np.arange(n_runs + 1))
+        self._specs: dict[Any, list[dict[str, Any]]] = {}
 
         # Every step's message, as `rows._conversation` shows it, harness notes left out.
         content, error = steps.field("content"), steps.field("error")
@@ -176,6 +175,18 @@ class ChatColumns:
         first = np.append(firsts, np.iinfo(np.int64).max)[at]
         self._split = np.minimum(first, self._message_starts[1:])
 
+    @classmethod
+    def of_bundles(cls, bundles: list[RunBundle]) -> ChatColumns:
+        """The columns of run bundles whose steps are the store's parsed bodies (`step_bodies`),
+        converted to Arrow in one call. Raises OverflowError when they hold over 2 GiB of text."""
+        bodies = [step_bodies(b) for b in bundles]
+        counts = np.fromiter((len(s) for s in bodies), dtype=np.int64, count=len(bodies))
+        flat = [step for steps in bodies for step in steps]
+        steps = pa.array(flat, type=STEP_TYPE)
+        if isinstance(steps, pa.ChunkedArray):  # over 2 GiB of text in one batch
+            raise OverflowError("a batch's steps do not fit one Arrow array")
+        return cls([b.run for b in bundles], StepColumns(steps, counts))
+
     def step_metrics(self, kept: list[int]) -> dict[str, list[Any]]:
         """`facts`' counts and totals of the runs `kept`, one list each, under the names of the
         rl row's metrics (`n_messages`, `n_tool_calls`, `total_*`)."""
@@ -201,25 +212,48 @@ class ChatColumns:
 
     def skip(self, i: int) -> str | None:
         """Why run i forms no chat row (`rows.RunRow.skip`), None when it does."""
-        if self._starts[i + 1] == self._starts[i]:
-            return "no steps recorded"
-        return None if self._has_assistant[i] else "no assistant message"
+        return SKIPS[self.skip_codes[i]]
 
-    def tools(self, i: int) -> list[dict[str, Any]]:
-        """The tool specs of run i's row (`formats.specs_for_tools`). Runs that recorded no
-        tools and called the same ones share one list (the writer encodes it once)."""
-        recorded = self.bundles[i].run.config.get("tools")
-        if recorded is not None:
-            return specs_for_tools(recorded, self._called[i])
-        called = frozenset(self._called[i])
-        specs = self._specs.get(called)
-        if specs is None:
-            specs = self._specs[called] = specs_for_tools(None, self._called[i])
-        return specs
+    def called(self, i: int) -> set[str]:
+        """The names of the tools run i called."""
+        codes = self._called_code[self._called_at[i] : self._called_at[i + 1]]
+        return {self._names[c] for c in codes.tolist()}
+
+    def tools(self, kept: list[int]) -> tuple[list[list[dict[str, Any]]], np.ndarray]:
+        """The tool specs of the rows of runs `kept` (`formats.specs_for_tools`): the distinct
+        lists, and the index of each run's. Runs that recorded no tools and called the same ones
+        share one list (the writer encodes it once)."""
+        at, code = self._called_at, self._called_code
+        called_sets: list[Any]
+        if len(self._names) <= 63:  # the set of names each run called, as bits
+            bits = np.left_shift(np.uint64(1), code.astype(np.uint64))
+            sets = np.bitwise_or.reduceat(np.append(bits, np.uint64(0)), at[:-1])
+            sets[at[:-1] == at[1:]] = 0  # reduceat gives an empty run its next value
+            called_sets = sets[kept].tolist()
+        else:
+            called_sets = [tuple(code[at[i] : at[i + 1]].tolist()) for i in kept]
+        distinct: dict[int, int] = {}
+        lists: list[list[dict[str, Any]]] = []
+        index = np.empty(len(kept), dtype=np.int64)
+        for j, (i, called) in enumerate(zip(kept, called_sets, strict=True)):
+            recorded = self.runs[i].config.get("tools")
+            if recorded is not None:
+                lists.append(specs_for_tools(recorded, self.called(i)))
+                index[j] = len(lists) - 1
+                continue
+            specs = self._specs.get(called)
+            if specs is None:
+                specs = self._specs[called] = specs_for_tools(None, self.called(i))
+            k = distinct.get(id(specs))
+            if k is None:
+                k = distinct[id(specs)] = len(lists)
+                lists.append(specs)
+            index[j] = k
+        return lists, index
 
     def message_columns(self, fmt: ExportFormat, kept: list[int]) -> dict[str, pa.Array]:
         """The message columns (`messages`, or `prompt` and `completion`) of the rows of runs
-        `kept` (indices into the bundles): runs not in the simple shape through
+        `kept` (indices into the runs): runs not in the simple shape through
         `rows.chat_messages` itself."""
         lists = pa.list_(MESSAGE_TYPE)
         starts, split = self._message_starts, self._split

@@ -30,6 +30,7 @@ from itertools import chain, repeat
 from pathlib import Path
 from typing import IO, Any, cast
 
+import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
@@ -46,7 +47,8 @@ from infra_agent.trajectories.build import (
     trajectory_tree,
     validate_trajectory,
 )
-from infra_agent.trajectories.chat_columns import ChatColumns
+from infra_agent.trajectories.chat_columns import SKIPS, ChatColumns
+from infra_agent.trajectories.evidence import EvidenceColumns, ReviewColumns
 from infra_agent.trajectories.formats import (
     ARROW_SCHEMAS,
     ExportFormat,
@@ -103,6 +105,15 @@ class ExportFilter(BaseModel):
         if self.verdicts and not set(self.verdicts) & {
             e.result.verdict for e in bundle.experiments
         }:
+            return False
+        return self.min_reward is None or reward >= self.min_reward
+
+    def admits_values(self, reviewed: bool, verdicts: list[str], reward: float) -> bool:
+        """`admits` of a run given as whether a person reviewed it, its experiments' verdict
+        values and its reward."""
+        if self.reviewed_only and not reviewed:
+            return False
+        if self.verdicts and not {v.value for v in self.verdicts} & set(verdicts):
             return False
         return self.min_reward is None or reward >= self.min_reward
 
@@ -165,34 +176,62 @@ class _Producer:
     strict_openai: bool = False
     trusted_bodies: bool = True
 
-    def review(self, store: RunStore) -> ReviewIndex:
-        """The store's proposals and decisions, read once per export (per worker process): as
-        the few fields the rows read (`trusted.TrustedReview`) where the rows come from the
-        store's trusted bodies, else as validated records."""
+    def review(self) -> _Reviews:
+        """The store's proposals and decisions, read once per export (per worker process), each
+        form when a batch first needs it."""
+        return _Reviews(self)
+
+    def review_index(self, store: RunStore) -> ReviewIndex:
+        """The proposals and decisions as the bundles read them: as the few fields the rows read
+        (`trusted.TrustedReview`) where the rows come from the store's trusted bodies, else as
+        validated records."""
         chat = self.fmt is not ExportFormat.ATIF
         trusted = isinstance(store, TrustedBodies) and isinstance(store, BodyFields)
         if chat and self.trusted_bodies and trusted:
             return TrustedReview(cast(BodyFields, store))
         return ReviewIndex(store)
 
-    def batch(self, store: RunStore, runs: list[RunRecord], review: ReviewIndex) -> _Batch:
+    def batch(self, store: RunStore, runs: list[RunRecord], review: _Reviews) -> _Batch:
         admitted = [run for run in runs if self.flt.admits_run(run)]
-        atif = self.fmt is ExportFormat.ATIF
-        if atif:
-            return self._trajectories(load_runs(store, admitted, review))
+        if not admitted:
+            return _Batch()
+        if self.fmt is ExportFormat.ATIF:
+            return self._trajectories(load_runs(store, admitted, review.index(store)))
         if self.parquet and self.trusted_bodies and isinstance(store, ExportColumns):
-            steps = store.step_columns_of_runs([run.id for run in admitted])
-            if steps is not None:  # the store keeps the steps as columns: read them so
-                bundles = load_trusted_runs(store, admitted, review, steps=False)
-                return self._columns(ChatColumns(bundles, steps)) if bundles else _Batch()
-        return self._rows(load_row_runs(store, admitted, review, trusted=self.trusted_bodies))
+            made = self._from_columns(store, admitted, review)
+            if made is not None:
+                return made
+        rows = load_row_runs(store, admitted, review.index(store), trusted=self.trusted_bodies)
+        return self._rows(rows)
+
+    def _from_columns(
+        self, store: RunStore, runs: list[RunRecord], review: _Reviews
+    ) -> _Batch | None:
+        """The batch from the store's export columns (steps, experiments, proposals and
+        decisions as Arrow arrays); None when the store does not keep them."""
+        columns, ids = cast(ExportColumns, store), [run.id for run in runs]
+        steps = columns.step_columns_of_runs(ids)
+        if steps is None:
+            return None
+        chat = ChatColumns(runs, steps)
+        experiments, reviews = columns.experiment_table_of_runs(ids), review.columns(columns)
+        evidence = None
+        if experiments is not None and reviews is not None:
+            evidence = EvidenceColumns.of_store(runs, experiments, reviews)
+        if evidence is None:  # not the common shape (`evidence`): from the bundles
+            bundles = load_trusted_runs(store, runs, review.index(store), steps=False)
+            evidence = EvidenceColumns.of_bundles(bundles)
+        return self._columns(chat, RunColumns(runs, evidence, chat, self.weights.model_dump()))
 
     def _rows(self, bundles: list[RunBundle]) -> _Batch:
         if self.parquet and bundles and all(b.step_bodies is not None for b in bundles):
             try:
-                return self._columns(ChatColumns(bundles))
+                chat = ChatColumns.of_bundles(bundles)
             except OverflowError:
                 pass  # over 2 GiB of text in one batch: row by row
+            else:
+                weights = self.weights.model_dump()
+                return self._columns(chat, RunColumns.of_bundles(bundles, chat, weights))
         out, rows = _Batch(), []
         weights = self.weights.model_dump()
         for bundle in bundles:
@@ -222,24 +261,24 @@ class _Producer:
         out.payload = self._lines(rows)
         return out
 
-    def _columns(self, chat: ChatColumns) -> _Batch:
+    def _columns(self, chat: ChatColumns, columns: RunColumns) -> _Batch:
         """`_rows` as Parquet, built column-wise (`chat_columns`, `run_columns`): same table."""
-        out, kept = _Batch(), []
-        columns = RunColumns(chat.bundles, chat, self.weights.model_dump())
-        for i, bundle in enumerate(chat.bundles):
-            reward = columns.reward[i]
-            if not self.flt.admits(bundle, reward):
-                continue
-            out.matched += 1
-            skip = chat.skip(i)
-            if skip is not None:
-                out.skipped[skip] += 1
-            else:
-                kept.append(i)
-                out.rewards.append(reward)
-                out.verdicts += columns.verdicts[i]
+        out, flt, reward = _Batch(), self.flt, columns.reward
+        admitted = np.arange(len(chat.runs))
+        if flt.verdicts or flt.reviewed_only or flt.min_reward is not None:
+            reviewed = columns.reviewed.tolist()
+            admitted = admitted[[flt.admits_values(reviewed[i], columns.verdicts[i], reward[i])
+                                 for i in admitted.tolist()]]  # fmt: skip
+        codes = chat.skip_codes[admitted]
+        out.matched = len(admitted)
+        out.skipped.update(
+            {cast(str, SKIPS[c]): n for c, n in Counter(codes.tolist()).items() if c}
+        )
+        kept = admitted[codes == 0].tolist()
         if not kept:
             return out
+        out.rewards = [reward[i] for i in kept]
+        out.verdicts = list(chain.from_iterable(columns.verdicts[i] for i in kept))
         out.rows = len(kept)
         table = columns.table(self.fmt, kept, self.redactor)
         check_table(self.fmt, table)
@@ -292,6 +331,31 @@ class _Producer:
         return out
 
 
+class _Reviews:
+    """An export's view of the store's proposals and decisions, read once (per worker process)
+    in the form a batch first asks for: arrays for the column path (`evidence.ReviewColumns`),
+    an index for the bundles (`_Producer.review_index`)."""
+
+    def __init__(self, producer: _Producer) -> None:
+        self._producer = producer
+        self._index: ReviewIndex | None = None
+        self._columns: ReviewColumns | None = None
+        self._read_columns = False
+
+    def index(self, store: RunStore) -> ReviewIndex:
+        if self._index is None:
+            self._index = self._producer.review_index(store)
+        return self._index
+
+    def columns(self, store: ExportColumns) -> ReviewColumns | None:
+        """None when the store does not keep the review's export columns."""
+        if not self._read_columns:
+            tables = store.review_tables()
+            self._columns = ReviewColumns(*tables) if tables is not None else None
+            self._read_columns = True
+        return self._columns
+
+
 OPENAI_ROWS = TypeAdapter(list[OpenAIChatRow])
 
 
@@ -311,13 +375,13 @@ def _produce_batch(db: str, runs: list[RunRecord], producer: _Producer) -> _Batc
     store = open_store(db, readonly=True)
     try:
         if db not in _WORKER_REVIEW:  # once per worker process
-            _WORKER_REVIEW[db] = producer.review(store)
+            _WORKER_REVIEW[db] = producer.review()
         return producer.batch(store, runs, _WORKER_REVIEW[db])
     finally:
         store.close()
 
 
-_WORKER_REVIEW: dict[str, ReviewIndex] = {}
+_WORKER_REVIEW: dict[str, _Reviews] = {}
 
 
 def _chunks(runs: Iterator[RunRecord], size: int) -> Iterator[list[RunRecord]]:
@@ -424,7 +488,7 @@ def _export(
             _produce_batch, repeat(str(db)), chunks, repeat(producer)
         )
     else:
-        review = producer.review(store)
+        review = producer.review()
         batches = (producer.batch(store, chunk, review) for chunk in chunks)
     try:
         return _write(out, fmt, parquet, batches, runs, started)

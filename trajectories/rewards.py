@@ -65,14 +65,31 @@ def _clip01(x: float) -> float:
 def proven_improvement(result: ExperimentResult) -> float:
     if result.verdict is not Verdict.IMPROVED:
         return 0.0
-    perf = result.evidence.performance
-    if perf is not None:
-        return _clip01(math.log2(perf.ci_low)) if perf.ci_low > 0 else 0.0
-    corr = result.evidence.correctness
-    if corr and corr.baseline_err_f64 and corr.candidate_err_f64 is not None:
-        if corr.candidate_err_f64 <= 0:
+    perf, corr = result.evidence.performance, result.evidence.correctness
+    return improvement(
+        perf.ci_low if perf is not None else None,
+        corr.baseline_err_f64 if corr is not None else None,
+        corr.candidate_err_f64 if corr is not None else None,
+        measured=perf is not None,
+    )
+
+
+def improvement(
+    ci_low: float | None,
+    baseline_err: float | None,
+    candidate_err: float | None,
+    *,
+    measured: bool,
+) -> float:
+    """`proven_improvement` of an IMPROVED result, from its numbers: whether it has performance
+    evidence (`measured`) and that evidence's CI low, and the correctness check's errors vs
+    float64 (None where absent)."""
+    if measured:
+        return _clip01(math.log2(ci_low)) if ci_low > 0 else 0.0  # type: ignore[arg-type,operator]
+    if baseline_err and candidate_err is not None:
+        if candidate_err <= 0:
             return 1.0
-        return _clip01(math.log10(corr.baseline_err_f64 / corr.candidate_err_f64))
+        return _clip01(math.log10(baseline_err / candidate_err))
     return 0.0
 
 
@@ -365,11 +382,30 @@ def score_results(results: Sequence[ExperimentResult]) -> ScoredResults:
     checked = np.array(
         [0.0 if c is None else 1.0 if c.passed else -1.0 for c in corrs], dtype=np.float64
     )
+    return score_columns(verdict, suspicious, health_warning, checked, results)
+
+
+def score_columns(
+    verdict: np.ndarray,
+    suspicious: np.ndarray,
+    health_warning: np.ndarray,
+    checked: np.ndarray,
+    results: Sequence[ExperimentResult],
+    proven: np.ndarray | None = None,
+) -> ScoredResults:
+    """`score_results` of results already given as the columns of `ScoredResults` (`results`
+    the same results, in order: read for IMPROVED ones unless `proven` is given, and for a
+    component without a column-wise form, so a caller may hand a sequence that builds them on
+    demand). `proven`: the `proven_improvement` column, when the caller made it from the
+    results' numbers (`improvement` of each IMPROVED one, 0.0 for the others)."""
+    n = len(verdict)
     columns = ScoredResults(verdict, suspicious, health_warning, checked, np.empty((n, 0)))
     scores = np.empty((n, len(CANDIDATE_REWARDS)))
     for k, fn in enumerate(CANDIDATE_REWARDS):
         form = _COLUMNWISE.get(fn.score)
-        if form is not None:
+        if fn.score is proven_improvement and proven is not None:
+            scores[:, k] = proven
+        elif form is not None:
             scores[:, k] = form(columns, results)
         else:
             scores[:, k] = [fn.score(r) for r in results]
@@ -381,7 +417,7 @@ def _penalty(mask: np.ndarray) -> np.ndarray:
 
 
 def _proven_column(c: ScoredResults, results: Sequence[ExperimentResult]) -> np.ndarray:
-    out = np.zeros(len(results))
+    out = np.zeros(len(c.verdict))
     improved = np.flatnonzero(c.verdict == _IMPROVED).tolist()
     out[improved] = [proven_improvement(results[i]) for i in improved]
     return out

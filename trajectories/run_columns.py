@@ -28,17 +28,16 @@ import numpy as np
 import pyarrow as pa
 
 from infra_agent.experiments.verdict import Verdict
-from infra_agent.store.records import DecisionAction
+from infra_agent.store.records import RunRecord
 from infra_agent.trajectories.build import RunBundle, best_candidate
 from infra_agent.trajectories.chat_columns import ChatColumns, lists_of, offsets, per_run_sums
+from infra_agent.trajectories.evidence import EvidenceColumns
 from infra_agent.trajectories.formats import ARROW_SCHEMAS, JSON_TEXT_COLUMNS, ExportFormat
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import (
     CANDIDATE_REWARDS,
     COMPONENTS,
     VERDICT_ORDER,
-    review_score,
-    score_results,
     weighted_totals,
 )
 from infra_agent.trajectories.writers import json_texts
@@ -56,17 +55,24 @@ _BY_AGGREGATE = {
 
 
 class RunColumns:
-    """Rewards, verdicts, metrics and proposals of a batch of runs (`bundles`, in order), with
-    the step facts of `chat` (`ChatColumns` of the same bundles)."""
+    """Rewards, verdicts, metrics and proposals of a batch of runs (`runs`, in order), from their
+    experiments and proposals as arrays (`evidence.EvidenceColumns`) and the step facts of `chat`
+    (`ChatColumns` of the same runs)."""
 
-    def __init__(self, bundles: list[RunBundle], chat: ChatColumns, weights: dict[str, float]):
-        self.bundles, self.chat, self.weights = bundles, chat, weights
-        n_runs = len(bundles)
-        experiments = [e for b in bundles for e in b.experiments]
-        counts = np.array([len(b.experiments) for b in bundles], dtype=np.int64)
+    def __init__(
+        self,
+        runs: list[RunRecord],
+        evidence: EvidenceColumns,
+        chat: ChatColumns,
+        weights: dict[str, float],
+    ) -> None:
+        self.runs, self.evidence, self.chat, self.weights = runs, evidence, chat, weights
+        ev = evidence
+        n_runs = len(runs)
+        counts = ev.counts
         starts = offsets(counts)
         run_of = np.repeat(np.arange(n_runs), counts)
-        scored = score_results([e.result for e in experiments])
+        scored = ev.scored
         matrix, flagged = scored.scores, scored.suspicious
 
         # Trajectory components: each candidate component aggregated over the run's experiments,
@@ -76,64 +82,53 @@ class RunColumns:
         values[flagged, _PROVEN] = -np.inf  # a suspicious win is not a proven one
         for how, columns in _BY_AGGREGATE.items():
             components[:, columns] = _per_run(values[:, columns], starts, how)
-        proposals = [p for b in bundles for p in b.proposals]
-        p_counts = np.array([len(b.proposals) for b in bundles], dtype=np.int64)
-        self._proposal_starts = offsets(p_counts)
-        reviews = np.array(
-            [review_score(p, b.decisions.get(p.id, [])) for b in bundles for p in b.proposals],
-            dtype=np.float64,
-        )
-        components[:, -1] = _per_run(reviews, self._proposal_starts, "mean")
+        self._proposal_starts = offsets(ev.proposal_counts)
+        components[:, -1] = _per_run(ev.reviews, self._proposal_starts, "mean")
         self._components = components
         self.reward = weighted_totals(components, weights)
         self._reward = np.array(self.reward, dtype=np.float64)
 
         # Each proposal's components: its latest backing experiment's (of its run), plus review.
-        per_proposal = np.zeros((len(proposals), len(COMPONENTS)))
-        if proposals:
-            keys = zip(run_of.tolist(), [e.id for e in experiments], strict=True)
-            where = dict(zip(keys, range(len(experiments)), strict=True))
-            backing = np.array(
-                [_latest(where, i, p.experiment_ids)
-                 for i, b in enumerate(bundles) for p in b.proposals],
-                dtype=np.int64,
-            )  # fmt: skip
-            per_proposal[backing >= 0, :-1] = matrix[backing[backing >= 0]]
-        per_proposal[:, -1] = reviews
-        self._proposal_list = proposals
+        backing = ev.backing
+        per_proposal = np.zeros((len(backing), len(COMPONENTS)))
+        per_proposal[backing >= 0, :-1] = matrix[backing[backing >= 0]]
+        per_proposal[:, -1] = ev.reviews
         self._proposal_reward = weighted_totals(per_proposal, weights)
         self._proposal_components = per_proposal
         self._proposal_values: pa.StructArray | None = None
         self.suspicious = per_run_sums(flagged, starts)
         self.n_experiments = counts
         self._starts = starts
-        # `RunBundle.reviewed`: a decision other than the policy's auto-approval.
-        auto = DecisionAction.AUTO_APPROVE
-        self._reviewed = np.zeros(n_runs, dtype=bool)
-        self._reviewed[[i for i, b in enumerate(bundles) for ds in b.decisions.values()
-                        for d in ds if d.action is not auto]] = True  # fmt: skip
-        self._best = self._best_candidates(experiments, scored.verdict, matrix, flagged, run_of)
+        self.reviewed = ev.reviewed
+        self._best = self._best_candidates(scored.verdict, matrix, flagged, run_of)
 
         # The verdicts in patch order (`rows.by_patch`): a run's experiments stably sorted by
         # where their patch first appears in the run.
-        order = _by_patch(run_of, [e.patch_id for e in experiments])
+        order = _by_patch(run_of, ev.patch_ids)
         names = [_VERDICTS[k] for k in scored.verdict[order].tolist()]
         bounds = starts.tolist()
         self.verdicts = [names[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         self._verdict_names = pa.array(names, pa.string())
 
+    @classmethod
+    def of_bundles(
+        cls, bundles: list[RunBundle], chat: ChatColumns, weights: dict[str, float]
+    ) -> RunColumns:
+        """The columns of run bundles (`EvidenceColumns.of_bundles`)."""
+        return cls([b.run for b in bundles], EvidenceColumns.of_bundles(bundles), chat, weights)
+
     def table(self, fmt: ExportFormat, kept: list[int], redactor: Redactor | None) -> pa.Table:
-        """The `fmt` table of the kept runs' rows (indices into the bundles, in order), every
+        """The `fmt` table of the kept runs' rows (indices into the runs, in order), every
         string redacted when a `redactor` is given; the same table `writers.arrow_table` makes of
         `rows.run_row`'s rows."""
-        chat, bundles = self.chat, self.bundles
+        chat = self.chat
         idx = np.asarray(kept, dtype=np.int64)
         at = pa.array(idx)
-        runs = [bundles[i].run for i in kept]
-        reviewed = pa.array(self._reviewed[idx])
+        runs = [self.runs[i] for i in kept]
+        reviewed = pa.array(self.reviewed[idx])
         speedup, ci_low, ci_high, accuracy = (column.take(at) for column in self._best)
         columns: dict[str, Any] = chat.message_columns(fmt, kept)
-        columns["tools_json"] = _tools_json([chat.tools(i) for i in kept], redactor)
+        columns["tools_json"] = _tools_json(*chat.tools(kept), redactor)
         ids, tasks = (
             pa.array([r.id for r in runs], pa.string()),
             pa.array([r.task for r in runs], pa.string()),
@@ -184,24 +179,18 @@ class RunColumns:
         return redactor.table(table, done={f"{name}_json" for name in JSON_TEXT_COLUMNS[fmt]})
 
     def _best_candidates(
-        self,
-        experiments: list[Any],
-        verdict: np.ndarray,
-        matrix: np.ndarray,
-        flagged: np.ndarray,
-        run_of: np.ndarray,
+        self, verdict: np.ndarray, matrix: np.ndarray, flagged: np.ndarray, run_of: np.ndarray
     ) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
         """Each run's best speedup, its CI low and high (Arrow float64, null without a proven
         candidate) and accuracy outcome (Arrow string): `build.best_candidate`'s. The best is the
         first of the run's IMPROVED, unsuspicious experiments with the greatest (proven
         improvement, speedup); the outcome is its correctness, or without one any experiment's."""
-        n_runs = len(self.bundles)
+        ev, n_runs = self.evidence, len(self.runs)
         correctness = matrix[:, _CORRECTNESS]
         candidates = np.flatnonzero((verdict == _IMPROVED) & ~flagged)
-        perfs = [experiments[k].result.evidence.performance for k in candidates.tolist()]
-        speedup = np.array([0.0 if p is None else p.speedup for p in perfs], dtype=np.float64)
+        speedup = np.where(ev.measured[candidates], ev.speedup[candidates], 0.0)
         # Sorted by run, then greatest proven improvement and speedup, then first: the first of
-        # each run is its best. A NaN (or missing) speedup compares as Python's `max` alone knows.
+        # each run is its best. A NaN speedup compares as Python's `max` alone knows.
         order = np.lexsort((candidates, -speedup, -matrix[candidates, _PROVEN], run_of[candidates]))
         runs = run_of[candidates[order]]
         first = np.flatnonzero(np.diff(runs, prepend=-1) != 0)
@@ -216,15 +205,20 @@ class RunColumns:
         has = best >= 0
         c = correctness[best[has]]
         outcome[has] = np.where(c < 0, 2, np.where(c > 0, 1, 0))
-        values: list[list[Any]] = [[None] * n_runs, [None] * n_runs, [None] * n_runs]
-        for i, k in zip(np.flatnonzero(has).tolist(), best[has].tolist(), strict=True):
-            perf = experiments[k].result.evidence.performance
-            if perf is not None:
-                values[0][i], values[1][i], values[2][i] = perf.speedup, perf.ci_low, perf.ci_high
+        shown = np.zeros(n_runs, dtype=bool)
+        shown[has] = ev.measured[best[has]]
+        k = best[shown]
+        values: list[list[Any]] = []
+        for column in (ev.speedup, ev.ci_low, ev.ci_high):
+            value = np.full(n_runs, np.nan)
+            value[shown] = column[k]
+            values.append(value.tolist())
+        for i in np.flatnonzero(~shown).tolist():
+            values[0][i] = values[1][i] = values[2][i] = None
         outcomes = [_OUTCOMES[k] for k in outcome.tolist()]
         for i in odd:  # `build.best_candidate` itself, with the scores already computed
             a, b = int(starts[i]), int(starts[i + 1])
-            run = self.bundles[i].experiments
+            run = [ev.experiment(k) for k in range(a, b)]
             scores = {e.id: dict(zip(_CANDIDATE, matrix[k].tolist(), strict=True))
                       for e, k in zip(run, range(a, b), strict=True)}  # fmt: skip
             chosen = best_candidate(run, scores)
@@ -239,12 +233,12 @@ class RunColumns:
         """The kept runs' proposals with their rewards (`build.run_rewards`), a list per run."""
         lo, hi = self._proposal_starts[:-1][kept], self._proposal_starts[1:][kept]
         if self._proposal_values is None:  # the same for every format: built once
-            proposals, item = self._proposal_list, type_.value_type
+            ev, item = self.evidence, type_.value_type
             self._proposal_values = pa.StructArray.from_arrays(
                 [
-                    pa.array([p.id for p in proposals], pa.string()),
-                    pa.array([p.patch_id for p in proposals], pa.string()),
-                    pa.array([p.status.value for p in proposals], pa.string()),
+                    ev.proposal_ids,
+                    ev.proposal_patch_ids,
+                    ev.proposal_status,
                     pa.array(self._proposal_reward, pa.float64()),
                     pa.StructArray.from_arrays(
                         [pa.array(c) for c in self._proposal_components.T],
@@ -256,23 +250,13 @@ class RunColumns:
         return lists_of(self._proposal_values, lo, hi, type_)
 
 
-def _latest(where: dict[tuple[int, str], int], run: int, experiment_ids: list[str]) -> int:
-    """The index of the last of `experiment_ids` among run `run`'s experiments (`where`), -1
-    when none is."""
-    for x in reversed(experiment_ids):
-        k = where.get((run, x))
-        if k is not None:
-            return k
-    return -1
-
-
-def _by_patch(run_of: np.ndarray, patch_ids: list[str]) -> np.ndarray:
+def _by_patch(run_of: np.ndarray, patch_ids: pa.Array) -> np.ndarray:
     """The order of the experiments (runs delimited, patch ids given) that puts each run's in
     `rows.by_patch`'s order: stably by where the experiment's patch first appears in its run."""
     n = len(patch_ids)
     if not n:
         return np.zeros(0, dtype=np.int64)
-    codes = pa.array(patch_ids, pa.string()).dictionary_encode().indices.to_numpy()
+    codes = patch_ids.dictionary_encode().indices.to_numpy()
     key = run_of * (int(codes.max()) + 1) + codes
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     if len(first) == n:  # no patch twice in a run: already in order
@@ -280,14 +264,13 @@ def _by_patch(run_of: np.ndarray, patch_ids: list[str]) -> np.ndarray:
     return np.argsort(first[inverse.reshape(-1)], kind="stable")
 
 
-def _tools_json(tools: list[Any], redactor: Redactor | None) -> pa.Array:
-    """`writers.json_texts` of each row's tool specs as an Arrow column: each distinct list
-    (by identity: `formats.specs_for_tools` hands rows the same registry list) encoded and
-    redacted once, and its text copied into the rows by Arrow, not converted once per row."""
-    first: dict[int, int] = {}
-    index = [first.setdefault(id(t), len(first)) for t in tools]
-    distinct = list({id(t): t for t in tools}.values())
-    texts = pa.array(json_texts(distinct, redactor), pa.string())
+def _tools_json(
+    lists: list[list[dict[str, Any]]], index: np.ndarray, redactor: Redactor | None
+) -> pa.Array:
+    """`writers.json_texts` of each row's tool specs as an Arrow column (`ChatColumns.tools`:
+    the distinct lists and each row's): each list encoded and redacted once, and its text copied
+    into the rows by Arrow, not converted once per row."""
+    texts = pa.array(json_texts(lists, redactor), pa.string())
     return texts.take(pa.array(index, pa.int64()))
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from random_store import random_rewards_store
 from trajectory_store import Fixture
 
 from infra_agent.store import open_store
@@ -103,8 +104,8 @@ def _columnar(store: Any, fmt: ExportFormat, weights: dict[str, float]) -> tuple
     """(the table of the column-wise path, each run's reward, verdicts and skip), all runs in one
     batch, runs that form no row left out."""
     bundles = load_trusted_runs(store, list(store.iter_runs()), TrustedReview(store))
-    chat = ChatColumns(bundles)
-    columns = RunColumns(bundles, chat, weights)
+    chat = ChatColumns.of_bundles(bundles)
+    columns = RunColumns.of_bundles(bundles, chat, weights)
     made = [(columns.reward[i], columns.verdicts[i], chat.skip(i)) for i in range(len(bundles))]
     kept = [i for i, m in enumerate(made) if m[2] is None]
     return columns.table(fmt, kept, None), made
@@ -122,7 +123,7 @@ def test_every_shape_gives_the_rows_of_run_row(tmp_path: Path, fmt: ExportFormat
     expected = _shapes(tmp_path / "shapes.db")
     store = open_store(tmp_path / "shapes.db", readonly=True)
     bundles = load_trusted_runs(store, list(store.iter_runs()), ReviewIndex(store))
-    simple = ChatColumns(bundles).simple
+    simple = ChatColumns.of_bundles(bundles).simple
     assert {b.run.task: bool(s) for b, s in zip(bundles, simple, strict=True)} == expected
     weights = RewardWeights().model_dump()
     table, made = _columnar(store, fmt, weights)
@@ -163,85 +164,10 @@ def test_whitespace_is_what_strip_removes() -> None:
     assert set(WHITESPACE) == {c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace()}
 
 
-def _random_rewards_store(db: Path, seed: int) -> None:
-    """Runs with random experiments (every verdict, flags, with or without performance and
-    correctness evidence, CI lows at and below zero), patches shared by several experiments,
-    proposals backed by some of them (or by an experiment recorded without the run id), and
-    decisions on the proposal's patch or another."""
-    import random
-
-    from infra_agent.experiments.verdict import (
-        CorrectnessEvidence,
-        Evidence,
-        ExperimentResult,
-        Flag,
-        PerformanceEvidence,
-        Verdict,
-    )
-    from infra_agent.store.records import (
-        DecisionAction,
-        DecisionRecord,
-        ExperimentRecord,
-        ProposalRecord,
-        ProposalStatus,
-    )
-
-    rng = random.Random(seed)
-    store = open_store(db)
-    t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    for r in range(40):
-        run = RunRecord(task=f"t{r % 3}", objective="latency", policy="llm",
-                        created_at=t0 + timedelta(minutes=r))  # fmt: skip
-        store.put_run(run)
-        store.add_step(StepRecord(run_id=run.id, role="user", content="go"))
-        store.add_step(StepRecord(run_id=run.id, role="assistant", content="ok",
-                                  cost_usd=rng.choice([None, 0.1, 0.2, 1e-7])))  # fmt: skip
-        patches = [f"{r:04d}{k:060d}" for k in range(3)]
-        ids = []
-        for k in range(rng.choice([0, 1, 2, 3, 5])):
-            perf = None
-            if rng.random() < 0.7:
-                lo = rng.choice([-0.2, 0.0, 0.9, 1.0, 1.3, 2.0, 3.7, rng.uniform(0.5, 4)])
-                perf = PerformanceEvidence(metric="ms", unit="ms", higher_is_better=False,
-                                           baseline_median=1, candidate_median=1,
-                                           speedup=rng.choice([2.5, 4.0, lo + rng.random()]), ci_low=lo,
-                                           ci_high=lo + 1, n_samples=3)  # fmt: skip
-            corr = None
-            if rng.random() < 0.6:
-                corr = CorrectnessEvidence(
-                    passed=rng.random() < 0.7,
-                    baseline_err_f64=rng.choice([None, 0.0, 1e-3, rng.random()]),
-                    candidate_err_f64=rng.choice([None, 0.0, -1e-9, 1e-5, rng.random()]),
-                )
-            flags = [f for f in (Flag.SUSPICIOUS, Flag.HEALTH_WARNING, Flag.NOISY)
-                     if rng.random() < 0.25]  # fmt: skip
-            patch = rng.choice(patches)
-            result = ExperimentResult(task=run.task, patch_id=patch, verdict=rng.choice([Verdict.IMPROVED] * 3 + list(Verdict)),
-                                      reasons=["x"], flags=flags,
-                                      evidence=Evidence(performance=perf, correctness=corr))  # fmt: skip
-            exp = ExperimentRecord(run_id=run.id if k or r % 7 else None, task=run.task,
-                                   patch_id=patch, result=result,
-                                   started_at=t0 + timedelta(seconds=k))  # fmt: skip
-            store.put_experiment(exp)
-            ids.append(exp.id)
-        for _ in range(rng.choice([0, 1, 1, 2, 3])):
-            backing = rng.sample(ids, k=min(len(ids), rng.choice([0, 1, 2])))
-            prop = ProposalRecord(run_id=run.id, task=run.task, patch_id=rng.choice(patches),
-                                  patch_hash=rng.choice(patches),
-                                  experiment_ids=[*backing, *(["exp-gone"] if rng.random() < 0.2 else [])],
-                                  status=rng.choice(list(ProposalStatus)))  # fmt: skip
-            store.put_proposal(prop)
-            for _ in range(rng.choice([0, 1, 2])):
-                store.add_decision(DecisionRecord(
-                    proposal_id=prop.id, reviewer="r", action=rng.choice(list(DecisionAction)),
-                    patch_hash=rng.choice([prop.patch_hash, "other"])))  # fmt: skip
-    store.close()
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("fmt", CHAT)
 def test_random_rewards_equal_the_row_path(tmp_path: Path, fmt: ExportFormat, seed: int) -> None:
-    _random_rewards_store(tmp_path / "r.db", seed)
+    random_rewards_store(tmp_path / "r.db", seed)
     store = open_store(tmp_path / "r.db", readonly=True)
     for weights in (RewardWeights(), RewardWeights(review=3.0, failure=0.3, correctness=0.1)):
         w = weights.model_dump()

@@ -112,8 +112,8 @@ def test_run_columns_give_the_rows_of_run_row(seed: int, fmt: ExportFormat) -> N
     bundles = _bundles(seed)
     for weights in (RewardWeights(), RewardWeights(review=3.0, failure=0.3, correctness=0.1)):
         w = weights.model_dump()
-        chat = ChatColumns(bundles)
-        columns = RunColumns(bundles, chat, w)
+        chat = ChatColumns.of_bundles(bundles)
+        columns = RunColumns.of_bundles(bundles, chat, w)
         made = [(columns.reward[i], columns.verdicts[i], chat.skip(i)) for i in range(len(bundles))]
         kept = [i for i, m in enumerate(made) if m[2] is None]
         rows = [run_row(b, fmt, w) for b in bundles]
