@@ -131,18 +131,24 @@ class ChatColumns:
         self._called_at = np.searchsorted(pairs // width, np.arange(n_runs + 1))
         self._specs: dict[Any, list[dict[str, Any]]] = {}
 
-        # Every step's message, as `rows._conversation` shows it, harness notes left out.
+        # Every step's message, as `rows._conversation` shows it, harness notes left out. A
+        # column is copied only where a value changes (most batches change none): a tool result
+        # without content shows its error (or ""), reasoning shows on assistant messages only,
+        # a tool call id on tool results only, blank arguments as "{}".
         content, error = steps.field("content"), steps.field("error")
-        error_shown = pc.if_else(pc.fill_null(pc.not_equal(error, ""), False), error, "")
-        tool_shown = pc.if_else(
-            pc.fill_null(pc.not_equal(content, ""), False), content, error_shown
-        )
-        tool_mask, asst_mask = pa.array(is_tool), pa.array(is_asst)
-        null = pa.nulls(n, pa.string())
+        empty = pc.fill_null(pc.binary_length(content), 0).to_numpy(zero_copy_only=False) == 0
+        swap = is_tool & empty
+        if swap.any():
+            error_shown = pc.if_else(pc.fill_null(pc.not_equal(error, ""), False), error, "")
+            content = pc.if_else(pa.array(swap), error_shown, content)
+        reasoning = _only(steps.field("reasoning_content"), is_asst)
+        answers = _only(steps.field("tool_call_id"), is_tool)
         arguments = flat_calls.field("arguments")
         blank = pc.match_substring_regex(arguments, _BLANK)
+        if pc.any(blank).as_py():
+            arguments = pc.if_else(blank, "{}", arguments)
         function = pa.StructArray.from_arrays(
-            [flat_calls.field("name"), pc.if_else(blank, "{}", arguments)],
+            [flat_calls.field("name"), arguments],
             fields=list(MESSAGE_TYPE.field("tool_calls").type.value_type.field("function").type),
         )
         call_values = pa.StructArray.from_arrays(
@@ -157,16 +163,10 @@ class ChatColumns:
             mask=pa.array(~(is_asst & (n_call > 0))),
         )
         messages = pa.StructArray.from_arrays(
-            [
-                steps.field("role"),
-                pc.if_else(tool_mask, tool_shown, content),
-                pc.if_else(asst_mask, steps.field("reasoning_content"), null),
-                tool_calls,
-                pc.if_else(tool_mask, steps.field("tool_call_id"), null),
-            ],
+            [steps.field("role"), content, reasoning, tool_calls, answers],
             fields=list(MESSAGE_TYPE),
         )
-        self._messages = messages.filter(pa.array(shown))
+        self._messages = messages if shown.all() else messages.filter(pa.array(shown))
         self._message_starts = offsets(n_messages)
         m_asst = is_asst[shown]
         # Each run's first assistant message (the rl prompt/completion split), else its end.
@@ -309,6 +309,14 @@ def per_run_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     booleans (a count)."""
     total = offsets(values)
     return total[starts[1:]] - total[starts[:-1]]
+
+
+def _only(values: pa.Array, where: np.ndarray) -> pa.Array:
+    """`values` where `where` holds, null elsewhere (the same array when it is null there)."""
+    elsewhere = values.is_valid().to_numpy(zero_copy_only=False) & ~where
+    if not elsewhere.any():
+        return values
+    return pc.if_else(pa.array(where), values, pa.nulls(len(values), values.type))
 
 
 def _text(values: np.ndarray) -> pa.Array:

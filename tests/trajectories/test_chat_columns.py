@@ -64,6 +64,13 @@ def _shapes(db: Path) -> dict[str, bool]:
         {"role": "tool", "tool_call_id": "d", "content": "ok", "error": "ignored"},
         {"role": "tool", "tool_call_id": "f", "content": "é ✓ \u2028 \x00"},
         {"role": "assistant", "content": "end"})  # fmt: skip
+    run("reasoning and call ids where they are not shown", True,
+        {"role": "user", "content": "u", "reasoning_content": "hidden", "tool_call_id": "x"},
+        {"role": "assistant", "content": "a", "reasoning_content": "shown", "tool_call_id": "y",
+         "tool_calls": [call("k1")]},
+        {"role": "tool", "tool_call_id": "k1", "content": "r", "reasoning_content": "hidden"},
+        {"role": "harness", "content": "n", "reasoning_content": "hidden", "tool_call_id": "z"},
+        {"role": "assistant", "content": "b"})  # fmt: skip
     run("tool calls on a user message are counted, not shown", True,
         {"role": "user", "content": "u", "tool_calls": [call("u1", "{}", "user_tool")]},
         {"role": "assistant", "content": "a"})  # fmt: skip
