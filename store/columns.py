@@ -250,6 +250,11 @@ _CALL_QUERY = (
 )
 """The tool calls of the runs in a JSON array (run, step, then call order: `_in_order`)."""
 _BATCH_ROWS = {"adbc.sqlite.query.batch_rows": "8192"}
+MMAP_BYTES = 1 << 30
+"""How much of the store file the export reader maps into memory (SQLite's `mmap_size`): the
+column queries then read pages in place instead of copying each out of the file (about 15% of
+a batch's step query). Only this read-only connection maps the file; SQLite keeps it correct
+under concurrent writers (WAL), and a file larger than this is read past it as usual."""
 
 
 def step_type() -> pa.StructType:
@@ -322,6 +327,9 @@ class ColumnReader:
             import adbc_driver_sqlite.dbapi
 
             self._conn = adbc_driver_sqlite.dbapi.connect(str(self.path))
+            with self._conn.cursor() as cursor:
+                cursor.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
+                cursor.fetchall()
         params = (json.dumps(list(run_ids)),) if run_ids is not None else None
         tables = []
         try:

@@ -50,7 +50,6 @@ WHITESPACE = (
 """Every character `str.isspace()` holds true (what `str.strip()` removes)."""
 _BLANK = "^[" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]*$"
 """RE2: text that `str.strip()` empties (`rows.arguments_text` writes `{}` for it)."""
-_SEP = "\x1f"
 SKIPS = (None, "no steps recorded", "no assistant message")
 """Why a run forms no chat row (`rows.RunRow.skip`), by `ChatColumns.skip_codes`."""
 
@@ -88,17 +87,20 @@ class ChatColumns:
         t_open = opener[tools]
         t_ok = t_open >= starts[run_of[tools]]
         t_ok &= np.where(t_ok, code[np.maximum(t_open, 0)] == _ASSISTANT, False)
+        # Call ids and the ids tool results answer, as codes of one dictionary (no id: -1), so
+        # (step, id) pairs are integers: step * width + code.
         call_ids = flat_calls.field("id")
         answer = steps.field("tool_call_id").take(pa.array(tools))
-        made = pc.binary_join_element_wise(_text(call_step), call_ids, _SEP)
-        asked = pc.binary_join_element_wise(_text(t_open), answer, _SEP)
-        t_ok &= pc.fill_null(pc.is_in(asked, value_set=made), False).to_numpy(zero_copy_only=False)
-        per_run = pc.binary_join_element_wise(_text(run_of[tools]), answer, _SEP)
-        repeated = pc.value_counts(per_run)
-        twice = pc.filter(repeated.field("values"), pc.greater(repeated.field("counts"), 1))
-        t_ok &= ~pc.fill_null(pc.is_in(per_run, value_set=twice), False).to_numpy(
-            zero_copy_only=False
+        ids = pc.dictionary_encode(pa.concat_arrays([call_ids, answer]))
+        id_code = pc.fill_null(ids.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        made_code, answer_code = id_code[: len(call_ids)], id_code[len(call_ids) :]
+        width = len(ids.dictionary) + 1  # code width - 1 is no id's: -1 never meets a call
+        made = call_step * width + made_code
+        t_ok &= (answer_code >= 0) & np.isin(t_open * width + answer_code, made)
+        _, again, times = np.unique(
+            run_of[tools] * width + answer_code, return_inverse=True, return_counts=True
         )
+        t_ok &= times[again.reshape(-1)] == 1  # no call id answered twice in a run
         simple = np.ones(n_runs, dtype=bool)
         simple[run_of[tools[~t_ok]]] = False
         simple[run_of[code < 0]] = False
@@ -317,7 +319,3 @@ def _only(values: pa.Array, where: np.ndarray) -> pa.Array:
     if not elsewhere.any():
         return values
     return pc.if_else(pa.array(where), values, pa.nulls(len(values), values.type))
-
-
-def _text(values: np.ndarray) -> pa.Array:
-    return pc.cast(pa.array(values, type=pa.int64()), pa.string())

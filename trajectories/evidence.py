@@ -1,19 +1,22 @@
 """The experiments and proposals of a batch of runs as arrays: what `run_columns.RunColumns` reads.
 
-`EvidenceColumns.of_bundles` reads them off run bundles (`build.RunBundle`, records or trusted views);
-`EvidenceColumns.of_store` straight from the store's export columns as Arrow tables (the experiments of
-the batch's runs, `store.base.ExportColumns.experiment_table_of_runs`, and every proposal and
-decision, read once per export into `ReviewColumns`), with no Python object per experiment or
-proposal: verdicts, flags and correctness become codes with Arrow compute, each proposal's review
-score and backing experiment are found by joins over arrays. Only the IMPROVED experiments become
-small views (`trusted.picked_experiment`), for `rewards.proven_improvement`, the scalar definition.
+`EvidenceColumns.of_bundles` reads them off run bundles (`build.RunBundle`, records or trusted
+views); `EvidenceColumns.of_store` straight from the store's export columns as Arrow tables (the
+experiments of the batch's runs, `store.base.ExportColumns.experiment_table_of_runs`, and every
+proposal and decision, read once per export into `ReviewColumns`), with no Python object per
+experiment or proposal: verdicts, flags and correctness become codes with Arrow compute, each
+proposal's review score and backing experiment are found by joins over arrays. The proven
+improvement of each IMPROVED experiment is `rewards.improvement` of its numbers (the function
+`rewards.proven_improvement` itself calls); an experiment becomes a small view
+(`trusted.picked_experiment`) only where a rare path asks for one.
 
 `of_store` gives None for a batch that is not in the common shape, and the exporter then builds
 the bundles (`trusted.load_trusted_runs`) and `of_bundles` of them, which is always exact: a
 proposal that names an experiment its run does not hold (`build.add_proposal_experiments` would
 fetch it from the store), a verdict, flag, decision action or proposal status this version does
-not know (the bundle path raises the error), or performance evidence without its numbers.
-tests/trajectories/test_evidence.py holds both equal on stores with every shape.
+not know (the bundle path raises the error), or performance evidence without its numbers (a NaN
+stored as NULL). tests/trajectories/test_evidence.py holds both equal on random stores, and the
+Parquet exports byte for byte the row path's. Per run of 2 experiments and 1 proposal: about 6 us.
 """
 
 from __future__ import annotations
@@ -244,15 +247,17 @@ class ReviewColumns:
         self.experiment_ids = pa.array(
             orjson.loads("[" + ",".join(texts) + "]"), pa.list_(pa.string())
         )
-        by_run: dict[str | None, list[int]] = {}
-        for k, run_id in enumerate(proposals.column("run_id").to_pylist()):
-            by_run.setdefault(run_id, []).append(k)
-        self._order = np.array([k for ks in by_run.values() for k in ks], dtype=np.int64)
-        self._span: dict[str | None, tuple[int, int]] = {}
-        at = 0
-        for run_id, ks in by_run.items():
-            self._span[run_id] = (at, len(ks))
-            at += len(ks)
+        # The proposals grouped by run (each run's in store order): where each run's start.
+        runs = pc.dictionary_encode(_one(proposals.column("run_id")))
+        of_run = _codes(runs.indices)
+        some = np.flatnonzero(of_run >= 0)  # a proposal without a run is in no run's bundle
+        self._order = some[np.argsort(of_run[some], kind="stable")]
+        counts = np.bincount(of_run[some], minlength=len(runs.dictionary))
+        starts = offsets(counts)[:-1]
+        self._span: dict[str, tuple[int, int]] = dict(
+            zip(runs.dictionary.to_pylist(), zip(starts.tolist(), counts.tolist(), strict=True),
+                strict=True)
+        )  # fmt: skip
 
     def of_runs(self, run_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The proposals of runs `run_ids`: their indices (runs in that order, each run's in

@@ -7,8 +7,10 @@ them: `trusted.load_trusted_runs`); as Parquet, a batch's table is built column-
 (`chat_columns.ChatColumns`: the batch's steps as one Arrow array, read from the store's export
 columns through ADBC where it keeps them (`store.columns`), else converted from the step bodies;
 the conversation mapped with numpy and Arrow compute, Python only for runs not in the simple
-shape; `run_columns.RunColumns`: rewards, metrics and proposals from arrays), the same table
-either way. `atif` rows are the validated `Trajectory` records.
+shape; `run_columns.RunColumns`: rewards, metrics and proposals from arrays, the experiments,
+proposals and decisions read as Arrow arrays from the same columns where the batch allows it,
+`evidence.EvidenceColumns`), the same table either way. `atif` rows are the validated
+`Trajectory` records.
 Every batch is redacted (`Redactor.table` / `Redactor.texts`) and validated against its format's
 schema (the fixed Arrow schema plus `writers.check_table`; pydantic for `Trajectory` and strict
 OpenAI rows) before it is written, and the file is written atomically: on any error nothing
