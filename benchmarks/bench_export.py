@@ -58,7 +58,13 @@ from infra_agent.store.records import (
 from infra_agent.trajectories.build import ReviewIndex
 from infra_agent.trajectories.chat_columns import ChatColumns
 from infra_agent.trajectories.evidence import EvidenceColumns, ReviewColumns
-from infra_agent.trajectories.export import BATCH_ROWS, export_dataset, load_row_runs
+from infra_agent.trajectories.export import (
+    BATCH_ROWS,
+    _Batch,
+    _Sizer,
+    export_dataset,
+    load_row_runs,
+)
 from infra_agent.trajectories.formats import ARROW_SCHEMAS, ExportFormat
 from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import RewardWeights
@@ -172,8 +178,10 @@ def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str,
         sink = ParquetSink(f, ARROW_SCHEMAS[fmt])
         runs = run("read store", lambda: list(store.iter_runs()))
         reviews = run("read store", lambda: ReviewColumns(*store.review_tables()))
-        for start in range(0, len(runs), BATCH_ROWS):
-            chunk = runs[start : start + BATCH_ROWS]
+        sizer, start = _Sizer(None), 0  # batches as one process's export sizes them
+        while start < len(runs):
+            chunk = runs[start : start + sizer()]
+            start += len(chunk)
             ids = [r.id for r in chunk]
             # As `export._Producer.batch` reads them: the store's export columns.
             steps = run("read store", lambda: store.step_columns_of_runs(ids))  # noqa: B023
@@ -196,7 +204,9 @@ def phases(store: Any, redactor: Redactor, fmt: ExportFormat) -> list[tuple[str,
             table = run("redaction", lambda: redactor.table(table, done={"tools_json"}))  # noqa: B023
             run("column checks", lambda: check_table(fmt, table))  # noqa: B023
             run("Parquet write (zstd)", lambda: sink.write(table))  # noqa: B023
-        run("Parquet write (zstd)", sink.close)
+            sizer.saw(_Batch(payload=table), len(chunk))
+        run("Parquet write (zstd)", sink.finish)
+        sink.close()
     return [(name, wall, cpu) for name, (wall, cpu) in totals.items()]
 
 
@@ -253,6 +263,7 @@ def compare(store: Any, redactor: Redactor, fmt: ExportFormat, root: Path, repea
                 table = arrow_table(fmt, rows[start : start + BATCH_ROWS], redactor)
                 check_table(fmt, table)
                 sink.write(table)
+            sink.finish()
             sink.close()
 
     flat = [

@@ -24,7 +24,7 @@ import json
 import multiprocessing
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -66,8 +66,15 @@ from infra_agent.trajectories.trusted import TrustedReview, load_trusted_runs
 from infra_agent.trajectories.writers import ParquetSink, arrow_table, atomic_file, check_table
 
 BATCH_ROWS = 512
-"""Runs per batch: built, redacted and validated together, written as one Parquet row group
-(and, with jobs > 1, one task for a worker process)."""
+"""Runs per batch with jobs > 1 (one task for a worker process), and in the first batch of one
+process. A batch's runs are built, redacted and validated together; the Parquet file's row
+groups do not depend on the batches (`writers.ParquetSink`)."""
+MAX_BATCH_ROWS = 2048
+"""The most runs a batch of one process takes (`_Sizer`)."""
+BATCH_BYTES = 32 << 20
+"""About how much row data a batch of one process makes (`_Sizer`): big runs come in small
+batches, so memory stays bounded; small runs in big ones, so per-batch costs (queries, Arrow
+kernels, the redaction gate's compilation) spread over many rows."""
 
 
 class ExportFilter(BaseModel):
@@ -386,15 +393,40 @@ def _produce_batch(db: str, runs: list[RunRecord], producer: _Producer) -> _Batc
 _WORKER_REVIEW: dict[str, _Reviews] = {}
 
 
-def _chunks(runs: Iterator[RunRecord], size: int) -> Iterator[list[RunRecord]]:
+def _chunks(runs: Iterator[RunRecord], size: Callable[[], int]) -> Iterator[list[RunRecord]]:
+    """The runs in batches of `size()` runs (asked again before each batch)."""
     chunk: list[RunRecord] = []
+    wanted = size()
     for run in runs:
         chunk.append(run)
-        if len(chunk) >= size:
+        if len(chunk) >= wanted:
             yield chunk
             chunk = []
+            wanted = size()
     if chunk:
         yield chunk
+
+
+class _Sizer:
+    """How many runs the next batch of one process takes: `BATCH_ROWS` first, then as many as
+    make about `BATCH_BYTES` of rows at the size per run the last batch that made rows had,
+    between 1 and `MAX_BATCH_ROWS`; always `fixed` when given."""
+
+    def __init__(self, fixed: int | None) -> None:
+        self._fixed = fixed
+        self._next = fixed or BATCH_ROWS
+
+    def __call__(self) -> int:
+        return self._next
+
+    def saw(self, batch: _Batch, runs: int) -> _Batch:
+        """Learn from a batch of `runs` runs; returns it."""
+        if self._fixed is None and batch.payload is not None:
+            payload = batch.payload
+            size = payload.nbytes if isinstance(payload, pa.Table) else len(payload)
+            per_run = max(size / runs, 1.0)
+            self._next = max(1, min(MAX_BATCH_ROWS, int(BATCH_BYTES / per_run)))
+        return batch
 
 
 class _Counted:
@@ -425,7 +457,7 @@ def export_dataset(
     flt: ExportFilter | None = None,
     redactor: Redactor | None = None,
     weights: RewardWeights | None = None,
-    batch_rows: int = BATCH_ROWS,
+    batch_rows: int | None = None,
     jobs: int = 1,
     strict_openai: bool = False,
     trusted_bodies: bool = True,
@@ -434,7 +466,9 @@ def export_dataset(
 
     With `jobs` > 1, trajectories are built and validated in that many worker processes (each
     with its own read-only connection to a SQLite store), while this process writes, in the same
-    order as with one job. `strict_openai` (openai-sft JSONL only) writes only the keys OpenAI's
+    order as with one job. `batch_rows`: runs per batch (default: `BATCH_ROWS` with jobs > 1;
+    sized by the rows' bytes in one process, `_Sizer`); the file's bytes are the same whatever
+    the batches. `strict_openai` (openai-sft JSONL only) writes only the keys OpenAI's
     fine-tuning API accepts (no `metadata`, no `reasoning_content`). `trusted_bodies=False`
     builds the chat and RL rows from validated records instead of the store's trusted bodies
     (the reference path: same bytes, slower). Raises UserError (nothing written) when no run matches, when `out` is
@@ -465,7 +499,7 @@ def _export(
     flt: ExportFilter | None,
     redactor: Redactor | None,
     weights: RewardWeights | None,
-    batch_rows: int,
+    batch_rows: int | None,
     jobs: int,
     strict_openai: bool,
     trusted_bodies: bool,
@@ -481,17 +515,20 @@ def _export(
         trusted_bodies,
     )
     runs = _Counted(store.iter_runs())
-    chunks = _chunks(iter(runs), batch_rows)
     db = getattr(store, "path", None)
     pool = None
     if jobs > 1 and isinstance(db, Path):
         pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+        chunks = _chunks(iter(runs), lambda: batch_rows or BATCH_ROWS)
         batches: Iterator[_Batch] = pool.map(
             _produce_batch, repeat(str(db)), chunks, repeat(producer)
         )
     else:
-        review = producer.review()
-        batches = (producer.batch(store, chunk, review) for chunk in chunks)
+        review, sizer = producer.review(), _Sizer(batch_rows)
+        batches = (
+            sizer.saw(producer.batch(store, chunk, review), len(chunk))
+            for chunk in _chunks(iter(runs), sizer)
+        )
     try:
         return _write(out, fmt, parquet, batches, runs, started)
     finally:
@@ -530,6 +567,8 @@ def _write(
                 done.rows += batch.rows
                 done.rewards += batch.rewards
                 verdicts.update(batch.verdicts)
+            if sink is not None:
+                sink.finish()
         finally:
             if sink is not None:
                 sink.close()  # also on error: the writer must let go of the temporary file

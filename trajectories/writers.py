@@ -129,14 +129,42 @@ def json_texts(values: list[Any], redactor: Redactor | None = None) -> list[str]
     return [texts[i] for i in index]
 
 
-class ParquetSink:
-    """Streams tables of one schema into an open binary file (zstd, row groups per batch)."""
+ROW_GROUP_ROWS = 1024
+"""Rows per Parquet row group (the last may hold fewer)."""
 
-    def __init__(self, f: IO[bytes], schema: pa.Schema) -> None:
+
+class ParquetSink:
+    """Streams tables of one schema into an open binary file (zstd) as row groups of
+    `row_group_rows` rows, whatever the sizes of the tables written: the file's bytes depend on
+    its rows alone, not on how the exporter batched them (batch size, worker processes). Each
+    group is written as one contiguous table."""
+
+    def __init__(self, f: IO[bytes], schema: pa.Schema, row_group_rows: int = ROW_GROUP_ROWS):
         self._writer = pq.ParquetWriter(f, schema, compression="zstd")
+        self._size = row_group_rows
+        self._pending: list[pa.Table] = []
+        self._rows = 0
 
     def write(self, table: pa.Table) -> None:
-        self._writer.write_table(table)
+        self._pending.append(table)
+        self._rows += table.num_rows
+        if self._rows >= self._size:
+            whole = pa.concat_tables(self._pending)
+            cut = self._rows - self._rows % self._size
+            for start in range(0, cut, self._size):
+                self._group(whole.slice(start, self._size))
+            rest = whole.slice(cut)
+            self._pending, self._rows = ([rest] if rest.num_rows else []), rest.num_rows
+
+    def finish(self) -> None:
+        """Write the rows still pending (the last, shorter row group)."""
+        if self._rows:
+            self._group(pa.concat_tables(self._pending))
+        self._pending, self._rows = [], 0
 
     def close(self) -> None:
+        """Let go of the file (after `finish`, or on an error: pending rows are dropped)."""
         self._writer.close()
+
+    def _group(self, table: pa.Table) -> None:
+        self._writer.write_table(table.combine_chunks(), row_group_size=self._size)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from random_store import random_rewards_store
@@ -21,6 +22,7 @@ from infra_agent.trajectories.evidence import EvidenceColumns, ReviewColumns
 from infra_agent.trajectories.export import ExportFilter, export_dataset
 from infra_agent.trajectories.formats import ExportFormat
 from infra_agent.trajectories.trusted import TrustedReview, load_trusted_runs
+from infra_agent.trajectories.writers import ParquetSink
 
 CHAT = (ExportFormat.OPENAI_SFT, ExportFormat.RL)
 
@@ -188,3 +190,57 @@ def test_tool_specs_of_every_kind_are_the_row_paths(tmp_path: Path) -> None:
     specs = pq.read_table(fast).column("tools_json").to_pylist()
     assert len(specs) == len(kinds)  # in run order
     assert specs[1] == specs[2] == specs[7] and specs[5] == "[]" and len(set(specs)) == 6
+
+
+def test_the_file_does_not_depend_on_the_batches(tmp_path: Path) -> None:
+    """Fixed batch sizes, the sized batches of one process, and worker processes all write the
+    same bytes (row groups are cut by rows, not by batch: `writers.ParquetSink`)."""
+    random_rewards_store(tmp_path / "r.db", 8, gone=0.1, orphans=True, runs=60)
+    store = open_store(tmp_path / "r.db", readonly=True)
+    outputs = []
+    for k, kwargs in enumerate([{}, {"batch_rows": 1}, {"batch_rows": 7}, {"jobs": 2}]):
+        out = tmp_path / f"{k}.parquet"
+        export_dataset(store, ExportFormat.RL, out, parquet=True, **kwargs)  # type: ignore[arg-type]
+        outputs.append(out.read_bytes())
+    assert all(o == outputs[0] for o in outputs)
+
+
+@pytest.mark.parametrize("sizes", [[3, 4, 10, 1, 0, 9], [25], [7, 7, 7], [0, 2]])
+def test_the_sink_cuts_row_groups_by_rows(tmp_path: Path, sizes: list[int]) -> None:
+    rows = pa.table(
+        {"k": list(range(sum(sizes))), "s": [f"v{k}" * (k % 5) for k in range(sum(sizes))]}
+    )
+    streamed, whole = tmp_path / "streamed.parquet", tmp_path / "whole.parquet"
+    with open(streamed, "wb") as f:
+        sink = ParquetSink(f, rows.schema, row_group_rows=7)
+        at = 0
+        for n in sizes:
+            sink.write(rows.slice(at, n))
+            at += n
+        sink.finish()
+        sink.close()
+    pq.write_table(rows, whole, row_group_size=7, compression="zstd")
+    assert streamed.read_bytes() == whole.read_bytes()
+    meta = pq.ParquetFile(streamed).metadata
+    groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    assert groups == [7] * (sum(sizes) // 7) + ([sum(sizes) % 7] if sum(sizes) % 7 else [])
+
+
+def test_sized_batches_follow_the_rows_bytes() -> None:
+    from infra_agent.trajectories import export as ex
+
+    sizer = ex._Sizer(None)
+    assert sizer() == ex.BATCH_ROWS
+    sizer.saw(ex._Batch(payload=b"x" * 1000), runs=10)  # 100 bytes a run: as many as allowed
+    assert sizer() == ex.MAX_BATCH_ROWS
+    sizer.saw(
+        ex._Batch(payload=b"x" * (ex.BATCH_BYTES // 2)), runs=4
+    )  # an eighth of the budget a run
+    assert sizer() == 8
+    sizer.saw(ex._Batch(payload=b"x" * (ex.BATCH_BYTES * 3)), runs=1)  # one huge run
+    assert sizer() == 1
+    sizer.saw(ex._Batch(), runs=5)  # no rows: nothing learnt
+    assert sizer() == 1
+    fixed = ex._Sizer(3)
+    fixed.saw(ex._Batch(payload=b"x"), runs=3)
+    assert fixed() == 3
