@@ -11,7 +11,8 @@ For rl/parquet and openai-sft/parquet, prints side by side (interleaved, best of
 - plain `pyarrow.Table.from_pylist(rows)` + `pq.write_table` of the same rows,
 
 the ratio of the full export's CPU time to the plain write's, then, for each format, where a
-one-process export spends its CPU (per-phase timings through the exporter's own functions) and,
+one-process export spends its CPU (per-phase timings through the exporter's own functions, in
+batches sized as the export sizes them) and,
 unless --no-profile, cProfile's top functions of one rl export. Usage:
 
     .venv/bin/python benchmarks/bench_export.py [--n 10000] [--jobs N] [--all-formats] [--keep DIR]
