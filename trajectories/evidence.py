@@ -101,8 +101,8 @@ class EvidenceColumns:
         counts = np.array([len(b.experiments) for b in bundles], dtype=np.int64)
         perfs = [e.result.evidence.performance for e in experiments]
         measured = np.array([p is not None for p in perfs], dtype=bool)
-        values = [(p.speedup, p.ci_low, p.ci_high) if p is not None else (0.0, 0.0, 0.0)
-                  for p in perfs]  # fmt: skip
+        values = [tuple(_number(x) for x in (p.speedup, p.ci_low, p.ci_high))
+                  if p is not None else (0.0, 0.0, 0.0) for p in perfs]  # fmt: skip
         speedup, ci_low, ci_high = np.array(values, dtype=np.float64).reshape(-1, 3).T
         proposals = [p for b in bundles for p in b.proposals]
         p_counts = np.array([len(b.proposals) for b in bundles], dtype=np.int64)
@@ -353,6 +353,13 @@ def _latest(where: dict[tuple[int, str], int], run: int, experiment_ids: list[st
         if k is not None:
             return k
     return -1
+
+
+def _number(value: float | None) -> float:
+    """A stored number; NaN for one read back as null (SQLite and JSON keep NaN and infinities
+    as null): only a best candidate's numbers are read, and `build.best_candidate` refuses a
+    missing one as the row path does."""
+    return float("nan") if value is None else value
 
 
 def _valid(column: pa.ChunkedArray) -> list[tuple[int, Any]]:

@@ -21,10 +21,13 @@ from infra_agent.store.records import RunRecord, StepRecord, ToolCall
 from infra_agent.trajectories.evidence import EvidenceColumns, ReviewColumns
 from infra_agent.trajectories.export import ExportFilter, export_dataset
 from infra_agent.trajectories.formats import ExportFormat
+from infra_agent.trajectories.rewards import RewardWeights
+from infra_agent.trajectories.rows import run_row
 from infra_agent.trajectories.trusted import TrustedReview, load_trusted_runs
-from infra_agent.trajectories.writers import ParquetSink
+from infra_agent.trajectories.writers import ParquetSink, arrow_table
 
 CHAT = (ExportFormat.OPENAI_SFT, ExportFormat.RL)
+DEFAULTS = RewardWeights().model_dump()
 
 
 def _batches(store: Any, size: int) -> list[list[RunRecord]]:
@@ -244,3 +247,23 @@ def test_sized_batches_follow_the_rows_bytes() -> None:
     fixed = ex._Sizer(3)
     fixed.saw(ex._Batch(payload=b"x"), runs=3)
     assert fixed() == 3
+
+
+def test_a_number_read_back_as_null_off_the_best_candidate_exports(tmp_path: Path) -> None:
+    """SQLite keeps a NaN or infinite speedup as NULL. On an experiment that is not a best
+    candidate nothing reads it: the export gives the row path's rows."""
+    random_rewards_store(tmp_path / "r.db", 9, gone=0.0, orphans=False, runs=20)
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        changed = conn.execute(
+            "UPDATE experiments SET speedup = NULL, ci_high = NULL WHERE rowid IN (SELECT rowid"
+            " FROM experiments WHERE metric IS NOT NULL AND verdict != 'IMPROVED' LIMIT 3)"
+        ).rowcount
+    assert changed == 3
+    store = open_store(tmp_path / "r.db", readonly=True)
+    out = tmp_path / "rl.parquet"
+    export_dataset(store, ExportFormat.RL, out, parquet=True)
+    bundles = load_trusted_runs(store, list(store.iter_runs()), TrustedReview(store))
+    rows = [
+        made.row for b in bundles if (made := run_row(b, ExportFormat.RL, DEFAULTS)).skip is None
+    ]
+    assert pq.read_table(out).to_pylist() == arrow_table(ExportFormat.RL, rows).to_pylist()
