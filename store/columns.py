@@ -279,9 +279,25 @@ def step_type() -> pa.StructType:
     )
 
 
-def _array(column: pa.ChunkedArray) -> pa.Array:
+def one_array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     """A query result's column as one array (no copy when it came as one batch)."""
+    import pyarrow as pa
+
+    if not isinstance(column, pa.ChunkedArray):
+        return column
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def experiment_rows(table: pa.Table) -> list[list[Any]]:
+    """The rows of an `ColumnReader.experiment_table` as the values at `EXPERIMENT_FIELDS` of
+    each body, as `json_extract` would give them (flags a list, passed a bool, None where
+    absent); the `run` column left out."""
+    import orjson
+
+    values = [table.column(k).to_pylist() for k in range(1, table.num_columns)]
+    values[_FLAGS] = [orjson.loads(f) if f is not None else [] for f in values[_FLAGS]]
+    values[_PASSED] = [bool(p) if p is not None else None for p in values[_PASSED]]
+    return [list(row) for row in zip(*values, strict=True)]
 
 
 def _in_order(table: pa.Table, n_keys: int) -> pa.Table:
@@ -361,16 +377,10 @@ class ColumnReader:
         """Run id -> per experiment of the run (started_at, then id), the values at
         `EXPERIMENT_FIELDS` of its body, as `json_extract` would give them (flags a list,
         passed a bool, None where absent)."""
-        import orjson
-
         table = self.experiment_table(run_ids)
-        keys = table.column(0).to_pylist()
-        values = [table.column(k).to_pylist() for k in range(1, table.num_columns)]
-        values[_FLAGS] = [orjson.loads(f) if f is not None else [] for f in values[_FLAGS]]
-        values[_PASSED] = [bool(p) if p is not None else None for p in values[_PASSED]]
         out: dict[str, list[list[Any]]] = {}
-        for key, picked in zip(keys, zip(*values, strict=True), strict=True):
-            out.setdefault(run_ids[key], []).append(list(picked))
+        for key, picked in zip(table.column(0).to_pylist(), experiment_rows(table), strict=True):
+            out.setdefault(run_ids[key], []).append(picked)
         return out
 
     def review_tables(self) -> tuple[pa.Table, pa.Table]:
@@ -410,7 +420,7 @@ class ColumnReader:
         kind = step_type()
         if rows.num_rows == 1:  # the row of types alone
             return StepColumns(pa.array([], type=kind), np.zeros(len(run_ids), np.int64))
-        columns = [_array(c).slice(1) for c in rows.columns]  # after the row of types
+        columns = [one_array(c).slice(1) for c in rows.columns]  # after the row of types
         run_index = columns[0].to_numpy()
         counts = np.bincount(run_index, minlength=len(run_ids)).astype(np.int64)
         fields = {
@@ -425,7 +435,7 @@ class ColumnReader:
         call_fields = list(call_type.value_type)
         if calls.num_rows:
             values = pa.StructArray.from_arrays(
-                [_array(c).cast(pa.string()) for c in calls.columns], fields=call_fields
+                [one_array(c).cast(pa.string()) for c in calls.columns], fields=call_fields
             )
         else:
             values = pa.array([], type=call_type.value_type)

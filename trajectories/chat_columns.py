@@ -87,14 +87,11 @@ class ChatColumns:
         t_open = opener[tools]
         t_ok = t_open >= starts[run_of[tools]]
         t_ok &= np.where(t_ok, code[np.maximum(t_open, 0)] == _ASSISTANT, False)
-        # Call ids and the ids tool results answer, as codes of one dictionary (no id: -1), so
-        # (step, id) pairs are integers: step * width + code.
+        # Call ids and the ids tool results answer as codes of one dictionary (`string_codes`),
+        # so (step, id) pairs are integers: step * width + code.
         call_ids = flat_calls.field("id")
         answer = steps.field("tool_call_id").take(pa.array(tools))
-        ids = pc.dictionary_encode(pa.concat_arrays([call_ids, answer]))
-        id_code = pc.fill_null(ids.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        made_code, answer_code = id_code[: len(call_ids)], id_code[len(call_ids) :]
-        width = len(ids.dictionary) + 1  # code width - 1 is no id's: -1 never meets a call
+        (made_code, answer_code), width = string_codes(call_ids, answer)
         made = call_step * width + made_code
         t_ok &= (answer_code >= 0) & np.isin(t_open * width + answer_code, made)
         _, again, times = np.unique(
@@ -311,6 +308,27 @@ def per_run_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     booleans (a count)."""
     total = offsets(values)
     return total[starts[1:]] - total[starts[:-1]]
+
+
+def string_codes(*columns: pa.Array | pa.ChunkedArray) -> tuple[list[np.ndarray], int]:
+    """The strings of `columns` as codes of one dictionary (int64, one array per column; null:
+    -1), and a width past every code: (group, string) pairs become the integers
+    group * width + code, distinct for distinct pairs, and a null's (code -1) never equals a
+    string's."""
+    chunks = [c for column in columns for c in getattr(column, "chunks", [column])]
+    encoded = pc.dictionary_encode(pa.chunked_array(chunks, pa.string()).combine_chunks())
+    codes = index_codes(encoded.indices)
+    bounds = offsets(np.array([len(c) for c in columns], dtype=np.int64)).tolist()
+    split = [codes[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return split, len(encoded.dictionary) + 1
+
+
+def index_codes(indices: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Indices into a dictionary or value set (`dictionary_encode`, `pc.index_in`) as int64,
+    nulls as -1."""
+    return cast(
+        np.ndarray, pc.fill_null(indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    )
 
 
 def _only(values: pa.Array, where: np.ndarray) -> pa.Array:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast, overload
+from typing import Any, overload
 
 import numpy as np
 import orjson
@@ -31,9 +31,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
+from infra_agent.store.columns import experiment_rows, one_array
 from infra_agent.store.records import DecisionAction, ExperimentRecord, ProposalStatus, RunRecord
 from infra_agent.trajectories.build import RunBundle
-from infra_agent.trajectories.chat_columns import offsets, per_run_sums
+from infra_agent.trajectories.chat_columns import (
+    index_codes,
+    offsets,
+    per_run_sums,
+    string_codes,
+)
 from infra_agent.trajectories.rewards import (
     _STATUS_SCORES,
     REVIEW_SCORES,
@@ -56,7 +62,6 @@ _STATUSES = list(ProposalStatus)
 _STATUS_NAMES = pa.array([s.value for s in _STATUSES])
 _STATUS_SCORE = np.array([_STATUS_SCORES.get(s, 0.0) for s in _STATUSES])
 _FLAG_VALUES = {f.value for f in Flag}
-_SEP = "\x1f"
 _PROVEN_FROM = ("ci_low", "baseline_err_f64", "candidate_err_f64")
 
 
@@ -176,7 +181,7 @@ class EvidenceColumns:
             np.where(pc.fill_null(passed, 0).to_numpy(zero_copy_only=False) != 0, 1.0, -1.0),
             0.0,
         )
-        codes = _codes(verdict).astype(np.int8)
+        codes = index_codes(verdict).astype(np.int8)
         improved = pa.array(np.flatnonzero(codes == _IMPROVED))
         values = [experiments.column(c).take(improved).to_pylist() for c in _PROVEN_FROM]
         proven = np.zeros(n)
@@ -197,8 +202,8 @@ class EvidenceColumns:
         return cls(
             n_runs=n_runs,
             counts=counts,
-            ids=_one(experiments.column("id")),
-            patch_ids=_one(experiments.column("patch_id")),
+            ids=one_array(experiments.column("id")),
+            patch_ids=one_array(experiments.column("patch_id")),
             scored=scored,
             measured=metric,
             speedup=speedup,
@@ -221,16 +226,16 @@ class ReviewColumns:
     once per export (`store.base.ExportColumns.review_tables`)."""
 
     def __init__(self, proposals: pa.Table, decisions: pa.Table) -> None:
-        self.ids = _one(proposals.column("id"))
-        self.patch_ids = _one(proposals.column("patch_id"))
-        self.status = _one(proposals.column("status"))
+        self.ids = one_array(proposals.column("id"))
+        self.patch_ids = one_array(proposals.column("patch_id"))
+        self.status = one_array(proposals.column("status"))
         status = pc.index_in(self.status, value_set=_STATUS_NAMES)
         action = pc.index_in(decisions.column("action"), value_set=_ACTION_NAMES)
         of = pc.index_in(decisions.column("proposal_id"), value_set=self.ids)
         self.known = not (status.null_count or action.null_count)
         # A decision without its proposal belongs to no run's bundle: it counts nowhere.
         has = of.is_valid().to_numpy(zero_copy_only=False)
-        of_k, act = _codes(of)[has], _codes(action)[has]
+        of_k, act = index_codes(of)[has], index_codes(action)[has]
         hashes = proposals.column("patch_hash").take(pa.array(of_k))
         same = pc.equal(decisions.column("patch_hash").filter(pa.array(has)), hashes)
         judged = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
@@ -238,7 +243,7 @@ class ReviewColumns:
         # Each proposal's last judgement on its exact patch (decisions are in time order).
         last = np.full(len(self.ids), -1, dtype=np.int64)
         np.maximum.at(last, of_k[judged], np.flatnonzero(judged))
-        self.scores = _STATUS_SCORE[_codes(status)]
+        self.scores = _STATUS_SCORE[index_codes(status)]
         decided = last >= 0
         self.scores[decided] = _ACTION_SCORE[act[last[decided]]]
         self.human = np.zeros(len(self.ids), dtype=bool)
@@ -248,8 +253,8 @@ class ReviewColumns:
             orjson.loads("[" + ",".join(texts) + "]"), pa.list_(pa.string())
         )
         # The proposals grouped by run (each run's in store order): where each run's start.
-        runs = pc.dictionary_encode(_one(proposals.column("run_id")))
-        of_run = _codes(runs.indices)
+        runs = pc.dictionary_encode(one_array(proposals.column("run_id")))
+        of_run = index_codes(runs.indices)
         some = np.flatnonzero(of_run >= 0)  # a proposal without a run is in no run's bundle
         self._order = some[np.argsort(of_run[some], kind="stable")]
         counts = np.bincount(of_run[some], minlength=len(runs.dictionary))
@@ -270,7 +275,11 @@ class ReviewColumns:
         return self._order[np.repeat(starts, counts) + within], counts
 
     def backing(
-        self, index: np.ndarray, counts: np.ndarray, run_of: np.ndarray, experiment_ids: Any
+        self,
+        index: np.ndarray,
+        counts: np.ndarray,
+        run_of: np.ndarray,
+        experiment_ids: pa.ChunkedArray,
     ) -> np.ndarray | None:
         """The latest backing experiment of each proposal `index` (`counts` per run, as
         `of_runs` gives them): an index into the batch's experiments (`run_of`, `experiment_ids`),
@@ -283,12 +292,15 @@ class ReviewColumns:
         named = pc.list_flatten(lists)
         if not len(named):
             return np.full(len(index), -1, dtype=np.int64)
-        held = pc.binary_join_element_wise(_text(run_of), experiment_ids, _SEP)
-        wanted = pc.binary_join_element_wise(_text(np.repeat(run_of_p, lengths)), named, _SEP)
-        found = pc.index_in(wanted, value_set=held)
-        if found.null_count:
+        (held_code, named_code), width = string_codes(experiment_ids, named)
+        held = run_of * width + held_code  # (run, experiment id) pairs: one per experiment
+        wanted = np.repeat(run_of_p, lengths) * width + named_code
+        if not len(held):
             return None
-        at = _codes(found)
+        order = np.argsort(held, kind="stable")
+        at = order[np.minimum(np.searchsorted(held, wanted, sorter=order), len(held) - 1)]
+        if (held[at] != wanted).any():
+            return None
         ends = offsets(lengths)[1:] - 1
         return np.where(lengths > 0, at[np.maximum(ends, 0)], -1)
 
@@ -306,7 +318,7 @@ class _Views:
         made = self._made.get(k)
         if made is None:
             if self._all is None:
-                self._all = _field_rows(self._table)
+                self._all = experiment_rows(self._table)
             made = self._made[k] = picked_experiment(self._all[k])
         return made
 
@@ -334,17 +346,6 @@ class _Results(Sequence[ExperimentResult]):
         return self._views.experiment(k % self._n).result
 
 
-def _field_rows(table: pa.Table) -> list[list[Any]]:
-    """The table's rows as values at `store.columns.EXPERIMENT_FIELDS` (what
-    `trusted.picked_experiment` takes): flags a list, passed a bool."""
-    names = ["id", "patch_id", "verdict", "flags", "metric", "speedup", "ci_low", "ci_high",
-             "passed", "baseline_err_f64", "candidate_err_f64"]  # fmt: skip
-    values = [table.column(name).to_pylist() for name in names]
-    values[3] = [orjson.loads(f) if f is not None else [] for f in values[3]]
-    values[8] = [bool(p) if p is not None else None for p in values[8]]
-    return [list(row) for row in zip(*values, strict=True)]
-
-
 def _latest(where: dict[tuple[int, str], int], run: int, experiment_ids: list[str]) -> int:
     """The index of the last of `experiment_ids` among run `run`'s experiments (`where`), -1
     when none is."""
@@ -366,20 +367,3 @@ def _valid(column: pa.ChunkedArray) -> list[tuple[int, Any]]:
     """(index, value) of the non-null values of a column."""
     at = np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
     return list(zip(at.tolist(), column.take(pa.array(at)).to_pylist(), strict=True))
-
-
-def _codes(indices: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """`pc.index_in`'s indices as int64 (nulls as -1)."""
-    return cast(
-        np.ndarray, pc.fill_null(indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    )
-
-
-def _one(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    if isinstance(column, pa.ChunkedArray):
-        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    return column
-
-
-def _text(values: np.ndarray) -> pa.Array:
-    return pc.cast(pa.array(values, type=pa.int64()), pa.string())

@@ -108,14 +108,11 @@ class ExportFilter(BaseModel):
         )
 
     def admits(self, bundle: RunBundle, reward: float) -> bool:
-        """The checks that need the run's records and its trajectory reward."""
-        if self.reviewed_only and not bundle.reviewed:
-            return False
-        if self.verdicts and not set(self.verdicts) & {
-            e.result.verdict for e in bundle.experiments
-        }:
-            return False
-        return self.min_reward is None or reward >= self.min_reward
+        """The checks that need the run's records and its trajectory reward (`admits_values`
+        of the bundle; each fact read only when a filter asks for it)."""
+        reviewed = self.reviewed_only and bundle.reviewed
+        verdicts = [e.result.verdict.value for e in bundle.experiments] if self.verdicts else []
+        return self.admits_values(reviewed, verdicts, reward)
 
     def admits_values(self, reviewed: bool, verdicts: list[str], reward: float) -> bool:
         """`admits` of a run given as whether a person reviewed it, its experiments' verdict
