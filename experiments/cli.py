@@ -117,8 +117,10 @@ def register(app: typer.Typer) -> None:
         params = parse_params(param)
         backend = sandbox or settings.sandbox.backend
         # SIGTERM/SIGHUP end the run through the same path as Ctrl-C: sandboxes are cleaned.
+        # One this process was started ignoring stays ignored (nohup's SIGHUP).
         for signum in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, _interrupt)
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, _interrupt)
         store = current().store()
         with err_console.status(f"experiment on {found.name}: starting") as status:
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import stoppable
 
 from infra_agent.errors import UserError
 from infra_agent.experiments import run_experiment
@@ -27,7 +28,7 @@ from infra_agent.tasks.patch import PatchError, knob_patch, load_patch, parse_di
 from infra_agent.tasks.registry import find_task
 
 FAST = "def axpy(a, xs, ys):\n    return [a * x + y for x, y in zip(xs, ys)]\n"
-SLOW_CALLS = "import time\n\n\ndef axpy(a, xs, ys):\n    time.sleep(2)\n    return [a * x + y for x, y in zip(xs, ys)]\n"
+NEVER_RETURNS = "import time\n\n\ndef axpy(a, xs, ys):\n    time.sleep(10**6)\n    return [a * x + y for x, y in zip(xs, ys)]\n"
 
 
 @pytest.mark.slow
@@ -248,30 +249,47 @@ def _processes_under(folder: Path) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def _ignore_sighup() -> None:
+    stoppable()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` leaves it
+
+
+@pytest.mark.parametrize(
+    ("signals", "nohup"),
+    [((signal.SIGINT,), False), ((signal.SIGTERM,), False), ((signal.SIGHUP, signal.SIGTERM), True)],
+    ids=["ctrl-c", "sigterm", "nohup"],
+)  # fmt: skip
 def test_killing_the_cli_leaves_nothing_behind(
-    pytask, make_patch, tmp_path: Path, signum: int
+    pytask, make_patch, tmp_path: Path, signals: tuple[signal.Signals, ...], nohup: bool
 ) -> None:
-    task = pytask()
-    patch_file = tmp_path / "slow.diff"
-    patch_file.write_text(make_patch(task, "kernel.py", SLOW_CALLS).diff)
+    """Ctrl-C or SIGTERM mid-experiment: exit 130, nothing recorded, no process or folder left.
+    Under nohup a hangup is ignored (the next signal is the one that stops it)."""
+    # The candidate never returns and nothing times out, so the experiment is still running
+    # whenever the signal arrives.
+    task = pytask(call_timeout_s=3600.0, experiment_timeout_s=3600.0)
+    patch_file = tmp_path / "hang.diff"
+    patch_file.write_text(make_patch(task, "kernel.py", NEVER_RETURNS).diff)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     argv, env = cli(["--db", str(tmp_path / "runs.db"), "experiment", "--task", str(task.root),
                      "--patch", str(patch_file)], {"TMPDIR": str(scratch)})  # fmt: skip
-    # As from a terminal: SIGINT not ignored, even if this test runs in a background job.
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                            preexec_fn=_ignore_sighup if nohup else stoppable)  # fmt: skip
+    # Deadlines here only bound a broken run; every step waits for an event.
     deadline = time.monotonic() + 120
     while (
         len(_processes_under(scratch)) < 2 and time.monotonic() < deadline and proc.poll() is None
     ):
         time.sleep(0.2)
     assert len(_processes_under(scratch)) >= 2, "the experiment's workers never started"
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0, err
-    time.sleep(0.5)
+    for signum in signals:
+        proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert f"interrupted ({'Ctrl-C' if signals[-1] == signal.SIGINT else signals[-1].name})" in err
+    deadline = time.monotonic() + 60
+    while _processes_under(scratch) and time.monotonic() < deadline:  # reaped asynchronously
+        time.sleep(0.1)
     assert _processes_under(scratch) == []
     assert list(scratch.iterdir()) == []
     assert open_store(tmp_path / "runs.db").experiments() == []

@@ -3,7 +3,11 @@ that keeps computing after its call returned is not (measured through /proc, not
 
 from __future__ import annotations
 
+import errno
+import os
 import time
+from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -16,6 +20,7 @@ from infra_agent.tasks.patch import knob_patch
 from infra_agent.tasks.registry import find_task
 
 POOL = """
+import os
 import threading
 import time
 
@@ -30,15 +35,30 @@ def grow(n):
     return float(x.sum())
 
 
-def _spin(delay, seconds):
-    time.sleep(delay)
+def _spin(seconds):
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
 
 
-def burn(delay, seconds):
-    threading.Thread(target=_spin, args=(delay, seconds), daemon=True).start()
+def burn(seconds):
+    threading.Thread(target=_spin, args=(seconds,), daemon=True).start()
+    return 1
+
+
+def burn_when_told(go, spun, seconds):
+    # A thread asleep in the kernel until the test opens the FIFO `go`, then computing for
+    # `seconds`; it creates `spun` once it has used 50 ms of CPU (17x the idle limit).
+
+    def run():
+        with open(go):  # blocks until the test opens the other end
+            pass
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if time.thread_time() > 0.05 and not os.path.exists(spun):
+                open(spun, "w").close()
+
+    threading.Thread(target=run, daemon=True).start()
     return 1
 
 
@@ -93,17 +113,35 @@ def test_idle_pool_threads_grown_after_warm_up_are_tolerated(worker: RpcWorker) 
 
 def test_thread_burning_cpu_after_return_is_a_violation(worker: RpcWorker) -> None:
     with pytest.raises(CandidateFailure, match="background thread") as info:
-        worker.call("pool:burn", 0.0, 30.0)
+        worker.call("pool:burn", 30.0)
         worker.call("pool:ok")  # a busy machine may starve it in the window: caught here then
     assert info.value.kind == "violation"
 
 
 def test_thread_idle_in_the_window_then_working_is_a_violation(worker: RpcWorker) -> None:
-    worker.call("pool:burn", 0.3, 30.0)  # asleep while watched right after return
-    time.sleep(0.8)
+    go, spun = worker.sandbox.root / "go", worker.sandbox.root / "spun"
+    os.mkfifo(go)
+    worker.call("pool:burn_when_told", str(go), str(spun), 30.0)  # asleep while watched
+    _open_fifo_for_writing(go).close()  # wakes it up
+    deadline = time.monotonic() + 120  # bounds a broken worker only
+    while not spun.exists():
+        assert time.monotonic() < deadline, "the thread never ran"
+        time.sleep(0.01)
     with pytest.raises(CandidateFailure, match="between calls") as info:
         worker.call("pool:ok")
     assert info.value.kind == "violation"
+
+
+def _open_fifo_for_writing(path: Path, timeout_s: float = 120.0) -> BinaryIO:
+    """Open a FIFO once its reader has (the timeout bounds a reader that never comes)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return os.fdopen(os.open(path, os.O_WRONLY | os.O_NONBLOCK), "wb")
+        except OSError as exc:  # ENXIO: no reader yet
+            if exc.errno != errno.ENXIO or time.monotonic() > deadline:
+                raise
+        time.sleep(0.01)
 
 
 @pytest.mark.slow
