@@ -249,6 +249,14 @@ def _processes_under(folder: Path) -> list[int]:
     return found
 
 
+def _ignored_signals(pid: int) -> set[int]:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    return set()
+
+
 def _ignore_sighup() -> None:
     stoppable()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` leaves it
@@ -273,7 +281,7 @@ def test_killing_the_cli_leaves_nothing_behind(
     scratch.mkdir()
     argv, env = cli(["--db", str(tmp_path / "runs.db"), "experiment", "--task", str(task.root),
                      "--patch", str(patch_file)], {"TMPDIR": str(scratch)})  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_ignore_sighup if nohup else stoppable)  # fmt: skip
     # Deadlines here only bound a broken run; every step waits for an event.
     deadline = time.monotonic() + 120
@@ -282,6 +290,8 @@ def test_killing_the_cli_leaves_nothing_behind(
     ):
         time.sleep(0.2)
     assert len(_processes_under(scratch)) >= 2, "the experiment's workers never started"
+    if nohup:  # the CLI kept the hangup ignored (a handler would show in SigCgt instead)
+        assert signal.SIGHUP in _ignored_signals(proc.pid)
     for signum in signals:
         proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
