@@ -7,10 +7,10 @@ A case is the experiment a test runs (task, patch, parameters) and the verdict i
 run it prints the verdict and the per-pair ratios (baseline/candidate for lower-is-better
 metrics, > 1 is better); per case, what the test's failure needs and how likely that is:
 
-- IMPROVED asserted: a run surely decides IMPROVED when every pair is better than the threshold
-  T = 1 + min_effect (or the test's own bound): then the ratio of medians, every bootstrap
-  resample of it and the sign test's interval are above T too. With log pair ratios ~ N(mu, sd)
-  pooled over the runs, one run fails with probability at most n * P(pair <= T) (n: pairs).
+- IMPROVED asserted: a run's margin is the least of its log margins over decide()'s three
+  conditions (speedup > 1 + min_effect, the interval's low end > 1 + min_effect/2, the sign
+  test's interval above 1) and the test's own bound: a run fails when it is negative. With the
+  runs' margins ~ N(mu, sd), P(fail per run) ~ P(N(0, 1) > mu / sd).
 - NO_CHANGE (or "not IMPROVED") asserted, on a candidate doing the baseline's work: a run can
   only fail if its speedup passes 1 + min_effect (either way, or upwards only): P(log speedup
   beyond ln(1 + min_effect)) with the runs' log speedups ~ N(mu, sd).
@@ -35,12 +35,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra_agent.experiments import run_experiment
+from infra_agent.experiments import rules, run_experiment
+from infra_agent.experiments.measure import sign_interval
 from infra_agent.experiments.verdict import Verdict
 from infra_agent.tasks.manifest import Task, load_task
 from infra_agent.tasks.patch import Patch, knob_patch, load_patch, parse_diff
@@ -58,6 +60,8 @@ class Case:
     """'improved', 'no-change', 'not-improved' or 'aa-series'."""
     bound: float | None = None
     """The test's own bound on the speedup, when above 1 + min_effect (e.g. 'at least 1.5x')."""
+    static_rules: bool = True
+    """False: the test turns the static rules off (`no_static_rules`)."""
 
 
 def _adversarial() -> Any:
@@ -118,9 +122,18 @@ def matmul_comment_only(tmp: Path) -> tuple[Task, Patch, dict[str, Any] | None]:
     return task, _diff(task, "projection.py", old.replace("# Outer", "# (unchanged) Outer")), None
 
 
-def pytask_with(source: str) -> Build:
+def pytask_with(source: str, allow: list[str] | None = None) -> Build:
+    """tests/experiments/conftest.py's pytask (`allow`: rule groups it allows) and a kernel from
+    tests/experiments/test_adversarial.py."""
+
     def build(tmp: Path) -> tuple[Task, Patch, dict[str, Any] | None]:
         task = _copy(TESTS / "experiments" / "pytask", tmp)
+        if allow:
+            toml = task.root / "task.toml"
+            toml.write_text(toml.read_text().replace(
+                "min_effect = 0.05", f"min_effect = 0.05\nallow = {allow!r}".replace("'", '"')
+            ))  # fmt: skip
+            task = load_task(task.root)
         return task, _diff(task, "kernel.py", getattr(_adversarial(), source)), None
 
     return build
@@ -146,10 +159,14 @@ CASES: dict[str, Case] = {
         "improved"),
     "pytask-timers": Case(
         "experiments/test_adversarial.py::test_patched_timers_do_not_change_the_harness_clock",
-        pytask_with("PATCH_TIMERS"), "not-improved"),
+        pytask_with("PATCH_TIMERS"), "not-improved", static_rules=False),
     "pytask-content-cache": Case(
         "experiments/test_adversarial.py::test_content_hash_cache_never_sees_a_repeated_input",
-        pytask_with("CONTENT_CACHE"), "not-improved"),
+        pytask_with("CONTENT_CACHE", allow=["state"]), "not-improved"),
+    "pytask-fast": Case(
+        "experiments/test_adversarial.py::test_hang_and_runaway_allocation_fail_and_the_next_"
+        "experiment_runs (the honest run), experiments/test_cascade.py::test_cli_json_and_store",
+        pytask_with("FAST"), "improved"),
     "pytask-aa-20": Case("experiments/test_cascade.py::test_a_a_gives_no_change", None,
                          "aa-series"),
 }  # fmt: skip
@@ -165,23 +182,38 @@ def normal_tail(z: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def _sd(logs: list[float]) -> float:
-    return statistics.stdev(logs) if len(logs) > 1 else float("nan")
+def _sd(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else float("nan")
+
+
+def improved_margin(perf: Any, effect: float, bound: float | None) -> float:
+    """How far (log scale) a measurement is from losing IMPROVED: the least of its margins over
+    decide()'s three conditions (speedup > 1 + e, CI low > 1 + e/2, the sign test's interval
+    above 1) and the test's own bound on the speedup. Negative: not IMPROVED."""
+    margins = [
+        math.log(perf.speedup / (1.0 + effect)),
+        math.log(perf.ci_low / (1.0 + effect / 2)),
+    ]
+    sign = sign_interval(pair_ratios(perf))
+    if sign is not None:
+        margins.append(math.log(sign[0]))
+    if bound is not None:
+        margins.append(math.log(perf.speedup / bound))
+    return min(margins)
 
 
 def run_case(name: str, case: Case, runs: int, backend: str) -> None:
     print(f"\n== {name} [{backend}]: {case.tests}; expects {case.expect}")
     if case.expect == "aa-series":
-        aa_series(case, runs, backend)
+        aa_series(runs, backend, fresh=False)
+        aa_series(runs, backend, fresh=True)
         return
-    verdicts: list[Verdict] = []
-    ratios: list[float] = []
-    speedups: list[float] = []
-    pairs_per_run: list[int] = []
-    effect = 0.0
     assert case.build is not None
+    verdicts: list[Verdict] = []
+    margins: list[float] = []
+    speedups: list[float] = []
     for i in range(runs):
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, _static_rules(case.static_rules):
             task, patch, params = case.build(Path(tmp))
             effect = task.manifest.min_effect
             started = time.monotonic()
@@ -193,76 +225,98 @@ def run_case(name: str, case: Case, runs: int, backend: str) -> None:
             print(f"  run {i + 1}: {result.verdict.value} (no measurement) load {load}")
             continue
         these = pair_ratios(perf)
-        ratios += these
         speedups.append(perf.speedup)
-        pairs_per_run.append(len(these))
+        margins.append(improved_margin(perf, effect, case.bound))
         print(f"  run {i + 1}: {result.verdict.value} {perf.speedup:.3f}x "
               f"[{perf.ci_low:.3f}, {perf.ci_high:.3f}] n={perf.n_samples} pairs "
-              f"{min(these):.3f}-{max(these):.3f} ({time.monotonic() - started:.0f} s, "
-              f"load {load})")  # fmt: skip
+              f"{min(these):.3f}-{max(these):.3f}, margin {margins[-1]:+.3f} "
+              f"({time.monotonic() - started:.0f} s, load {load})")  # fmt: skip
     counts = {v.value: verdicts.count(v) for v in dict.fromkeys(verdicts)}
     print(f"  verdicts {counts}")
-    if not ratios:
+    if len(speedups) < 2:
         return
     if case.expect == "improved":
-        threshold = max(1.0 + effect, case.bound or 0.0)
-        logs = [math.log(r) for r in ratios]
-        mu, sd = statistics.mean(logs), _sd(logs)
-        z = (mu - math.log(threshold)) / sd
-        n = max(pairs_per_run)
-        print(f"  {len(ratios)} pairs: smallest {min(ratios):.3f}x; log ratio mean {mu:.3f} sd "
-              f"{sd:.3f}; every pair must beat {threshold:g}x: {z:.1f} sd below the mean; "
-              f"P(fail per run) <= {n} x {normal_tail(z):.1e} = {n * normal_tail(z):.1e}")  # fmt: skip
+        mu, sd = statistics.mean(margins), _sd(margins)
+        print(f"  margin to losing IMPROVED (log): smallest {min(margins):+.3f}, mean {mu:.3f} "
+              f"sd {sd:.3f}: {mu / sd:.1f} sd; P(fail per run) ~ {normal_tail(mu / sd):.1e}")  # fmt: skip
         return
     logs = [math.log(s) for s in speedups]
     mu, sd = statistics.mean(logs), _sd(logs)
     edge = math.log(1.0 + effect)
     up = normal_tail((edge - mu) / sd)
-    down = normal_tail((edge + mu) / sd)
-    fail = up if case.expect == "not-improved" else up + down
+    fail = up if case.expect == "not-improved" else up + normal_tail((edge + mu) / sd)
     print(f"  {len(speedups)} runs: speedup {min(speedups):.3f}-{max(speedups):.3f}x; log mean "
-          f"{mu:.4f} sd {sd:.4f}; a failure needs a speedup beyond {1 + effect:g}x "
+          f"{mu:+.4f} sd {sd:.4f}; a failure needs a speedup beyond {1 + effect:g}x "
           f"({(edge - abs(mu)) / sd:.1f} sd): P(fail per run) <= {fail:.1e}")  # fmt: skip
 
 
-def aa_series(case: Case, runs: int, backend: str) -> None:
-    """The loop of test_a_a_gives_no_change: one arm pair, 20 decisions, per run."""
+@contextmanager
+def _static_rules(on: bool) -> Iterator[None]:
+    """Static rules off (tests' `no_static_rules`): the candidate reaches the run-time checks."""
+    if on:
+        yield
+        return
+    saved = rules.new_violations
+    rules.new_violations = lambda *args, **kwargs: []  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        rules.new_violations = saved
+
+
+def aa_series(runs: int, backend: str, *, fresh: bool) -> None:
+    """The loop of test_a_a_gives_no_change, 20 decisions per run: on one arm pair, or (`fresh`)
+    on a new pair for each decision (independent decisions)."""
     from infra_agent.experiments.arms import ArmSet, SeedSource, load_harness, sandbox_spec
     from infra_agent.experiments.measure import decide, measure
     from infra_agent.sandboxes import create_sandbox
 
+    print(f"  {'a new arm pair per decision' if fresh else 'one arm pair per run'}:")
     misses: list[int] = []
-    pair_logs: list[float] = []
     for i in range(runs):
+        verdicts, speedups = [], []
         with tempfile.TemporaryDirectory() as tmp:
             task = _copy(TESTS / "experiments" / "pytask", Path(tmp),
                          {"min_samples": 6, "max_samples": 10, "measure_budget_s": 1.0})  # fmt: skip
             harness = load_harness(task, task.manifest.params)
-            arms = ArmSet(call_timeout_s=10)
+            arms: ArmSet | None = None
             try:
-                pair = [
-                    arms.open(n, create_sandbox(backend, task.workspace, sandbox_spec(task)), {},
-                              task.manifest.params)
-                    for n in ("baseline", "candidate")
-                ]  # fmt: skip
-                for arm in pair:
-                    harness.prepare(arm)
-                verdicts, speedups = [], []
                 for seed in range(20):
+                    if arms is None or fresh:
+                        if arms is not None:
+                            arms.close()
+                        arms = ArmSet(call_timeout_s=10)
+                        pair = [
+                            arms.open(n, create_sandbox(backend, task.workspace,
+                                                        sandbox_spec(task)), {}, task.manifest.params)
+                            for n in ("baseline", "candidate")
+                        ]  # fmt: skip
+                        for arm in pair:
+                            harness.prepare(arm)
                     m = measure(harness, pair[0], pair[1], task.manifest, SeedSource(),
                                 deadline=time.monotonic() + 60, bootstrap_seed=seed)  # fmt: skip
                     verdicts.append(decide(m, task.manifest)[0])
                     speedups.append(m.comparison.speedup)
             finally:
-                arms.close()
-        missed = sum(v != Verdict.NO_CHANGE for v in verdicts)
-        misses.append(missed)
-        pair_logs.append(statistics.mean(math.log(s) for s in speedups))
+                if arms is not None:
+                    arms.close()
+        misses.append(sum(v != Verdict.NO_CHANGE for v in verdicts))
         load = open("/proc/loadavg").read().split()[0]
-        print(f"  run {i + 1}: {20 - missed}/20 NO_CHANGE; speedups {min(speedups):.3f}-"
-              f"{max(speedups):.3f}x (mean of logs {pair_logs[-1]:+.4f}), load {load}")  # fmt: skip
-    print(f"  not NO_CHANGE per run of 20: {sorted(misses)}; arm pairs' mean log speedup sd "
-          f"{_sd(pair_logs):.4f}")  # fmt: skip
+        print(f"  run {i + 1}: {20 - misses[-1]}/20 NO_CHANGE; speedups {min(speedups):.3f}-"
+              f"{max(speedups):.3f}x, load {load}")  # fmt: skip
+    total = 20 * len(misses)
+    print(f"  not NO_CHANGE per run of 20: {sorted(misses)}; {sum(misses)} of {total} decisions "
+          f"(95% upper bound {clopper_pearson_upper(sum(misses), total):.3f})")  # fmt: skip
+
+
+def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
+    """One-sided exact upper confidence bound of a binomial proportion after k of n."""
+    lo, hi = k / n, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        tail = sum(math.comb(n, i) * mid**i * (1 - mid) ** (n - i) for i in range(k + 1))
+        lo, hi = (mid, hi) if tail > 1 - confidence else (lo, mid)
+    return hi
 
 
 def main() -> None:

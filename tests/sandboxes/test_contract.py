@@ -385,7 +385,8 @@ def test_sigkilled_owner_leaves_nothing_after_the_next_sandbox(
     assert Path(root).exists()  # nothing could clean up yet
     make_sandbox()
     assert not Path(root).parent.exists()
-    assert gone_within(token, 10.0)  # processes die with the parent, containers on the sweep
+    # processes die with the parent, containers on the sweep (the limit only bounds a failure)
+    assert gone_within(token, 60.0)
     if backend == "docker":
         import docker
 
