@@ -13,6 +13,8 @@ from __future__ import annotations
 import difflib
 import socket
 import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -176,6 +178,24 @@ def run(task, source: str, backend: str = "local"):  # -> ExperimentResult
     return run_experiment(task, patch_for(task, "kernel.py", source), sandbox=backend).result
 
 
+AA_IMPROVED = 0.032
+"""At most this often one experiment on a candidate doing the baseline's work is IMPROVED:
+benchmarks/bench_verdict_margins.py pytask-timers and pytask-content-cache (the experiments of
+the tests below) found NO_CHANGE every time, their log speedups 3.4 and 1.8 sd inside the 1.05x
+that IMPROVED needs first (normal tails 3.3e-4 and 3.2e-2)."""
+
+
+def unless_improved_twice(experiment: Callable[[], Any]) -> Iterator[Any]:
+    """Results of `experiment` on a candidate that does the baseline's work: a second one only
+    after an IMPROVED first. Both IMPROVED, the only way such a test fails falsely, happens with
+    at most AA_IMPROVED squared (1.0e-3) per run; a real gain is IMPROVED both times."""
+    for _ in range(2):
+        result = experiment()
+        yield result
+        if result.verdict != Verdict.IMPROVED:
+            return
+
+
 def assert_caught(result, *verdicts: Verdict) -> None:
     allowed = verdicts or (Verdict.INCORRECT, Verdict.REJECTED)
     assert result.verdict in allowed, result.render()
@@ -223,6 +243,11 @@ def test_static_rules_reject_cheats(pytask, source: str, group: str) -> None:
 def test_background_thread_is_caught(pytask, backend: str) -> None:
     """With `threads` allowed by the task, the cheat passes the static stage and is judged at
     run time instead."""
+    # Not a bet on timing: the handed-off thread sleeps 50 ms before it works, so the watch finds
+    # it alive when the first warm-up call returns. Missing it needs the harness to look more
+    # than 50 ms late after each of the 2 warm-up calls and the first check alike (then the
+    # check sees the zeros, INCORRECT without "thread"): well under 1 in a million runs even if
+    # a loaded machine delayed one look in a hundred that long.
     result = run(pytask(allow=["threads"]), THREAD_HANDOFF, backend)
     assert result.evidence.stage_reached != "static"
     assert_caught(result)
@@ -294,10 +319,10 @@ def test_patched_timers_do_not_change_the_harness_clock(
     pytask, backend: str, no_static_rules: None
 ) -> None:
     """The clock is in the harness process: a candidate's patched time module cannot stop it."""
-    result = run(pytask(), PATCH_TIMERS, backend)
+    for result in unless_improved_twice(lambda: run(pytask(), PATCH_TIMERS, backend)):
+        perf = result.evidence.performance  # a stopped clock would read ~0 for the candidate
+        assert perf is not None and perf.candidate_median > 0.2 * perf.baseline_median
     assert result.verdict in (Verdict.NO_CHANGE, Verdict.REGRESSED), result.render()
-    perf = result.evidence.performance
-    assert perf is not None and perf.candidate_median > 0.2 * perf.baseline_median
 
 
 def test_patching_the_harness_is_refused(pytask, backend: str, no_static_rules: None) -> None:
@@ -309,8 +334,8 @@ def test_patching_the_harness_is_refused(pytask, backend: str, no_static_rules: 
 def test_content_hash_cache_never_sees_a_repeated_input(pytask) -> None:
     """With `state` allowed by the task, the cache passes the static stage; every timed call
     still gets fresh inputs, so a cache keyed on content never hits: the cheat buys nothing."""
-    result = run(pytask(allow=["state"]), CONTENT_CACHE)
-    assert result.evidence.stage_reached != "static"
+    for result in unless_improved_twice(lambda: run(pytask(allow=["state"]), CONTENT_CACHE)):
+        assert result.evidence.stage_reached != "static"
     assert result.verdict in (Verdict.NO_CHANGE, Verdict.REGRESSED), result.render()
 
 

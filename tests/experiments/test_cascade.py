@@ -55,34 +55,41 @@ def test_reference_fix_improves_consistently_and_is_recorded(tmp_path: Path) -> 
     assert store.get_patch(patch.hash) is not None and store.get_patch(patch.hash).author == "test"
 
 
+AA_MISSES = 5
+"""False failure: a decision on a fresh pair is not NO_CHANGE with p <= 0.05 (measured by
+benchmarks/bench_verdict_margins.py pytask-aa-20: 0 of 160 decisions at load 1.2-1.5, 6 of 120
+with two busy processes at load 8-11); more than 5 of 20 independent ones then happen with
+P(Binom(20, 0.06) > 5) = 8.7e-4 per run. A rule that ignores noise (any speedup beyond 1.05x)
+misses far more: the same runs' A/A speedups spread over 0.82-1.18x idle, 0.35-2.8x loaded."""
+
+
 def test_a_a_gives_no_change(pytask) -> None:
-    """Baseline against itself, 20 measurements with the real workers, sampling and decision:
-    at least 17 must be NO_CHANGE. The decision rule's A/A false-positive rate measured on a
-    loaded 2-core machine is 1-3% (benchmarks/bench_feedback_bench.py prints it); at 3%, three or
-    more of 20 happen 2% of the time, while a rule that ignores noise fails this every time."""
+    """Baseline against itself, 20 decisions with the real workers, sampling and decision, each
+    on a new pair of worker processes (independent decisions): at most AA_MISSES are not
+    NO_CHANGE."""
     task = pytask(min_samples=6, max_samples=10, measure_budget_s=1.0)
     harness = load_harness(task, task.manifest.params)
-    arms = ArmSet(call_timeout_s=10)
-    try:
-        pair = [
-            arms.open(
-                name,
-                create_sandbox("local", task.workspace, sandbox_spec(task)),
-                {},
-                task.manifest.params,
-            )
-            for name in ("baseline", "candidate")
-        ]
-        for arm in pair:
-            harness.prepare(arm)
-        verdicts = []
-        for i in range(20):
+    verdicts = []
+    for i in range(20):
+        arms = ArmSet(call_timeout_s=10)
+        try:
+            pair = [
+                arms.open(
+                    name,
+                    create_sandbox("local", task.workspace, sandbox_spec(task)),
+                    {},
+                    task.manifest.params,
+                )
+                for name in ("baseline", "candidate")
+            ]
+            for arm in pair:
+                harness.prepare(arm)
             m = measure(harness, pair[0], pair[1], task.manifest, SeedSource(), deadline=time.monotonic() + 60,
                         bootstrap_seed=i)  # fmt: skip
             verdicts.append(decide(m, task.manifest)[0])
-    finally:
-        arms.close()
-    assert verdicts.count(Verdict.NO_CHANGE) >= 17, verdicts
+        finally:
+            arms.close()
+    assert 20 - verdicts.count(Verdict.NO_CHANGE) <= AA_MISSES, verdicts
 
 
 def _empty_effect_patch():  # -> Patch
@@ -97,11 +104,17 @@ def _empty_effect_patch():  # -> Patch
 
 
 def test_a_a_on_a_torch_task_gives_no_change() -> None:
-    """One full A/A experiment on the torch example task (workers, sandboxes, float64 rule)."""
+    """A full A/A experiment on the torch example task (workers, sandboxes, float64 rule); another
+    (3 at most) only if the one before is not NO_CHANGE. False failure: one is not NO_CHANGE with
+    p ~ 0.05 (benchmarks/bench_verdict_margins.py matmul-aa: 1 REGRESSED, 0.900x, in 19 runs at
+    load 2-8), all three with p^3 ~ 1.3e-4 (1e-3 even at p = 0.1)."""
     task, patch = _empty_effect_patch()
-    result = run_experiment(task, patch).result
+    for _ in range(3):
+        result = run_experiment(task, patch).result
+        assert result.evidence.correctness is not None and result.evidence.correctness.passed
+        if result.verdict == Verdict.NO_CHANGE:
+            break
     assert result.verdict == Verdict.NO_CHANGE, result.render()
-    assert result.evidence.correctness is not None and result.evidence.correctness.passed
 
 
 @pytest.mark.slow
