@@ -14,8 +14,9 @@ metrics, > 1 is better); per case, what the test's failure needs and how likely 
 - NO_CHANGE (or "not IMPROVED") asserted, on a candidate doing the baseline's work: a run can
   only fail if its speedup passes 1 + min_effect (either way, or upwards only): P(log speedup
   beyond ln(1 + min_effect)) with the runs' log speedups ~ N(mu, sd).
-- `aa-series`: tests/experiments/test_cascade.py::test_a_a_gives_no_change itself (one arm pair,
-  20 decisions): the distribution of its count of decisions that are not NO_CHANGE.
+- `aa-series`: tests/experiments/test_cascade.py::test_a_a_gives_no_change itself (20 decisions,
+  each on a new arm pair; also on one pair, as it was before): the distribution of its count of
+  decisions that are not NO_CHANGE, with an exact upper bound on their rate.
 
 `--busy N` runs N spinning processes beside the experiments (the loaded machine of the suite's
 done-when: two busy processes on two cores). Normal-model tails are a model: read the smallest
@@ -157,6 +158,19 @@ CASES: dict[str, Case] = {
         lambda tmp: (find_task("decode-split-norm"),
                      knob_patch({"num_splits": 2, "block_size": 1024}), None),
         "improved"),
+    "pd-kv-reference": Case(
+        "tasks_suite/test_verdicts.py::test_pd_kv_reuse_race_fix_has_zero_corruptions",
+        bundled("pd-kv-reuse-race", "reference.patch"), "improved"),
+    "kv-gil-reference": Case(
+        "tasks_suite/test_verdicts.py::test_kv_transfer_gil_fix_removes_the_overhead",
+        bundled("kv-transfer-gil", "reference.patch"), "improved"),
+    "kv-gil-wrong": Case(
+        "tasks_suite/test_verdicts.py::test_kv_transfer_gil_switch_interval_does_not_help",
+        bundled("kv-transfer-gil", "wrong_fix.patch"), "not-improved"),
+    "tiered-reference": Case(
+        "tasks_suite/test_verdicts.py::test_tiered_cache_fix_has_zero_reads_before_ready_and_"
+        "keeps_overlap",
+        bundled("tiered-cache-load-order", "reference.patch"), "improved"),
     "pytask-timers": Case(
         "experiments/test_adversarial.py::test_patched_timers_do_not_change_the_harness_clock",
         pytask_with("PATCH_TIMERS"), "not-improved", static_rules=False),
