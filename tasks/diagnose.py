@@ -123,6 +123,7 @@ def run_diagnosis(
     from infra_agent.sandboxes import available_backends, create_sandbox
     from infra_agent.tasks.patch import effective_knobs
     from infra_agent.tasks.registry import find_task
+    from infra_agent.tasks.tree import workspace_folder
 
     task = find_task(task_name)
     manifest = task.manifest
@@ -137,7 +138,8 @@ def run_diagnosis(
     arms = ArmSet(manifest.budget.call_timeout_s, preload_modules(task), worker_guard(task))
     arm = None
     try:
-        box = create_sandbox(sandbox, task.workspace, sandbox_spec(task))
+        with workspace_folder(task) as folder:
+            box = create_sandbox(sandbox, folder, sandbox_spec(task))
         arm = arms.open("baseline", box, effective_knobs(None, manifest), resolved)
         harness.prepare(arm)
         hook = getattr(harness, "diagnose", None)
