@@ -23,6 +23,7 @@ infra-agent registers `sglang`.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import shutil
@@ -35,7 +36,14 @@ from pathlib import Path
 
 from infra_agent.errors import UserError
 from infra_agent.tasks.manifest import Task
-from infra_agent.tasks.patch import Patch, PatchError, apply_patch, git_apply, parse_files
+from infra_agent.tasks.patch import (
+    Patch,
+    PatchError,
+    apply_patch,
+    git_apply,
+    parse_diff,
+    parse_files,
+)
 
 PACKAGE_GROUP = "infra_agent.workspace_packages"
 SKIPPED_DIRS = {"__pycache__", ".git"}
@@ -226,3 +234,25 @@ def preview_apply(patch: Patch, task: Task) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return tmp
+
+
+def uninjected_patch(task: Task) -> Patch | None:
+    """The task's injected fault taken out: a diff from the baseline tree back to the installed
+    package (the un-injected engine as a candidate, for measuring a fault's symptom). None for a
+    task without an injected fault. Never shown to the agent."""
+    tree = workspace_tree(task)
+    if not tree.injected:
+        return None
+    chunks = []
+    for rel in sorted(tree.injected):
+        installed = tree.root / rel
+        before = tree.read_text(rel).splitlines(keepends=True)
+        after = installed.read_text().splitlines(keepends=True) if installed.is_file() else []
+        chunks.append(
+            "".join(
+                difflib.unified_diff(
+                    before, after, f"a/{rel}", f"b/{rel}" if after else "/dev/null"
+                )
+            )
+        )
+    return parse_diff("".join(chunks), author="tasks check", rationale="the un-injected engine")

@@ -64,7 +64,10 @@ def test_a_new_module_is_overlaid(tmp_path: Path) -> None:
     new.parent.mkdir(parents=True)
     new.write_text("VALUE = 1\n")
     overlay = build_overlay(ws, ["sglang/srt/extra_module.py"], tmp_path / "overlay")
-    assert overlay is not None and (overlay / "sglang/srt/extra_module.py").read_text() == "VALUE = 1\n"
+    assert (
+        overlay is not None
+        and (overlay / "sglang/srt/extra_module.py").read_text() == "VALUE = 1\n"
+    )
 
 
 def test_paths_outside_sglang_are_refused(tmp_path: Path) -> None:

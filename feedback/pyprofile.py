@@ -1,0 +1,147 @@
+"""Where a running Python process spends its time, by function: `py-spy record` on a live pid.
+
+    profile = profile_pid(pid, duration_s=10)          # samples of active threads, not paused
+    profile.functions(within=[sglang_dir])             # FunctionTime rows, hottest first
+
+Each sample is one active (not idle) thread's stack. A function's *self* share counts the samples
+whose innermost frame *inside the given folders* is that function: time in libraries it calls
+(torch ops, the interpreter) is charged to the workspace function that called them, which is what
+an engineer patching that code wants to know. Its *total* share counts the samples with the
+function anywhere on the stack. `FunctionProfile.render()` is the short face.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from infra_agent.feedback.gil.pyspy import PySpyUnavailable, find_py_spy
+
+FRAME = re.compile(r"^(?P<name>.+) \((?P<file>.+):(?P<line>\d+)\)$")
+
+
+class FunctionTime(BaseModel):
+    """One function's share of a profile."""
+
+    function: str
+    """Qualified name as py-spy reads it, e.g. 'Scheduler.get_new_batch_prefill'."""
+    file: str
+    """Path relative to the folder it was found in (e.g. 'sglang/srt/managers/scheduler.py')."""
+    self_samples: int
+    total_samples: int
+    self_share: float
+    """Self samples / all active samples of the profile."""
+    total_share: float
+
+    @property
+    def where(self) -> str:
+        """'file:function', the form localizations use."""
+        return f"{self.file}:{self.function}"
+
+
+class FunctionProfile(BaseModel):
+    pid: int
+    duration_s: float
+    samples: int
+    """Active-thread samples recorded."""
+    stacks: dict[str, int] = Field(default_factory=dict, repr=False)
+    """Collapsed stacks ('thread;frame;...;frame') -> samples, as py-spy wrote them."""
+
+    def functions(self, within: list[Path], limit: int = 20) -> list[FunctionTime]:
+        """Functions whose file is under one of `within`, hottest by self share first."""
+        roots = [str(p.resolve()) + "/" for p in within]
+        selfs: Counter[tuple[str, str]] = Counter()
+        totals: Counter[tuple[str, str]] = Counter()
+        for stack, count in self.stacks.items():
+            frames = [_frame(f, roots) for f in stack.split(";")[1:]]
+            mine = [f for f in frames if f is not None]
+            if not mine:
+                continue
+            selfs[mine[-1]] += count
+            for key in set(mine):
+                totals[key] += count
+        rows = [
+            FunctionTime(
+                function=name,
+                file=file,
+                self_samples=selfs[(name, file)],
+                total_samples=n,
+                self_share=selfs[(name, file)] / max(self.samples, 1),
+                total_share=n / max(self.samples, 1),
+            )  # fmt: skip
+            for (name, file), n in totals.items()
+        ]
+        rows.sort(key=lambda r: (r.self_samples, r.total_samples), reverse=True)
+        return rows[:limit]
+
+    def render(self, within: list[Path], limit: int = 8) -> str:
+        rows = self.functions(within, limit)
+        head = f"pid {self.pid}: {self.samples} active samples in {self.duration_s:.1f} s"
+        lines = [f"  {r.self_share:6.1%} self {r.total_share:6.1%} total  {r.where}" for r in rows]
+        return "\n".join([head, *lines])
+
+
+def _frame(text: str, roots: list[str]) -> tuple[str, str] | None:
+    match = FRAME.match(text)
+    if match is None:
+        return None
+    path = match["file"]
+    for root in roots:
+        if path.startswith(root):
+            # Relative to the folder's parent: 'sglang/srt/...' for root '.../sglang/'.
+            parent = str(Path(root).parent) + "/"
+            return match["name"], path[len(parent) :]
+    return None
+
+
+def profile_pid(
+    pid: int,
+    *,
+    duration_s: float = 10.0,
+    rate: int = 50,
+    until: Callable[[], bool] | None = None,
+) -> FunctionProfile:
+    """Record `pid`'s active threads for up to `duration_s`, or until `until()` turns true (py-spy,
+    non-blocking: the target is never paused). Raises PySpyUnavailable when py-spy cannot
+    attach or records nothing."""
+    limit = max(1, math.ceil(duration_s))
+    with tempfile.TemporaryDirectory(prefix="infra-agent-profile-") as tmp:
+        out = Path(tmp) / "raw.txt"
+        argv = [find_py_spy(), "record", "--pid", str(pid), "--rate", str(rate)]
+        argv += ["--duration", str(limit), "--format", "raw", "--nonblocking", "--threads"]
+        argv += ["--full-filenames", "-o", str(out)]
+        started = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            while proc.poll() is None and time.monotonic() - started < limit + 30:
+                if until is not None and until():
+                    proc.send_signal(signal.SIGINT)  # py-spy writes what it has on Ctrl-C
+                    break
+                time.sleep(0.1)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        elapsed = time.monotonic() - started
+        if not out.is_file():
+            tail = output.strip().splitlines()[-1:] or ["no output"]
+            raise PySpyUnavailable(f"py-spy cannot record pid {pid}: {tail[0][:200]}")
+        stacks: dict[str, int] = {}
+        for line in out.read_text(errors="replace").splitlines():
+            stack, _, count = line.rpartition(" ")
+            if stack and count.isdigit():
+                stacks[stack] = stacks.get(stack, 0) + int(count)
+    return FunctionProfile(
+        pid=pid, duration_s=round(min(elapsed, limit), 2), samples=sum(stacks.values()),
+        stacks=stacks,
+    )  # fmt: skip
