@@ -15,6 +15,8 @@ sample(arm, seed): one workload run -> {output_throughput (tok/s), ttft/tpot per
     goodput, ...}; every request must return exactly its max_new_tokens (no truncation games).
 health(arm, seed): the output health guard over a longer-output workload plus every output the
     arm produced while sampled; health_problems names each rule the candidate trips more often.
+diagnose(arm): the task's throughput, and where the server spends its time, from a GIL trace
+    and function profiles of the scheduler process (`serving/diagnosis.py`).
 
 The server runs as a process on this machine, in its own network namespace (loopback only: patched
 SGLang code reaches neither the network nor the host's services; `serving/netns.py`), and every
@@ -226,6 +228,13 @@ class ServingHarness(Harness):
         candidate: dict[str, float | int | str | bool],
     ) -> list[str]:
         return compare_health(baseline, candidate)
+
+    def diagnose(self, arm: Arm) -> Any:
+        """Throughput and where the server spends it: GIL trace and profiles of the scheduler
+        under the task's load (`serving.diagnosis`)."""
+        from infra_agent.serving.diagnosis import diagnose_throughput
+
+        return diagnose_throughput(self, arm)
 
 
 def _verify(records: list[RequestRecord], wanted: list[int]) -> None:
