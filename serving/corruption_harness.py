@@ -4,10 +4,11 @@ tokens scored alone.
     class TaskHarness(LoadCorruptionHarness):
         deployment_path = Path(__file__).parent / "deployment.toml"
 
-sample(arm, seed): `num_prompts` requests sent at once (each sampled with its own seed and
-    top-k log-probabilities), then each request's prompt and output scored again alone by a
-    prefill (`logprob_start_len` at the prompt's end: the distribution at every output position
-    in one forward, nothing to race with). A request is corrupted when, at some output position,
+sample(arm, seed): `num_prompts` coding-agent conversations served together (a prefix they all
+    share, a context each, `turns` short turns in order; every turn sampled with its own seed
+    and top-k log-probabilities), then the prefix cache emptied and every turn's prompt and
+    output scored again alone by a prefill (`logprob_start_len` at the prompt's end: the
+    distribution at every output position in one forward, from KV computed afresh). A request is corrupted when, at some output position,
     its distribution under load and the one scored alone are further apart than
     `corruption_tv` in total variation: the same context must give the same distribution, and
     batching alone moves it by far less (reported as the clean requests' largest TV). Metric:
@@ -20,14 +21,13 @@ diagnose(arm): the rate under load, the same requests at a low concurrency, and 
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 import httpx
 from pydantic import BaseModel
 
 from infra_agent.serving.accuracy import tv_distance
-from infra_agent.serving.datasets import random_sessions
+from infra_agent.serving.datasets import Session, Turn, coding_agent_sessions
 from infra_agent.serving.harness import ServingHarness
 from infra_agent.tasks.harness import Arm, IncorrectOutput, poisson_upper
 
@@ -85,55 +85,88 @@ async def _rescore(client: httpx.AsyncClient, url: str, scored: Scored) -> None:
             scored.max_tv, scored.worst_position = tv, j
 
 
+async def _flush(client: httpx.AsyncClient, url: str) -> None:
+    """Empty the prefix cache (so what is scored next is computed afresh); retried while the
+    server still finishes requests."""
+    for _ in range(50):
+        resp = await client.post(url + "/flush_cache")
+        if resp.status_code == 200:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(
+        f"the server would not flush its cache: {resp.status_code} {resp.text[:200]}"
+    )
+
+
 def loaded_then_alone(
     url: str,
-    prompts: list[list[int]],
-    output_len: int,
+    sessions: list[Session],
     seed: int,
     *,
     concurrency: int | None = None,
     rescore_concurrency: int = 2,
     timeout_s: float = 600.0,
 ) -> list[Scored]:
-    """Serve `prompts` together (at most `concurrency` in flight), then score each alone."""
+    """Serve `sessions` together (at most `concurrency` sessions in flight; each session's turns
+    in order, every turn's prompt the conversation so far), then empty the prefix cache and
+    score every turn's prompt and output alone. One Scored per turn, in session order."""
 
     async def run() -> list[Scored]:
         limits = httpx.Limits(max_connections=None)
         async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-            gate = asyncio.Semaphore(concurrency or len(prompts))
+            gate = asyncio.Semaphore(concurrency or len(sessions))
 
-            async def one(i: int, prompt: list[int]) -> Scored:
+            async def session(i: int, turns: list[Turn]) -> list[Scored]:
+                done: list[Scored] = []
+                context: list[int] = []
                 async with gate:
-                    return await _generate(client, url, prompt, output_len, seed + i)
+                    for t, turn in enumerate(turns):
+                        context = context + turn.new_ids
+                        one = await _generate(
+                            client, url, context, turn.output_len, seed + 7919 * i + t
+                        )
+                        context = context + one.output
+                        done.append(one)
+                return done
 
-            scored = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+            per_session = await asyncio.gather(
+                *(session(i, s.turns) for i, s in enumerate(sessions))
+            )
+            scored = [one for turns in per_session for one in turns]
+            await _flush(client, url)
             alone = asyncio.Semaphore(rescore_concurrency)
 
-            async def rescore(s: Scored) -> None:
+            async def rescore(one: Scored) -> None:
                 async with alone:
-                    await _rescore(client, url, s)
+                    await _rescore(client, url, one)
 
-            await asyncio.gather(*(rescore(s) for s in scored))
-            return list(scored)
+            await asyncio.gather(*(rescore(one) for one in scored))
+            return scored
 
     return asyncio.run(run())
 
 
 class LoadCorruptionHarness(ServingHarness):
-    def prompts(self, seed: int) -> list[list[int]]:
+    def sessions(self, seed: int) -> list[Session]:
+        """Coding-agent conversations: a prefix all share, a context each, short turns."""
         p = self.params
-        sessions = random_sessions(
-            int(p["num_prompts"]), int(p["input_len"]), 1, vocab_size=self.vocab, seed=seed
+        return coding_agent_sessions(
+            int(p["num_prompts"]),
+            vocab_size=self.vocab,
+            shared_prefix_len=int(p["shared_prefix_len"]),
+            context_len=int(p["input_len"]),
+            turns=int(p["turns"]),
+            user_len=int(p["user_len"]),
+            output_len=int(p["output_len"]),
+            seed=seed,
         )
-        return [s.turns[0].new_ids for s in sessions]
 
     def serve(self, arm: Arm, seed: int, concurrency: int | None = None) -> list[Scored]:
         p = self.params
         conc = concurrency if concurrency is not None else int(p["max_concurrency"]) or None
         scored = self.server(arm).call(
-            loaded_then_alone, self.prompts(seed), int(p["output_len"]), seed % (2**31),
-            concurrency=conc,
-        )  # fmt: skip
+            loaded_then_alone, self.sessions(seed), seed % (2**31), concurrency=conc
+        )
         short = [s for s in scored if len(s.output) != int(p["output_len"])]
         if short:
             raise IncorrectOutput(
@@ -154,7 +187,7 @@ class LoadCorruptionHarness(ServingHarness):
         return {
             "corruption_ucb_per_1k": 1e3 * poisson_upper(len(bad)) / n,
             "corrupted_per_1k": 1e3 * len(bad) / n,
-            "clean_max_tv": max(clean) if clean else math.nan,
+            "clean_max_tv": max(clean, default=0.0),
         }
 
     def diagnose(self, arm: Arm) -> Any:
