@@ -83,6 +83,17 @@ class FunctionProfile(BaseModel):
         rows.sort(key=lambda r: (r.self_samples, r.total_samples), reverse=True)
         return rows[:limit]
 
+    def inclusive(self, within: list[Path]) -> dict[str, int]:
+        """'file:function' -> samples with the function anywhere on the stack (once per sample)."""
+        roots = [str(p.resolve()) + "/" for p in within]
+        totals: Counter[str] = Counter()
+        for stack, count in self.stacks.items():
+            frames = {_frame(f, roots) for f in stack.split(";")[1:]}
+            for key in frames - {None}:
+                assert key is not None
+                totals[f"{key[1]}:{key[0]}"] += count
+        return dict(totals)
+
     def render(self, within: list[Path], limit: int = 8) -> str:
         rows = self.functions(within, limit)
         head = f"pid {self.pid}: {self.samples} active samples in {self.duration_s:.1f} s"
@@ -145,3 +156,76 @@ def profile_pid(
         pid=pid, duration_s=round(min(elapsed, limit), 2), samples=sum(stacks.values()),
         stacks=stacks,
     )  # fmt: skip
+
+
+def growing_function(
+    low: FunctionProfile,
+    high: FunctionProfile,
+    within: list[Path],
+    *,
+    low_units: float,
+    high_units: float,
+    share: float = 0.6,
+) -> tuple[str, float, float] | None:
+    """The function whose time per unit of work grows most from `low` to `high`, at the deepest
+    level that still accounts for `share` of the largest growth (a callee that carries its
+    caller's growth is the better answer). Returns ('file:function', per-unit samples at low,
+    at high), or None when nothing grows."""
+    a = {k: v / max(low_units, 1e-9) for k, v in low.inclusive(within).items()}
+    b = {k: v / max(high_units, 1e-9) for k, v in high.inclusive(within).items()}
+    growth = {k: b[k] - a.get(k, 0.0) for k in b}
+    if not growth or max(growth.values()) <= 0:
+        return None
+    top = max(growth.values())
+    carriers = [k for k, g in growth.items() if g >= share * top]
+    deepest = min(carriers, key=lambda k: b[k])
+    return deepest, a.get(deepest, 0.0), b[deepest]
+
+
+def profile_while(
+    pid: int, work: Callable[[], object], *, rate: int = 100, limit_s: float = 120.0
+) -> tuple[FunctionProfile, object]:
+    """Profile `pid` while `work()` runs on another thread of this process; returns the profile
+    and what `work` returned (its exception is re-raised)."""
+    import threading
+
+    done = threading.Event()
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            box["error"] = exc
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name="infra-agent-profiled-work", daemon=True)
+    thread.start()
+    try:
+        profile = profile_pid(pid, duration_s=limit_s, rate=rate, until=done.is_set)
+    finally:
+        thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return profile, box.get("result")
+
+
+def python_descendant(pid: int) -> int:
+    """The first process at or below `pid` running Python (a sandbox may wrap the one to
+    profile in bubblewrap or setpriv)."""
+    todo = [pid]
+    while todo:
+        current = todo.pop(0)
+        try:
+            cmdline = Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if "python" in Path(cmdline.decode(errors="replace")).name:
+            return current
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                pass
+    return pid

@@ -3,7 +3,6 @@ KV transfer; the transferred pages are checked against what was sent."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -77,6 +76,7 @@ class TaskHarness(Harness):
         import time
 
         from infra_agent.feedback.gil import PySpyUnavailable, trace_pid
+        from infra_agent.feedback.pyprofile import python_descendant
         from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
         samples = [self.sample(arm, DIAGNOSE_SEED + i) for i in range(5)]
@@ -139,23 +139,3 @@ def overhead_pct(samples: list[dict[str, float]]) -> float:
     with_t = min(s["step_time_ms"] for s in samples)
     without = min(s["dispatch_only_ms"] for s in samples)
     return 100.0 * (1.0 - without / with_t)
-
-
-def python_descendant(pid: int) -> int:
-    """The first process at or below `pid` running Python (the sandbox may wrap the worker)."""
-
-    todo = [pid]
-    while todo:
-        current = todo.pop(0)
-        try:
-            cmdline = Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if b"python" in Path(cmdline.decode(errors="replace")).name.encode():
-            return current
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-            except OSError:
-                pass
-    return pid
