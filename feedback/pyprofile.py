@@ -27,6 +27,8 @@ from pydantic import BaseModel, Field
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable, find_py_spy
 
 FRAME = re.compile(r"^(?P<name>.+) \((?P<file>.+):(?P<line>\d+)\)$")
+NESTED = re.compile(r"(?:\.<locals>\.<(?:lambda|listcomp|dictcomp|setcomp|genexpr)>)+$")
+"""A lambda or comprehension inside a function: its code is part of that function's body."""
 
 
 class FunctionTime(BaseModel):
@@ -110,7 +112,7 @@ def _frame(text: str, roots: list[str]) -> tuple[str, str] | None:
         if path.startswith(root):
             # Relative to the folder's parent: 'sglang/srt/...' for root '.../sglang/'.
             parent = str(Path(root).parent) + "/"
-            return match["name"], path[len(parent) :]
+            return NESTED.sub("", match["name"]), path[len(parent) :]
     return None
 
 
