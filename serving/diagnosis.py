@@ -9,8 +9,9 @@ wrote is read; the server runs the arm's baseline, fault included):
    that thread and its function are the localization;
 2. otherwise a function profile of the scheduler process (`feedback.pyprofile`) at a light load
    (a few requests in flight) and at the task's load, each function's time per generated
-   token: a function whose cost per token grows with the load (work that scales with the
-   number of waiting or running requests) is the localization;
+   token (with its callees): where work that grows with the load (with the number of waiting or
+   running requests) enters, the outermost function growing as fast as the fastest-growing
+   work, is the localization (`growth_entry`);
 3. otherwise the SGLang function with the most self time at the task's load.
 
 Function names are as py-spy reads them (`Class.method`), files relative to the package
@@ -19,7 +20,6 @@ Function names are as py-spy reads them (`Class.method`), files relative to the 
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from pathlib import Path
@@ -68,6 +68,7 @@ def profiled_run(
 
 
 def _per_token(rows: list[FunctionTime], tokens: int) -> dict[str, float]:
+    """Self samples per 1000 generated tokens, by function."""
     return {r.where: 1000.0 * r.self_samples / max(tokens, 1) for r in rows}
 
 
@@ -104,12 +105,9 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
 
     # 2./3. Function profiles at a light load and at the task's load.
     light, light_run = profiled_run(
-        harness,
-        arm,
-        DIAGNOSE_SEED + 11,
-        concurrency=LIGHT_CONCURRENCY,
-        prompts=4 * LIGHT_CONCURRENCY,
-    )
+        harness, arm, DIAGNOSE_SEED + 11,
+        concurrency=LIGHT_CONCURRENCY, prompts=int(p["num_prompts"]),
+    )  # fmt: skip
     heavy, heavy_run = profiled_run(
         harness, arm, DIAGNOSE_SEED + 13,
         concurrency=int(p["max_concurrency"]) or None, prompts=int(p["num_prompts"]),
@@ -137,23 +135,18 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
             detail=culprit.detail,
         )
     else:
-        growing = [
-            r
-            for r in heavy_rows
-            if r.self_share >= MIN_SHARE
-            and heavy_cost[r.where] >= GROWTH * max(light_cost.get(r.where, 0.0), 1e-9)
-        ]
-        if growing:
-            top = max(growing, key=lambda r: heavy_cost[r.where] - light_cost.get(r.where, 0.0))
-            base = light_cost.get(top.where, 0.0)
-            ratio = heavy_cost[top.where] / base if base else math.inf
+        growing = growth_entry(light, heavy, dirs, _tokens(light_run), _tokens(heavy_run))
+        if growing is not None:
+            where, share, ratio = growing
+            evidence.append(f"growth with the load: {where} {ratio:.1f}x per token")
             localization = Localization(
                 stage="scheduler process: work that grows with the load",
                 thread="MainThread",
-                function=top.where,
-                detail=f"{top.self_share:.0%} of the scheduler's samples at the task's load; its "
-                f"time per generated token is {ratio:.1f}x what it is with "
-                f"{LIGHT_CONCURRENCY} requests in flight",
+                function=where,
+                detail=f"{share:.0%} of the scheduler's samples at the task's load are in it or "
+                f"its callees; its time per generated token is {ratio:.1f}x what it is with "
+                f"{LIGHT_CONCURRENCY} requests in flight (the outermost function that grows as "
+                "fast as the fastest-growing work)",
             )
         elif heavy_rows:
             top = heavy_rows[0]
@@ -179,6 +172,35 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
         evidence=evidence,
         instruments=instruments,
     )
+
+
+def growth_entry(
+    light: FunctionProfile,
+    heavy: FunctionProfile,
+    dirs: list[Path],
+    light_tokens: int,
+    heavy_tokens: int,
+) -> tuple[str, float, float] | None:
+    """Where work that grows with the load enters: of the functions holding at least
+    `MIN_SHARE` of the heavy profile (with callees) whose time per token grows at least `GROWTH`
+    times, those growing at least half as fast as the fastest, the outermost (the most samples):
+    its callers grow slower (they also do work that does not grow), its callees are parts of it.
+    Returns (function, share at the task's load, growth ratio) or None."""
+    a, b = light.inclusive(dirs), heavy.inclusive(dirs)
+    floor = 1.0 / max(light_tokens, 1)  # one sample: the light profile's resolution
+    ratios = {}
+    for where, n in b.items():
+        if n / max(heavy.samples, 1) < MIN_SHARE:
+            continue
+        per_heavy = n / max(heavy_tokens, 1)
+        per_light = max(a.get(where, 0) / max(light_tokens, 1), floor)
+        if per_heavy >= GROWTH * per_light:
+            ratios[where] = per_heavy / per_light
+    if not ratios:
+        return None
+    fastest = max(ratios.values())
+    outer = max((w for w, r in ratios.items() if r >= fastest / 2), key=lambda w: b[w])
+    return outer, b[outer] / max(heavy.samples, 1), ratios[outer]
 
 
 def _tokens(result: Any) -> int:

@@ -116,3 +116,33 @@ def test_logprob_distance_compares_up_to_the_first_divergence() -> None:
     d = logprob_distance(moved, ref)
     # Positions 0 and 1 (where the tokens part) are compared; position 2 is not.
     assert d.pairs == 3 and d.max_nats == pytest.approx(0.05)
+
+
+def test_growth_entry_names_where_work_that_grows_with_the_load_enters(tmp_path: Path) -> None:
+    from infra_agent.feedback.pyprofile import FunctionProfile
+    from infra_agent.serving.diagnosis import growth_entry
+
+    root = tmp_path / "sglang"
+    f = str(root / "srt" / "sched.py")
+
+    def stack(*names: str) -> str:
+        return "thread (1): MainThread;" + ";".join(f"{n} ({f}:1)" for n in names)
+
+    loop, step, prio, match = "Loop.run", "Loop.step", "Policy.calc_priority", "Policy._matches"
+    light = FunctionProfile(pid=1, duration_s=1, samples=100, stacks={
+        stack(loop, step, "Model.forward"): 97, stack(loop, step, prio): 1,
+        stack(loop, step, prio, match): 2,
+    })  # fmt: skip
+    heavy = FunctionProfile(pid=1, duration_s=1, samples=1000, stacks={
+        stack(loop, step, "Model.forward"): 400, stack(loop, step, prio): 50,
+        stack(loop, step, prio, match): 550,
+    })  # fmt: skip
+    # 1000 tokens each: the model's time per token grows 4x, the policy's 200x, its matching
+    # 275x: the policy is where the growing work enters (its callers also do work that does not).
+    found = growth_entry(light, heavy, [root], light_tokens=1000, heavy_tokens=1000)
+    assert found is not None
+    where, share, ratio = found
+    assert where == "sglang/srt/sched.py:Policy.calc_priority"
+    assert share == pytest.approx(0.6) and ratio == pytest.approx(200.0)
+    flat = FunctionProfile(pid=1, duration_s=1, samples=100, stacks=dict(light.stacks))
+    assert growth_entry(light, flat, [root], light_tokens=1000, heavy_tokens=1000) is None
