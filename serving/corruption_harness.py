@@ -41,6 +41,8 @@ class Scored(BaseModel):
     output: list[int]
     top: list[dict[int, float]]
     """Top-k log-probs at each output position, as returned under load."""
+    alone: list[dict[int, float]] = []
+    """Top-k log-probs at each output position when the prompt and output are scored alone."""
     max_tv: float = 0.0
     worst_position: int = -1
 
@@ -78,8 +80,8 @@ async def _rescore(client: httpx.AsyncClient, url: str, scored: Scored) -> None:
     }
     resp = await client.post(url + "/generate", json=body)
     resp.raise_for_status()
-    alone = [_top(pos) for pos in resp.json()["meta_info"]["input_top_logprobs"]]
-    for j, (loaded, single) in enumerate(zip(scored.top, alone, strict=False)):
+    scored.alone = [_top(pos) for pos in resp.json()["meta_info"]["input_top_logprobs"]]
+    for j, (loaded, single) in enumerate(zip(scored.top, scored.alone, strict=False)):
         tv = tv_distance(loaded, single)
         if tv > scored.max_tv:
             scored.max_tv, scored.worst_position = tv, j
