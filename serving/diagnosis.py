@@ -33,6 +33,8 @@ from infra_agent.serving.overlay import installed_package
 from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
 LIGHT_CONCURRENCY = 4
+LIGHT_PROMPTS = 32
+"""Requests of the light-load profile (a slow server at a light load can take minutes)."""
 GROWTH = 2.0
 """A function whose time per generated token is this many times higher at the task's load than
 at the light load scales with the load."""
@@ -98,7 +100,13 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
         evidence.extend(report.render().splitlines()[:4])
         found = report.culprit()
         main = next((t for t in report.threads if t.thread == "MainThread"), None)
-        if found.thread not in (None, "MainThread") and main is not None and main.waiting >= 0.1:
+        holder = next((t for t in report.threads if t.thread == found.thread), None)
+        # Another thread holds the GIL while the serving thread waits for it (or, where the
+        # trace cannot tell a GIL wait from sleep, holds it most of the time).
+        if found.thread not in (None, "MainThread") and (
+            (main is not None and main.waiting >= 0.1)
+            or (holder is not None and holder.holding >= 0.5)
+        ):
             culprit = found
     except PySpyUnavailable as exc:
         evidence.append(f"GIL trace unavailable: {exc}")
@@ -106,7 +114,7 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
     # 2./3. Function profiles at a light load and at the task's load.
     light, light_run = profiled_run(
         harness, arm, DIAGNOSE_SEED + 11,
-        concurrency=LIGHT_CONCURRENCY, prompts=int(p["num_prompts"]),
+        concurrency=LIGHT_CONCURRENCY, prompts=min(int(p["num_prompts"]), LIGHT_PROMPTS),
     )  # fmt: skip
     heavy, heavy_run = profiled_run(
         harness, arm, DIAGNOSE_SEED + 13,
