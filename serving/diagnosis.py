@@ -149,7 +149,6 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
             evidence.append(f"growth with the load: {where} {ratio:.1f}x per token")
             localization = Localization(
                 stage="scheduler process: work that grows with the load",
-                thread="MainThread",
                 function=where,
                 detail=f"{share:.0%} of the scheduler's samples at the task's load are in it or "
                 f"its callees; its time per generated token is {ratio:.1f}x what it is with "
@@ -161,7 +160,6 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
             strong = top.self_share >= 0.2
             localization = Localization(
                 stage="scheduler process: the hottest SGLang function",
-                thread="MainThread",
                 function=top.where,
                 detail=f"{top.self_share:.0%} of the scheduler's active samples are in this "
                 f"function or the library calls it makes ({top.total_share:.0%} with callees)",

@@ -62,7 +62,8 @@ def test_nothing_the_agent_reads_names_the_fault(task) -> None:  # type: ignore[
     sites = fault_sites(task)
     assert {rel for rel, _ in sites} == files
     functions = {name for _, name in sites}
-    visible = (task.root / "README.md").read_text().split("MEASURED")[0] + task.manifest.story
+    readme = (task.root / "README.md").read_text()
+    visible = readme.split("## Measured here")[0] + task.manifest.story
     visible += task.manifest.title + task.name
     harness = task.harness_path.read_text()
     for rel in files:
