@@ -14,6 +14,7 @@ from infra_agent.serving.env import find_sglang_env
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.sglang,
+    pytest.mark.timeout(2400),  # three experiments, each starting real servers, on 2 cores
     pytest.mark.skipif(find_sglang_env() is None, reason="the SGLang environment is not set up"),
 ]
 TASK = "sglang-stalled-scheduler"
