@@ -47,16 +47,19 @@ def _register() -> None:
     # Imported here so that a broken group shows up as an error in that group only in tests,
     # and `infra-agent --help` stays fast (groups import their heavy dependencies lazily).
     from infra_agent.agent.cli import register as register_agent
+    from infra_agent.experiments.check import register as register_check
     from infra_agent.experiments.cli import register as register_experiments
     from infra_agent.feedback.cli import app as feedback_app
     from infra_agent.review.cli import app as review_app
     from infra_agent.store.cli import config_app, runs_app
     from infra_agent.tasks.cli import register as register_tasks
+    from infra_agent.tasks.cli import tasks_app
     from infra_agent.trajectories.cli import register as register_export
 
     register_agent(app)  # optimize
     register_experiments(app)  # experiment
     register_tasks(app)  # tasks, diagnose
+    register_check(tasks_app)  # tasks check (runs experiments)
     app.add_typer(feedback_app, name="feedback")
     app.add_typer(runs_app, name="runs")
     app.add_typer(review_app, name="review")

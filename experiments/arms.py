@@ -104,7 +104,10 @@ class ArmStartError(Exception):
 
 
 def preload_modules(task: Task) -> list[str]:
-    """Heavy modules the workspace imports, loaded when a worker starts (only torch for now)."""
+    """Heavy modules the workspace imports, loaded when a worker starts (only torch for now).
+    Only python tasks have workers; a serving task's workspace is a package its server runs."""
+    if task.manifest.kind != "python" or not task.workspace.is_dir():
+        return []
     for path in task.workspace.rglob("*.py"):
         text = path.read_text(errors="replace")
         if "import torch" in text or "from torch" in text:

@@ -47,8 +47,8 @@ from infra_agent.tasks.patch import (
     PatchError,
     apply_patch,
     effective_knobs,
-    preview_apply,
 )
+from infra_agent.tasks.tree import preview_apply, workspace_folder, workspace_tree
 
 Progress = Callable[[str], None]
 WARMUP_SEEDS = 2
@@ -64,15 +64,15 @@ class _Stop(Exception):
 
 
 def task_fingerprint(task: Task) -> str:
-    """sha256 of the manifest, harness and every baseline workspace file (staleness check)."""
+    """sha256 of the manifest, harness, deployment and the baseline workspace (the task folder's
+    files, or an installed package's identity with the injected fault): a staleness check."""
     digest = hashlib.sha256()
-    files = [task.root / "task.toml", task.harness_path]
-    files += sorted(
-        p for p in task.workspace.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-    )
+    files = [task.root / "task.toml", task.harness_path, task.root / "deployment.toml"]
     for path in files:
-        digest.update(str(path.relative_to(task.root)).encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
+        if path.is_file():
+            digest.update(str(path.relative_to(task.root)).encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    digest.update(workspace_tree(task).fingerprint().encode())
     return digest.hexdigest()
 
 
@@ -128,13 +128,14 @@ class Experiment:
         """Apply the patch to a scratch copy and read the code it adds."""
         if self.patch.kind != "diff":
             return
+        tree = workspace_tree(self.task)
         scratch = preview_apply(self.patch, self.task)
         try:
             before: dict[str, str | None] = {}
             after: dict[str, str | None] = {}
             for rel in self.patch.files:
-                old, new = self.task.workspace / rel, scratch / "ws" / rel
-                before[rel] = old.read_text(errors="replace") if old.is_file() else None
+                new = scratch / "ws" / rel
+                before[rel] = tree.read_text(rel) if tree.is_file(rel) else None
                 after[rel] = new.read_text(errors="replace") if new.is_file() else None
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -145,11 +146,13 @@ class Experiment:
 
     def open_arms(self, create: Callable[..., Any]) -> tuple[Arm, Arm]:
         spec = sandbox_spec(self.task)
-        base_sb = create(self.backend, self.task.workspace, spec)
-        base = self.arms.open(
-            "baseline", base_sb, effective_knobs(None, self.manifest), self.params
-        )
-        cand_sb = create(self.backend, self.task.workspace, spec)
+        # Both arms hold the same files (a package workspace: the injected ones and the patch's).
+        with workspace_folder(self.task, self.patch.files) as folder:
+            base_sb = create(self.backend, folder, spec)
+            base = self.arms.open(
+                "baseline", base_sb, effective_knobs(None, self.manifest), self.params
+            )
+            cand_sb = create(self.backend, folder, spec)
         knobs = apply_patch(self.patch, self.task, cand_sb.root)
         cand = self.arms.open("candidate", cand_sb, knobs, self.params)
         in_force, missing = cand_sb.isolation()

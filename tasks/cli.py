@@ -1,4 +1,5 @@
-"""`infra-agent tasks list|show` and `infra-agent diagnose`."""
+"""`infra-agent tasks list|show` and `infra-agent diagnose` (`tasks check` runs experiments:
+`experiments/check.py`)."""
 
 from __future__ import annotations
 

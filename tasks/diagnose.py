@@ -8,7 +8,10 @@ reproduces the symptom with fixed seeds and applies the instruments that fit it:
   batch shapes (the first divergence names the stage), and the error's growth with size;
 - GIL tasks: `feedback.gil` samples the worker's threads (who holds the GIL, who waits, where);
 - correctness-under-load tasks: a seeded stress run whose every output the harness checks, and
-  `feedback.timeline` overlap where the fix must keep it.
+  `feedback.timeline` overlap where the fix must keep it;
+- serving tasks (a live SGLang server): profiles of the server's processes under the workload,
+  GIL traces, accuracy probes and outputs under load against the same requests alone
+  (`serving/diagnosis.py`).
 
 A harness opts in with a method `diagnose(self, arm) -> Diagnosis`; tasks without one get the
 generic diagnosis (correctness check and a few samples of the metric).
@@ -123,11 +126,10 @@ def run_diagnosis(
     from infra_agent.sandboxes import available_backends, create_sandbox
     from infra_agent.tasks.patch import effective_knobs
     from infra_agent.tasks.registry import find_task
+    from infra_agent.tasks.tree import workspace_folder
 
     task = find_task(task_name)
     manifest = task.manifest
-    if manifest.kind != "python":
-        raise UserError(f"task {task.name} is a '{manifest.kind}' task; diagnose runs python tasks")
     problem = available_backends().get(sandbox, "unknown backend")
     if problem is not None:
         raise UserError(f"sandbox backend '{sandbox}' cannot be used here: {problem}")
@@ -137,7 +139,8 @@ def run_diagnosis(
     arms = ArmSet(manifest.budget.call_timeout_s, preload_modules(task), worker_guard(task))
     arm = None
     try:
-        box = create_sandbox(sandbox, task.workspace, sandbox_spec(task))
+        with workspace_folder(task) as folder:
+            box = create_sandbox(sandbox, folder, sandbox_spec(task))
         arm = arms.open("baseline", box, effective_knobs(None, manifest), resolved)
         harness.prepare(arm)
         hook = getattr(harness, "diagnose", None)

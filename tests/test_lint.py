@@ -22,6 +22,7 @@ MYPY_TARGETS = [
     "infra_agent.tasks.harness",
     "infra_agent.tasks.patch",
     "infra_agent.tasks.registry",
+    "infra_agent.tasks.tree",
     "infra_agent.sandboxes",
     "infra_agent.feedback",
     "infra_agent.agent",

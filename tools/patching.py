@@ -56,7 +56,8 @@ def describe_task(p: DescribeTask, ctx: ToolContext) -> ToolResult:
 
 
 def _check_and_store(patch: Any, ctx: ToolContext) -> ToolResult:
-    from infra_agent.tasks.patch import effective_knobs, preview_apply
+    from infra_agent.tasks.patch import effective_knobs
+    from infra_agent.tasks.tree import preview_apply
 
     shutil.rmtree(preview_apply(patch, ctx.task), ignore_errors=True)  # raises with the reason
     knobs = effective_knobs(patch, ctx.task.manifest)

@@ -3,7 +3,6 @@ KV transfer; the transferred pages are checked against what was sent."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -77,6 +76,7 @@ class TaskHarness(Harness):
         import time
 
         from infra_agent.feedback.gil import PySpyUnavailable, trace_pid
+        from infra_agent.feedback.pyprofile import python_descendant
         from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
         samples = [self.sample(arm, DIAGNOSE_SEED + i) for i in range(5)]
@@ -105,7 +105,7 @@ class TaskHarness(Harness):
             runner.join()
         if errors:
             raise errors[0]
-        thread, function, stack, detail = blame(report)
+        culprit = report.culprit()
         step = min(s["step_time_ms"] for s in samples)
         alone = min(s["dispatch_only_ms"] for s in samples)
         return Diagnosis(
@@ -117,8 +117,10 @@ class TaskHarness(Harness):
                 "step_time_ms": step,
                 "dispatch_only_ms": alone,
             },
-            localization=Localization(thread=thread, function=function, detail=detail),
-            blocking_stack=stack,
+            localization=Localization(
+                thread=culprit.thread, function=culprit.function, detail=culprit.detail
+            ),
+            blocking_stack=culprit.stack,
             evidence=[
                 *report.render().splitlines()[:6],
                 *(
@@ -131,69 +133,9 @@ class TaskHarness(Harness):
         )
 
 
-def _function(frame_label: str) -> str:
-    """'intranode_dispatch (dispatch.py:19)' -> 'dispatch.py:intranode_dispatch'."""
-    name, _, where = frame_label.partition(" (")
-    return f"{where.rstrip(')').rsplit(':', 1)[0]}:{name}" if where else name
-
-
-def blame(report: Any) -> tuple[str | None, str | None, list[str], str]:
-    """(holder thread, holder function, holder stack, one sentence) from a GilReport: the most
-    waiting thread's main blamed holder, or else the thread holding the GIL most."""
-    for entry in report.blame:
-        for ev in entry.evidence:
-            if ev.holder != "nobody" and ev.python_stack:
-                stack = [_function(f) for f in ev.python_stack]
-                return (
-                    ev.holder,
-                    stack[0],
-                    stack,
-                    f"holds the GIL in {ev.share:.0%} of the samples in which thread "
-                    f"'{entry.waiter}' waits for it ({entry.waiting:.0%} of its samples)",
-                )
-    holders = sorted(report.threads, key=lambda t: t.holding, reverse=True)
-    if holders and holders[0].holding > 0:
-        top = holders[0]
-        function = _function(top.top_functions[0].rsplit(" ", 1)[0]) if top.top_functions else None
-        detail = f"holds the GIL in {top.holding:.0%} of samples"
-        others = sorted(
-            (t for t in report.threads if t.thread != top.thread),
-            key=lambda t: t.waiting + t.running,
-            reverse=True,
-        )
-        if others:
-            other = others[0]
-            detail += (
-                f"; thread '{other.thread}' is not idle but has no GIL in "
-                f"{other.waiting + other.running:.0%} of samples (waiting for it)"
-            )
-        return top.thread, function, [function] if function else [], detail
-    return None, None, [], "no thread was seen holding the GIL"
-
-
 def overhead_pct(samples: list[dict[str, float]]) -> float:
     """Transfer overhead on step time over several samples, in percent: 1 - best step time without
     transfer / best step time with it (the minimum, because noise on a shared machine only adds)."""
     with_t = min(s["step_time_ms"] for s in samples)
     without = min(s["dispatch_only_ms"] for s in samples)
     return 100.0 * (1.0 - without / with_t)
-
-
-def python_descendant(pid: int) -> int:
-    """The first process at or below `pid` running Python (the sandbox may wrap the worker)."""
-
-    todo = [pid]
-    while todo:
-        current = todo.pop(0)
-        try:
-            cmdline = Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if b"python" in Path(cmdline.decode(errors="replace")).name.encode():
-            return current
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-            except OSError:
-                pass
-    return pid

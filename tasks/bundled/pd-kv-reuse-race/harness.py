@@ -106,14 +106,49 @@ class TaskHarness(Harness):
         ]
 
     def diagnose(self, arm: Arm) -> Any:
-        """The corruption rate under load, and two differential runs of the same seeded load:
-        with stalls removed, and with a timeout no stall reaches (no aborts)."""
+        """The corruption rate under load; the same seeded load with a timeout no stall reaches
+        (no aborts); and a profile of the worker in both runs: the function that runs only when
+        corruption happens is where to look."""
+        from pathlib import Path
+
+        from infra_agent.feedback.pyprofile import (
+            growing_function,
+            profile_while,
+            python_descendant,
+        )
         from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
         n = self.params["health_requests"]
-        load = self.run(arm, n, DIAGNOSE_SEED)
-        no_abort = self.run(arm, n, DIAGNOSE_SEED, timeout_ms=self.params["stall_max_ms"] * 5)
+        quiet_ms = self.params["stall_max_ms"] * 5
+        pid = python_descendant(arm.worker.process.pid)  # type: ignore[attr-defined]
+        loaded, load = profile_while(pid, lambda: self.run(arm, n, DIAGNOSE_SEED), rate=200)
+        quiet, no_abort = profile_while(
+            pid, lambda: self.run(arm, n, DIAGNOSE_SEED, timeout_ms=quiet_ms), rate=200
+        )
+        assert isinstance(load, dict) and isinstance(no_abort, dict)
         rate = 1e4 * load["corruptions"] / n
+        within = [Path(arm.sandbox.root)]
+        found = growing_function(quiet, loaded, within, low_units=n, high_units=n)
+        # Only a function that runs (almost) only with aborts names the path; one that merely
+        # runs more often (retried work) does not.
+        if found is not None and found[1] > found[2] / 5:
+            found = None
+        needs_abort = load["corruptions"] > 0 and no_abort["corruptions"] == 0
+        localization = Localization(
+            stage="a path that runs only when requests time out" if needs_abort else None,
+            function=found[0].rsplit("/", 1)[-1] if found and needs_abort else None,
+            detail=f"corruption needs aborts: the same load with a {quiet_ms:g} ms timeout gives "
+            f"{no_abort['corruptions']} corruptions"
+            + (
+                f"; this function has {found[2]:.3f} samples per request with aborts and "
+                f"{found[1]:.3f} without"
+                if found
+                else "; no function the profile sees runs only with aborts (the abort path is "
+                "too short to sample)"
+            )
+            if needs_abort
+            else "",
+        )
         return Diagnosis(
             reproduced=load["corruptions"] > 0,
             symptom=f"{load['corruptions']} of {n} requests ({rate:.1f} per 10k) decoded another "
@@ -124,19 +159,18 @@ class TaskHarness(Harness):
                 "aborts": float(load["aborts"]),
                 "corruptions_without_aborts": float(no_abort["corruptions"]),
             },
-            localization=Localization(
-                stage="abort path (slot reuse after a decode-side timeout)",
-                function="decode.py:DecodeScheduler.abort",
-                detail="corruption needs an abort: the same load with a timeout no write exceeds "
-                f"gives {no_abort['corruptions']} corruptions; aborted requests' slots are reused "
-                "while their prefill write is still in flight",
-            ),
+            localization=localization,
             evidence=[
                 f"same seeded load, timeout {self.params['timeout_ms']:g} ms: "
                 f"{load['corruptions']} corrupted, {load['aborts']} aborts",
-                f"same load, timeout {self.params['stall_max_ms'] * 5:g} ms: "
+                f"same load, timeout {quiet_ms:g} ms: "
                 f"{no_abort['corruptions']} corrupted, {no_abort['aborts']} aborts",
                 f"first corrupted requests: {load['corrupted'][:8]}",
+                "profile with aborts: " + loaded.render(within, 4).replace("\n", "; "),
             ],
-            instruments=["harness stress run (every output checked)", "differential run"],
+            instruments=[
+                "harness stress run (every output checked)",
+                "differential run",
+                "pyprofile worker (with vs without aborts)",
+            ],
         )
