@@ -15,7 +15,7 @@ from infra_agent.store.records import StepRecord, ToolCall
 
 def redact(text: str) -> str:
     try:
-        from infra_agent.trajectories.redact import redact_text
+        from infra_agent.redact import redact_text
     except ImportError:  # pragma: no cover - trajectories is part of the package
         return re.sub(r"\bsk-[A-Za-z0-9_-]{16,}", "[REDACTED]", text)
     return redact_text(text)

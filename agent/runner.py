@@ -27,6 +27,7 @@ from infra_agent.agent.runlog import RunLog
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Usage
 from infra_agent.config import Settings, load_settings
 from infra_agent.errors import UserError
+from infra_agent.sandboxes.host import capture_environment
 from infra_agent.store import RunStore, open_store
 from infra_agent.store.records import RunRecord, RunStatus
 from infra_agent.tasks.manifest import Task
@@ -265,6 +266,7 @@ def start_run(
         policy=config.policy,
         model=policy.model,
         config=config.model_dump(mode="json"),
+        environment=capture_environment(config.sandbox),
     )
     store.put_run(run)
     if on_run is not None:

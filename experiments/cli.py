@@ -11,14 +11,14 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import (
+from infra_agent.store.records import ExperimentRecord
+from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,
     Flag,
     SandboxEvidence,
     Verdict,
 )
-from infra_agent.store.records import ExperimentRecord
 
 
 class PerformanceSummary(BaseModel):

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import BaseModel
 
 from infra_agent.errors import NotBuiltError, UserError
-from infra_agent.experiments.verdict import ExperimentResult
 from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
@@ -33,6 +32,7 @@ from infra_agent.store.records import (
     ProposalStatus,
     RiskLevel,
 )
+from infra_agent.store.verdict import ExperimentResult
 
 if TYPE_CHECKING:
     from infra_agent.tasks.manifest import Task

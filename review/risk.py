@@ -36,8 +36,8 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.store.records import PatchKind, PatchRecord, RiskLevel
+from infra_agent.store.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.tasks.patch import glob_regex
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default_policy.toml")

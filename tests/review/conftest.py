@@ -10,7 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from infra_agent.experiments.verdict import (
+from infra_agent.store import RunStore, open_store
+from infra_agent.store.records import ExperimentRecord, PatchRecord
+from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,
     ExperimentResult,
@@ -18,8 +20,6 @@ from infra_agent.experiments.verdict import (
     PerformanceEvidence,
     Verdict,
 )
-from infra_agent.store import RunStore, open_store
-from infra_agent.store.records import ExperimentRecord, PatchRecord
 from infra_agent.tasks.manifest import Task, load_task
 from infra_agent.tasks.patch import knob_patch, parse_diff
 
