@@ -367,15 +367,15 @@ def _encoded(value: Any, kind: pa.DataType, cache: dict[int, Any]) -> Any:
 
 
 def to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Rows as a table of `schema`. Raises pa.ArrowInvalid / TypeError when a value does not fit
-    its column's type."""
+    """Rows as a table of `schema` (a NaN becomes null, as in JSON). Raises pa.ArrowInvalid /
+    TypeError when a value does not fit its column's type."""
     cache: dict[int, Any] = {}  # id -> (the value, kept alive so that its id stays its own; text)
     columns = []
     for f in schema:
         values = [row[f.name] for row in rows]
         if _has_json(f.type):
             values = [_encoded(v, f.type, cache) for v in values]
-        columns.append(pa.array(values, type=_storage(f.type)).cast(f.type))
+        columns.append(pa.array(values, type=_storage(f.type), from_pandas=True).cast(f.type))
     return pa.Table.from_arrays(columns, schema=schema)
 
 

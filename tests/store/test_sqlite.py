@@ -226,6 +226,29 @@ def test_secrets_are_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert open_store(db).steps(run.id)[0].content.startswith("Authorization: ")
 
 
+def test_a_measurement_that_is_not_a_number_reads_back(tmp_path: Path) -> None:
+    """A NaN or infinite speedup (a zero baseline) is stored as such, and a NaN an earlier
+    version stored as null reads back as NaN, instead of making the run unreadable."""
+    import math
+
+    store = open_store(tmp_path / "runs.db")
+    result = _result()
+    perf = result.evidence.performance
+    assert perf is not None
+    perf.speedup, perf.ci_low, perf.ci_high = math.nan, -math.inf, math.inf
+    exp = ExperimentRecord(task="t", patch_id="p", result=result)
+    store.put_experiment(exp)
+    back = store.get_experiment(exp.id)
+    assert back is not None and back.result.evidence.performance is not None
+    got = back.result.evidence.performance
+    assert math.isnan(got.speedup) and (got.ci_low, got.ci_high) == (-math.inf, math.inf)
+    with store.transaction():
+        store._conn().execute("UPDATE experiments SET body=replace(body, 'NaN', 'null')")
+    again = store.get_experiment(exp.id)
+    assert again is not None and again.result.evidence.performance is not None
+    assert math.isnan(again.result.evidence.performance.speedup)
+
+
 def test_a_broken_body_is_a_store_error(tmp_path: Path) -> None:
     """Records are read in order; a body that is not JSON is a StoreError naming the record type,
     not a crash."""

@@ -52,7 +52,23 @@ def test_jsonl_and_parquet_agree_column_for_column(fx: Fixture, tmp_path: Path, 
 
 
 def _random(tmp_path: Path) -> Any:
+    """Random runs, and one whose measurement is not a number (exported as null in both)."""
+    import math
+
+    from infra_agent.store.verdict import Evidence, PerformanceEvidence
+
     random_rewards_store(tmp_path / "random.db", 3, gone=0.2, orphans=True, runs=30)
+    store = open_store(tmp_path / "random.db")
+    run = RunRecord(task="nan", objective="latency", policy="llm")
+    store.put_run(run)
+    store.add_step(StepRecord(run_id=run.id, role="assistant", content="measured"))
+    nan = PerformanceEvidence(metric="ms", unit="ms", higher_is_better=False, baseline_median=0,
+                              candidate_median=0, speedup=math.nan, ci_low=math.nan, ci_high=math.nan,
+                              n_samples=3)  # fmt: skip
+    result = ExperimentResult(task="nan", patch_id="p", verdict=Verdict.NO_CHANGE, reasons=["0/0"],
+                              evidence=Evidence(performance=nan))  # fmt: skip
+    store.put_experiment(ExperimentRecord(run_id=run.id, task="nan", patch_id="p", result=result))
+    store.close()
     return open_store(tmp_path / "random.db", readonly=True)
 
 
