@@ -217,8 +217,8 @@ def list_skeletons(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """List the skeletons (bundled and learned from reviewed runs)."""
-    from infra_agent.agent.knowledge import load_skeletons
     from infra_agent.output import emit
+    from infra_agent.tools.skeletons import load_skeletons
 
     found = load_skeletons()
 
@@ -232,7 +232,7 @@ def list_skeletons(
 @skeletons_app.command("show")
 def show_skeleton(name: str = typer.Argument(..., help="Skeleton name.")) -> None:
     """Show one skeleton: when it applies, how to test it, a worked example."""
-    from infra_agent.agent.knowledge import load_skeletons
+    from infra_agent.tools.skeletons import load_skeletons
 
     for s in load_skeletons():
         if s.name == name:
@@ -250,9 +250,9 @@ def save_from_proposal(
     """Save a reviewed, proven patch as a new skeleton the agent can look up in later runs."""
     from pydantic import ValidationError
 
-    from infra_agent.agent.knowledge import save_skeleton, skeleton_from_proposal
     from infra_agent.context import current
     from infra_agent.store.records import ProposalStatus
+    from infra_agent.tools.skeletons import save_skeleton, skeleton_from_proposal
 
     store = current().store(readonly=True)
     proposal = store.get_proposal(proposal_id)

@@ -114,8 +114,8 @@ def build_policy(config: RunConfig, llm: LLMSettings, task: Task) -> Any:
         from infra_agent.agent.policies.llm import LLMPolicy, OpenAIChatModel
 
         return LLMPolicy(OpenAIChatModel(llm.active()), max_context_chars=config.max_context_chars)
-    from infra_agent.agent.knowledge import knob_advice, load_skeletons
     from infra_agent.agent.policies.search import SearchPolicy
+    from infra_agent.tools.skeletons import knob_advice, load_skeletons
 
     if not task.manifest.knobs:
         raise UserError(

@@ -5,20 +5,12 @@ Everything is redacted (API keys, tokens, secret environment values) before it r
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from infra_agent.agent.state import Message
+from infra_agent.redact import redact_text as redact
 from infra_agent.store import RunStore
 from infra_agent.store.records import StepRecord, ToolCall
-
-
-def redact(text: str) -> str:
-    try:
-        from infra_agent.redact import redact_text
-    except ImportError:  # pragma: no cover - trajectories is part of the package
-        return re.sub(r"\bsk-[A-Za-z0-9_-]{16,}", "[REDACTED]", text)
-    return redact_text(text)
 
 
 def _redact_opt(text: str | None) -> str | None:

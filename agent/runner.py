@@ -27,6 +27,7 @@ from infra_agent.agent.runlog import RunLog
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Usage
 from infra_agent.config import Settings, load_settings
 from infra_agent.errors import UserError
+from infra_agent.experiments import run_experiment, task_fingerprint
 from infra_agent.sandboxes.host import capture_environment
 from infra_agent.store import RunStore, open_store
 from infra_agent.store.records import RunRecord, RunStatus
@@ -92,18 +93,6 @@ def find_run_task(config: RunConfig) -> Task:
     return find_task(config.task_root or config.task)
 
 
-def fingerprint(task: Task) -> str:
-    try:
-        from infra_agent.experiments import task_fingerprint
-    except ImportError:
-        from infra_agent.review.queue import current_fingerprint as task_fingerprint
-    return str(task_fingerprint(task))
-
-
-def _experiment_runner() -> Callable[..., Any]:
-    from infra_agent.experiments import run_experiment
-
-    return run_experiment
 
 
 def _context(
@@ -133,9 +122,9 @@ def _context(
         tools=default_registry(),
         tool_context=tool_context,
         log=RunLog(store, run.id),
-        run_experiment=_experiment_runner(),
+        run_experiment=run_experiment,
         executor=_executor(config),
-        fingerprint=fingerprint(task),
+        fingerprint=task_fingerprint(task),
         on_event=on_event,
     )
 

@@ -90,6 +90,10 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    from infra_agent.experiments.diagnose import register as register_diagnose
+
+    register_diagnose(app)
+
     @app.command()
     def experiment(
         task: str = typer.Option(..., "--task", help="Task name or folder."),

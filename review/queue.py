@@ -14,13 +14,13 @@ append-only), so of two concurrent decisions exactly one lands and the other is 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from infra_agent.errors import NotBuiltError, UserError
+from infra_agent.errors import UserError
+from infra_agent.experiments import run_experiment, task_fingerprint
 from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
@@ -33,9 +33,9 @@ from infra_agent.store.records import (
     RiskLevel,
 )
 from infra_agent.store.verdict import ExperimentResult
-
-if TYPE_CHECKING:
-    from infra_agent.tasks.manifest import Task
+from infra_agent.tasks.manifest import Task, load_task
+from infra_agent.tasks.patch import Patch
+from infra_agent.tasks.registry import find_task
 
 POLICY_REVIEWER = "policy"
 """Reviewer name on decisions the risk policy took by itself."""
@@ -99,44 +99,17 @@ class ReviewOutcome(BaseModel):
 # -- target fingerprint --------------------------------------------------------------------
 
 
-def _fallback_fingerprint(task: Task) -> str:
-    """sha256 over the task manifest, harness and workspace files (used until
-    `infra_agent.experiments.task_fingerprint` exists)."""
-    digest = hashlib.sha256()
-    paths = [task.root / "task.toml", task.harness_path]
-    if task.workspace.is_dir():
-        paths += sorted(
-            p for p in task.workspace.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-        )
-    for path in paths:
-        if path.is_file():
-            digest.update(
-                str(path.relative_to(task.root)).encode() + b"\0" + path.read_bytes() + b"\0"
-            )
-    return digest.hexdigest()
-
-
 def current_fingerprint(task: Task) -> str:
     """The task's fingerprint now, as the experiment engine computes it."""
-    try:
-        from infra_agent.experiments import task_fingerprint  # type: ignore[attr-defined]
-    except ImportError:
-        return _fallback_fingerprint(task)
-    return str(task_fingerprint(task))
+    return task_fingerprint(task)
 
 
 def resolve_task(proposal: ProposalRecord) -> Task | None:
     """The task a proposal was measured on: its recorded folder, else by name; None if gone."""
-    from infra_agent.tasks.manifest import load_task
-
     if proposal.task_root and Path(proposal.task_root, "task.toml").is_file():
         return load_task(Path(proposal.task_root))
     try:
-        from infra_agent.tasks.registry import find_task  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    try:
-        return find_task(proposal.task)  # type: ignore[no-any-return]
+        return find_task(proposal.task)
     except UserError:
         return None
 
@@ -399,13 +372,7 @@ def list_queue(
 # -- re-verifying ------------------------------------------------------------------------------
 
 
-def _patch_from_record(record: PatchRecord) -> Any:
-    try:
-        from infra_agent.tasks.patch import Patch  # type: ignore[import-not-found]
-    except ImportError:
-        raise NotBuiltError(
-            "re-verification (infra_agent.tasks.patch, issue of the verify helper)"
-        ) from None
+def _patch_from_record(record: PatchRecord) -> Patch:
     return Patch(
         kind=record.kind.value,
         diff=record.diff,
@@ -442,10 +409,6 @@ def reverify(
         raise StaleProposal(
             f"stored patch hashes to {patch.hash[:12]}, not {proposal.patch_hash[:12]}"
         )
-    try:
-        from infra_agent.experiments import run_experiment  # type: ignore[attr-defined]
-    except ImportError:
-        raise NotBuiltError("re-verification (infra_agent.experiments.run_experiment)") from None
     experiment: ExperimentRecord = run_experiment(
         task, patch, sandbox=sandbox, params=params, store=store, run_id=proposal.run_id
     )
