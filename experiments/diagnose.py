@@ -17,6 +17,7 @@ from infra_agent.experiments.arms import (
     sandbox_spec,
     worker_guard,
 )
+from infra_agent.experiments.cli import parse_params
 from infra_agent.sandboxes import available_backends, create_sandbox
 from infra_agent.tasks.diagnose import Diagnosis, generic_diagnosis
 from infra_agent.tasks.patch import effective_knobs
@@ -59,16 +60,6 @@ def run_diagnosis(
     return result
 
 
-def _parse_params(items: list[str]) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UserError(f"--param expects NAME=VALUE, got {item!r}")
-        params[name.strip()] = value.strip()
-    return params
-
-
 def register(app: typer.Typer) -> None:
     @app.command()
     def diagnose(
@@ -82,7 +73,7 @@ def register(app: typer.Typer) -> None:
         """Reproduce a task's symptom and localize it with the instruments, changing no code."""
         from infra_agent.output import emit, status_console
 
-        params = _parse_params(param)
+        params = parse_params(param)
         status_console(as_json).print(f"diagnosing {task} (reproduce, then localize)...")
         result = run_diagnosis(task, params, sandbox=sandbox)
         emit(result, lambda console: console.print(result.render(), markup=False), as_json=as_json)

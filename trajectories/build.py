@@ -302,7 +302,7 @@ def _metrics(rec: StepRecord) -> Metrics | None:
         metrics.logprobs = [float(e["logprob"]) for e in entries]
         ids = [e.get("token_id", e.get("id")) for e in entries]
         if all(isinstance(i, int) for i in ids):
-            metrics.completion_token_ids = [int(i) for i in ids]
+            metrics.completion_token_ids = [i for i in ids if isinstance(i, int)]
         if all(isinstance(e.get("token"), str) for e in entries):
             metrics.extra["tokens"] = [e["token"] for e in entries]
     return metrics
