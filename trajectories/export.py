@@ -24,7 +24,6 @@ from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
 import pyarrow as pa
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -40,6 +39,7 @@ from infra_agent.trajectories.formats import (
     FORMATS,
     ExportFormat,
     OpenAIChatRow,
+    json_text,
     strict_openai_row,
     table_rows,
     to_table,
@@ -184,7 +184,7 @@ class _Producer:
         if self.strict_openai:
             rows = [strict_openai_row(r) for r in rows]
             OPENAI_ROWS.validate_python(rows)
-        return b"".join(orjson.dumps(r) + b"\n" for r in rows)
+        return "".join(json_text(r) + "\n" for r in rows).encode()
 
 
 def _produce_batch(db: str, runs: list[RunRecord], producer: _Producer) -> _Batch:

@@ -330,6 +330,15 @@ def arrow_type(annotation: Any) -> pa.DataType:
     return pa.json_()
 
 
+def json_text(value: Any) -> str:
+    """`value` as compact JSON text (orjson; the standard library for what orjson refuses, like an
+    integer beyond 64 bits)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 @functools.cache
 def _has_json(kind: pa.DataType) -> bool:
     if isinstance(kind, pa.JsonType):
@@ -358,7 +367,7 @@ def _encoded(value: Any, kind: pa.DataType, cache: dict[int, Any]) -> Any:
     if value is None or not _has_json(kind):
         return value
     if isinstance(kind, pa.JsonType):
-        return orjson.dumps(value).decode()
+        return json_text(value)
     if pa.types.is_list(kind):
         if id(value) not in cache:
             cache[id(value)] = (value, [_encoded(v, kind.value_type, cache) for v in value])

@@ -52,7 +52,8 @@ def test_jsonl_and_parquet_agree_column_for_column(fx: Fixture, tmp_path: Path, 
 
 
 def _random(tmp_path: Path) -> Any:
-    """Random runs, and one whose measurement is not a number (exported as null in both)."""
+    """Random runs, and one whose measurement is not a number (exported as null in both) and
+    whose evidence holds an integer beyond 64 bits."""
     import math
 
     from infra_agent.store.verdict import Evidence, PerformanceEvidence
@@ -66,7 +67,7 @@ def _random(tmp_path: Path) -> Any:
                               candidate_median=0, speedup=math.nan, ci_low=math.nan, ci_high=math.nan,
                               n_samples=3)  # fmt: skip
     result = ExperimentResult(task="nan", patch_id="p", verdict=Verdict.NO_CHANGE, reasons=["0/0"],
-                              evidence=Evidence(performance=nan))  # fmt: skip
+                              evidence=Evidence(performance=nan, extra={"bytes": 2**70}))  # fmt: skip
     store.put_experiment(ExperimentRecord(run_id=run.id, task="nan", patch_id="p", result=result))
     store.close()
     return open_store(tmp_path / "random.db", readonly=True)
