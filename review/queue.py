@@ -96,12 +96,7 @@ class ReviewOutcome(BaseModel):
         return text
 
 
-# -- target fingerprint --------------------------------------------------------------------
-
-
-def current_fingerprint(task: Task) -> str:
-    """The task's fingerprint now, as the experiment engine computes it."""
-    return task_fingerprint(task)
+# -- the task and its fingerprint -------------------------------------------------------------
 
 
 def resolve_task(proposal: ProposalRecord) -> Task | None:
@@ -133,7 +128,7 @@ def staleness(store: RunStore, proposal: ProposalRecord, task: Task | None = Non
     task = task or resolve_task(proposal)
     if task is None:
         return f"task '{proposal.task}' cannot be found, so the target cannot be checked; re-verify"
-    now_fp = current_fingerprint(task)
+    now_fp = task_fingerprint(task)
     if proposal.target_fingerprint and now_fp != proposal.target_fingerprint:
         return (
             f"the target changed since the experiment (task fingerprint "
@@ -205,7 +200,7 @@ def submit_proposal(
         risk_reasons=assessment.reasons,
         expected_gain=expected_gain(experiment.result),
         rationale=rationale or record.rationale,
-        target_fingerprint=experiment.target_fingerprint or current_fingerprint(task),
+        target_fingerprint=experiment.target_fingerprint or task_fingerprint(task),
     )
     with store.transaction():
         store.put_patch(record)
@@ -420,7 +415,7 @@ def reverify(
         if current.status != ProposalStatus.PENDING:
             raise _already_decided(store, current)
         current.experiment_ids = [*current.experiment_ids, experiment.id]
-        current.target_fingerprint = experiment.target_fingerprint or current_fingerprint(task)
+        current.target_fingerprint = experiment.target_fingerprint or task_fingerprint(task)
         current.expected_gain = expected_gain(experiment.result)
         current.risk, current.risk_reasons = assessment.level, assessment.reasons
         store.put_proposal(current)

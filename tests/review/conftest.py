@@ -125,13 +125,13 @@ def measured_result(
 
 
 def experiment_for(task: Task, patch: PatchRecord, **kw: object) -> ExperimentRecord:
-    from infra_agent.review.queue import current_fingerprint
+    from infra_agent.experiments import task_fingerprint
 
     return ExperimentRecord(
         task=task.name,
         patch_id=patch.id,
         result=measured_result(task.name, patch.id, **kw),  # type: ignore[arg-type]
-        target_fingerprint=current_fingerprint(task),
+        target_fingerprint=task_fingerprint(task),
     )
 
 
