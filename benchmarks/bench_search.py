@@ -47,7 +47,9 @@ def quick_copy(name: str, folder: Path) -> Path:
 
 def reach(experiments: list[ExperimentOutcome]) -> tuple[float, int | None]:
     """(best proven speedup, experiments needed to reach 90% of it)."""
-    wins = [(i, e.speedup or 1.0) for i, e in enumerate(experiments, 1) if e.verdict is Verdict.IMPROVED]
+    wins = [
+        (i, e.speedup or 1.0) for i, e in enumerate(experiments, 1) if e.verdict is Verdict.IMPROVED
+    ]
     if not wins:
         return 1.0, None
     best = max(s for _, s in wins)

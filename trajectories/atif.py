@@ -159,7 +159,7 @@ class RunInfo(_Strict):
     created_at: datetime
     updated_at: datetime
     config_json: str
-    """The run's config (budget, options; no secrets) as JSON text, environment removed."""
+    """The run's config (budget, options; no secrets) as JSON text."""
 
 
 class PatchExperiment(_Strict):
