@@ -8,7 +8,7 @@ and verified outcome included. Every export format is a function of that record 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -178,9 +178,7 @@ def build_trajectory(bundle: RunBundle, weights: RewardWeights | None = None) ->
             extra=Outcome(
                 reward=reward.total,
                 **best_candidate(bundle.experiments),
-                verdict_counts=VerdictCounts(
-                    **{v.value: sum(r.verdict is v for r in results) for v in Verdict}
-                ),
+                verdict_counts=VerdictCounts(**Counter(r.verdict.value for r in results)),
                 suspicious=sum(Flag.SUSPICIOUS in r.flags for r in results),
                 reviewed=bundle.reviewed,
                 store_messages=len(bundle.steps),
