@@ -116,8 +116,8 @@ def _outcome(k: int, verdict: Verdict, speedup: float | None) -> ExperimentOutco
 
 
 def test_the_best_improved_patch_is_the_best_proven_one() -> None:
-    """Only IMPROVED counts (not a faster REGRESSED, NO_CHANGE or suspicious-free FAILED); the
-    best of them wins wherever it stands; a tie goes to the earliest."""
+    """Only IMPROVED counts (not a faster NO_CHANGE, REGRESSED or INCORRECT, nor one without a
+    speedup); the best of them wins wherever it stands; a tie goes to the earliest."""
     experiments = [
         _outcome(0, Verdict.IMPROVED, 1.2),
         _outcome(1, Verdict.NO_CHANGE, 3.0),
@@ -133,5 +133,5 @@ def test_the_best_improved_patch_is_the_best_proven_one() -> None:
     only_worse = [e for e in experiments if e.verdict is not Verdict.IMPROVED]
     assert best_improved(AgentState(experiments=only_worse)) is None
     assert best_improved(AgentState()) is None
-    last = best_improved(AgentState(experiments=experiments[:5]))
-    assert last is not None and last.experiment_id == "exp-2"
+    before_tie = best_improved(AgentState(experiments=experiments[:5]))
+    assert before_tie is not None and before_tie.experiment_id == "exp-2"
