@@ -115,6 +115,19 @@ def preload_modules(task: Task) -> list[str]:
     return []
 
 
+def arm_set(task: Task) -> ArmSet:
+    """The arms of one experiment on `task`, with its worker settings."""
+    from infra_agent.experiments.rules import normalize_allow
+
+    return ArmSet(
+        task.manifest.budget.call_timeout_s,
+        preload_modules(task),
+        worker_guard(task),
+        inplace=task.manifest.inplace,
+        background="background" in normalize_allow(task.manifest.allow),
+    )
+
+
 def worker_guard(task: Task) -> dict[str, list[str]]:
     """The worker's audit-hook configuration: rule groups the task does not allow, and paths
     (the task folder, the package) candidate code may never open."""
@@ -151,10 +164,15 @@ class ArmSet:
         call_timeout_s: float,
         preload: list[str] | None = None,
         guard: dict[str, list[str]] | None = None,
+        *,
+        inplace: bool = False,
+        background: bool = False,
     ) -> None:
         self.call_timeout_s = call_timeout_s
         self.preload = preload or []
         self.guard = guard or {}
+        self.inplace = inplace
+        self.background = background
         self.sandboxes: list[Sandbox] = []
         self.workers: list[RpcWorker] = []
 
@@ -164,7 +182,12 @@ class ArmSet:
         writable = [str(arm.sandbox.root), "/dev/null"] + (["/tmp"] if private_tmp else [])
         guard = {**self.guard, "writable": writable}
         worker = RpcWorker(
-            arm.sandbox, call_timeout_s=self.call_timeout_s, preload=self.preload, guard=guard
+            arm.sandbox,
+            call_timeout_s=self.call_timeout_s,
+            preload=self.preload,
+            guard=guard,
+            inplace=self.inplace,
+            background=self.background,
         )
         self.workers.append(worker)
         return worker

@@ -18,14 +18,12 @@ from typing import Any
 from infra_agent.errors import UserError
 from infra_agent.experiments import rules
 from infra_agent.experiments.arms import (
-    ArmSet,
     ArmStartError,
     SeedSource,
+    arm_set,
     effective_params,
     load_harness,
-    preload_modules,
     sandbox_spec,
-    worker_guard,
 )
 from infra_agent.experiments.measure import ArmError, ExperimentTimeout, decide, evidence, measure
 from infra_agent.experiments.procwatch import ProcessWatch
@@ -116,9 +114,7 @@ class Experiment:
         self.flags: list[Flag] = []
         self.reasons: list[str] = []
         self.seeds = SeedSource()
-        self.arms = ArmSet(
-            self.manifest.budget.call_timeout_s, preload_modules(task), worker_guard(task)
-        )
+        self.arms = arm_set(task)
         self.deadline = time.monotonic() + self.manifest.budget.experiment_timeout_s
         self.log_tail = ""
 
@@ -171,8 +167,6 @@ class Experiment:
         for arm in arms:
             try:
                 harness.prepare(arm)
-                if self.manifest.kind == "python":
-                    arm.worker.mark_warm()  # type: ignore[attr-defined]
             except Exception as exc:
                 raise _failure(arm.name, exc) from exc
         if self.manifest.kind == "python" and self.evidence.sandbox is not None:

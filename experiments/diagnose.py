@@ -10,12 +10,10 @@ import typer
 
 from infra_agent.errors import UserError
 from infra_agent.experiments.arms import (
-    ArmSet,
+    arm_set,
     effective_params,
     load_harness,
-    preload_modules,
     sandbox_spec,
-    worker_guard,
 )
 from infra_agent.experiments.cli import parse_params
 from infra_agent.sandboxes import available_backends, create_sandbox
@@ -37,7 +35,7 @@ def run_diagnosis(
     resolved = effective_params(manifest, params)
     started = time.monotonic()
     harness = load_harness(task, resolved)
-    arms = ArmSet(manifest.budget.call_timeout_s, preload_modules(task), worker_guard(task))
+    arms = arm_set(task)
     arm = None
     try:
         with workspace_folder(task) as folder:

@@ -1,39 +1,393 @@
-"""RPC worker: runs candidate code inside a sandbox. Standalone (stdlib; torch only if the
-candidate's code imports it): copied into the sandbox and started there, it never imports
-infra_agent, and refuses to let the candidate import it or the harness.
+"""RPC worker: runs candidate code inside a sandbox. Standalone (stdlib; torch only if preloaded):
+copied into the sandbox and started there, it never imports infra_agent, and refuses to let the
+candidate import it or the harness. The harness side imports its codec (`pack`, `unpack`).
 
 Protocol (over the process's original stdin/stdout, which the candidate cannot print into):
-each frame is an 8-byte big-endian length and a payload.
-- Requests (harness -> worker, trusted direction): pickled dicts
-  {"op": "call"|"put"|"ping"|"exit", "nonce": int, "target": "module:function",
-   "args": [...], "kwargs": {...}, "name": str, "value": ...}.
-  Arguments may contain {"__arena__": name}: a value stored earlier with "put".
-- Responses (worker -> harness, untrusted): a JSON header and raw tensor buffers (see
-  `_encode`) of {"nonce": int, "ok": bool, "value": ..., "kind": str, "error": str,
-  "threads": int, "children": int, "pool": int}. Values may be None, bool, int, float, str,
-  lists, tuples, dicts with string keys, and torch tensors (dense, any device, sent as bytes).
-  The harness decodes them with json and torch.frombuffer: nothing is unpickled, so
-  candidate-controlled bytes cannot run code in the harness (and it is faster than torch.save /
-  torch.load).
+each frame is an 8-byte big-endian length and a payload, both ways in one safe format: b"R", an
+8-byte header length, a JSON header, then each raw tensor buffer with its 8-byte length (see
+`pack`). Nothing is unpickled on either side, so bytes a candidate controls cannot run code in the
+harness, and the worker decodes requests with its own captured functions, not with machinery
+(pickle, torch.load) the candidate could have patched.
+- Requests: {"op": "hello"|"preload"|"put"|"call"|"exit", "nonce": int, "target": "mod:func",
+  "args": [...], "kwargs": {...}, "name": str, "value": ...}. Arguments may contain
+  {"__arena__": name}: a value stored earlier with "put".
+- Responses: {"nonce", "ok", "value", "kind", "error", "threads", "children", "pool"}. Values
+  may be None, bool, int, float, str, lists, tuples, dicts with string keys and torch tensors.
+
+Candidate code runs only inside a call, which the harness times: importing the target module,
+the call itself, and freeing what the candidate touched. Every other operation (put, preload,
+decoding, encoding, self-report) treats objects the candidate could have touched as untrusted:
+it replaces them and never dispatches on them (exact types, base-class slots, functions captured
+before any candidate code ran, a private copy of builtins), runs with the audit guard active and
+the garbage collector off, and put and preload run under a profiler that reports any frame of
+workspace code as a violation. After each call the worker refuses hooks the candidate left
+behind through which its code could run later (signal handlers, gc callbacks, trace or profile
+functions, torch function or dispatch modes) and inputs the call changed (unless the task
+declares in-place semantics).
 """
 
 from __future__ import annotations
 
+import builtins
+import ctypes
+import gc
 import importlib
 import json
+import json.encoder
+import json.scanner
+import operator
 import os
-import pickle
+import signal
 import struct
 import sys
 import traceback
-from typing import Any, BinaryIO
+from typing import Any
+
+# Worker functions look builtins up in this private copy: a candidate rebinding builtins.len or
+# builtins.open changes nothing here (functions take __builtins__ from their globals when defined).
+globals()["__builtins__"] = dict(vars(builtins))
 
 HEADER = struct.Struct(">Q")
-BLOCKED = ("infra_agent", "harness")
+BLOCKED = ("infra_agent", "harness", "_infra_rpc_worker")
+SCALARS = (type(None), bool, int, float, str)
+DTYPES = (
+    "float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8",
+    "bool", "complex64", "complex128",
+)  # fmt: skip
+MAX_DEPTH = 64
+
+_is = operator.is_
+_list_iter, _list_len, _list_copy = list.__iter__, list.__len__, list.copy
+_tuple_iter, _dict_items, _dict_len = tuple.__iter__, dict.items, dict.__len__
+_int, _float, _str = int.__int__, float.__float__, str.__str__
+_type_name = type.__dict__["__name__"].__get__
+_string_at = ctypes.string_at
+_gc_enable, _gc_disable, _gc_callbacks = gc.enable, gc.disable, gc.callbacks
+_getsignal = signal.getsignal
+_gettrace, _getprofile, _setprofile = sys.gettrace, sys.getprofile, sys.setprofile
+_format_exception = traceback.format_exception
+_json_encoder = getattr(json.encoder, "c_make_encoder", None)
+_json_scanner = getattr(json.scanner, "c_make_scanner", None)
+
+
+class Mutation(Exception):
+    """A call changed its inputs (reported as kind 'mutation')."""
+
+
+# -- the codec, shared with the harness side ---------------------------------------------------
+
+
+class Codec:
+    """Plain values <-> one frame. `tensor_bytes(value)` returns (raw bytes, dtype name, shape)
+    for a tensor it accepts, else None; `make_tensor(raw, dtype, shape)` builds one."""
+
+    def __init__(self, tensor_bytes: Any = None, make_tensor: Any = None) -> None:
+        self.tensor_bytes = tensor_bytes
+        self.make_tensor = make_tensor
+        # CPython's C encoder and scanner, built once: no Python code of the json module (which
+        # the candidate could patch) runs when a frame is read or written.
+        if _json_encoder is not None and _json_scanner is not None:
+            encoder = _json_encoder(None, _refuse, json.encoder.encode_basestring_ascii,
+                                    None, ":", ",", False, False, True)  # fmt: skip
+            scanner = _json_scanner(json.JSONDecoder())
+            self._dumps: Any = lambda value: "".join(encoder(value, 0))
+            self._loads: Any = lambda text: _scanned(scanner(text, 0), text)
+        else:
+            self._dumps = json.JSONEncoder(separators=(",", ":"), default=_refuse).encode
+            self._loads = json.loads
+
+    def pack(self, message: dict[str, Any]) -> bytes:
+        buffers: list[bytes] = []
+        header = self._dumps(self.plain(message, buffers, 0)).encode()
+        parts = [b"R", HEADER.pack(len(header)), header]
+        for buf in buffers:
+            parts += [HEADER.pack(len(buf)), buf]
+        return b"".join(parts)
+
+    def plain(self, value: Any, buffers: list[bytes], depth: int) -> Any:
+        """A JSON-able copy of exact types; tensors become {"__tensor__": i, dtype, shape} and a
+        buffer. Subclasses are read through their base type's slots, never their own methods."""
+        if depth > MAX_DEPTH:
+            raise ValueError("value nests too deeply")
+        kind = type(value)
+        if kind in SCALARS:
+            return value
+        if kind is list or kind is tuple:
+            items = [self.plain(v, buffers, depth + 1)
+                     for v in (_list_iter(value) if kind is list else _tuple_iter(value))]  # fmt: skip
+            return items if kind is list else {"__tuple__": items}
+        if kind is dict:
+            out = {}
+            for key, item in _dict_items(value):
+                if type(key) is not str:
+                    raise TypeError("dict keys must be strings")
+                out[key] = self.plain(item, buffers, depth + 1)
+            return {"__dict__": out}
+        if self.tensor_bytes is not None:
+            found = self.tensor_bytes(value)
+            if found is not None:
+                raw, dtype, shape = found
+                buffers.append(raw)
+                return {"__tensor__": len(buffers) - 1, "dtype": dtype, "shape": shape}
+        reads: tuple[tuple[type, Any], ...] = ((int, _int), (float, _float), (str, _str))
+        for base, read in reads:
+            if isinstance(value, base):
+                return read(value)  # a subclass: its base value, through the base's slot
+        if isinstance(value, (list, tuple, dict)):
+            raise TypeError(f"cannot return a {_type_name(kind)} (a subclass of a container)")
+        raise TypeError(f"cannot return a {_type_name(kind)}")
+
+    def unpack(self, payload: bytes) -> dict[str, Any]:
+        view = memoryview(payload)
+        if view[:1] != b"R":
+            raise ValueError("unknown frame format")
+        try:
+            size = int.from_bytes(view[1:9], "big")
+            header = self._loads(bytes(view[9 : 9 + size]).decode())
+            pos = 9 + size
+            buffers: list[memoryview] = []
+            while pos < len(view):
+                n = int.from_bytes(view[pos : pos + 8], "big")
+                buffers.append(view[pos + 8 : pos + 8 + n])
+                pos += 8 + n
+            message = self.restore(header, buffers, 0)
+        except (KeyError, IndexError, TypeError, RuntimeError, ValueError, StopIteration) as exc:
+            raise ValueError(f"malformed frame ({_type_name(type(exc))}: {exc})") from None
+        if type(message) is not dict:
+            raise ValueError("frame is not a message")
+        return message
+
+    def restore(self, value: Any, buffers: list[memoryview], depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise ValueError("value nests too deeply")
+        if type(value) is list:
+            return [v if type(v) in SCALARS else self.restore(v, buffers, depth + 1) for v in value]
+        if type(value) is not dict:
+            return value
+        if "__tuple__" in value:
+            return tuple(self.restore(v, buffers, depth + 1) for v in value["__tuple__"])
+        if "__dict__" in value:
+            return {
+                str(k): self.restore(v, buffers, depth + 1) for k, v in value["__dict__"].items()
+            }
+        if "__tensor__" in value and self.make_tensor is not None:
+            shape = [int(d) for d in value["shape"]]
+            return self.make_tensor(buffers[int(value["__tensor__"])], str(value["dtype"]), shape)
+        raise ValueError("malformed value in frame")
+
+
+def _scanned(found: tuple[Any, int], text: str) -> Any:
+    if found[1] != len(text):
+        raise ValueError("trailing data after the header")
+    return found[0]
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"cannot encode a {_type_name(type(value))}")
+
+
+# -- torch, captured once it is loaded and before candidate code runs --------------------------
+
+
+class Tensors:
+    """Torch's C entry points, captured after preload: the worker never looks a method up on a
+    tensor the candidate may have touched (instance attributes, a patched torch.Tensor)."""
+
+    def __init__(self, torch: Any) -> None:
+        base = getattr(torch._C, "TensorBase", None) or torch._C._TensorBase
+        self.tensor_type = torch.Tensor
+        self.dtypes = {n: getattr(torch, n) for n in DTYPES if hasattr(torch, n)}
+        self.names = {v: k for k, v in self.dtypes.items()}
+        self.frombuffer, self.empty = torch.frombuffer, torch.empty
+        self.reshape, self.detach, self.cpu = base.reshape, base.detach, base.cpu
+        self.contiguous = base.contiguous
+        self.data_ptr, self.numel, self.element_size = base.data_ptr, base.numel, base.element_size
+        self.size, self.stride = base.size, base.stride
+        self.dtype_of = base.__dict__["dtype"].__get__
+        self.get_num_threads = torch.get_num_threads
+        self.get_num_interop_threads = torch.get_num_interop_threads
+        c = torch._C
+        self.function_modes = getattr(c, "_len_torch_function_stack", None)
+        self.dispatch_modes = getattr(c, "_len_torch_dispatch_stack", None)
+        self.codec = Codec(self.tensor_bytes, self.make_tensor)
+
+    def raw(self, t: Any) -> bytes:
+        n = self.numel(t) * self.element_size(t)
+        return _string_at(self.data_ptr(t), n) if n else b""
+
+    def tensor_bytes(self, value: Any) -> tuple[bytes, str, list[int]] | None:
+        if type(value) is not self.tensor_type:
+            return None
+        t = self.contiguous(self.cpu(self.detach(value)))
+        return self.raw(t), self.names[self.dtype_of(t)], list(self.size(t))
+
+    def make_tensor(self, raw: memoryview, dtype: str, shape: list[int]) -> Any:
+        if dtype not in self.dtypes:
+            raise ValueError(f"unknown tensor dtype {dtype!r}")
+        if len(raw) == 0:
+            return self.empty(shape, dtype=self.dtypes[dtype])
+        return self.reshape(self.frombuffer(bytearray(raw), dtype=self.dtypes[dtype]), shape)
+
+    def pool_threads(self) -> int:
+        """Threads torch's pools may start lazily: intra-op plus inter-op plus one helper."""
+        return int(self.get_num_threads()) + int(self.get_num_interop_threads()) + 1
+
+    def modes_left(self) -> list[str]:
+        found = []
+        if self.function_modes is not None and self.function_modes():
+            found.append("a torch function mode")
+        if self.dispatch_modes is not None and self.dispatch_modes():
+            found.append("a torch dispatch mode")
+        return found
+
+
+# -- inputs: what a call may not change ------------------------------------------------------
+
+
+class Snapshot:
+    """What an input looked like when it was decoded: for each mutable object in it, its exact
+    type and (by identity) its items, and for tensors their layout and bytes."""
+
+    def __init__(self, value: Any, tensors: Tensors | None) -> None:
+        self.tensors = tensors
+        self.parts: list[tuple[Any, ...]] = []
+        self._take(value)
+
+    def _take(self, value: Any) -> None:
+        kind = type(value)
+        if kind is list:
+            self.parts.append((value, list, _list_copy(value)))
+            children: Any = value
+        elif kind is tuple:
+            children = value
+        elif kind is dict:
+            items = list(_dict_items(value))
+            self.parts.append((value, dict, items))
+            children = [v for _, v in items]
+        elif self.tensors is not None and kind is self.tensors.tensor_type:
+            t = self.tensors
+            layout = (
+                t.data_ptr(value),
+                tuple(t.size(value)),
+                tuple(t.stride(value)),
+                t.dtype_of(value),
+            )
+            self.parts.append((value, kind, layout, t.raw(value)))  # fmt: skip
+            return
+        else:
+            return
+        for child in children:
+            if type(child) not in SCALARS:
+                self._take(child)
+
+    def changed(self) -> str | None:
+        """How the value changed since the snapshot, or None."""
+        for part in self.parts:
+            obj, kind = part[0], part[1]
+            if type(obj) is not kind:
+                return f"a {_type_name(kind)} became a {_type_name(type(obj))}"
+            if kind is list:
+                old = part[2]
+                if _list_len(obj) != len(old) or not all(map(_is, _list_iter(obj), old)):
+                    return "a list's items were replaced"
+            elif kind is dict:
+                old = part[2]
+                if _dict_len(obj) != len(old) or not all(
+                    _is(k, ok) and _is(v, ov)
+                    for (k, v), (ok, ov) in zip(_dict_items(obj), old, strict=True)
+                ):
+                    return "a dict's items were replaced"
+            else:
+                t = self.tensors
+                assert t is not None
+                layout = (
+                    t.data_ptr(obj),
+                    tuple(t.size(obj)),
+                    tuple(t.stride(obj)),
+                    t.dtype_of(obj),
+                )
+                if layout != part[2]:
+                    return "a tensor's storage or shape changed"
+                if t.raw(obj) != part[3]:
+                    return "a tensor's contents were written"
+        return None
+
+
+# -- the audit guard ---------------------------------------------------------------------------
+
+AUDIT_EVENTS = {
+    "network": ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"),
+    "processes": ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+                  "os.fork", "os.forkpty", "os.kill", "os.killpg", "pty.spawn"),
+    "introspection": ("gc.get_objects", "gc.get_referrers", "gc.get_referents",
+                      "sys._current_frames", "sys.settrace", "sys.setprofile"),
+    "threads": ("_thread.start_new_thread",),
+}  # fmt: skip
+ALWAYS_DENIED = {
+    "sys.addaudithook": "an audit hook (it would run candidate code in every operation)"
+}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_realpath, _fsdecode = os.path.realpath, os.fsdecode
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+class Guard:
+    """Audit hook (cannot be removed once added): while active, denied operations raise
+    PermissionError and are recorded, so the call is reported as a rule violation even if the
+    candidate swallows the exception. It backs up the static rules against obfuscation. Active
+    during every operation of the worker, not only while candidate code runs."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.events: dict[str, str] = {}
+        self.forbidden: list[str] = []
+        self.exempt: list[str] = []
+        self.writable: list[str] = []
+        self.violations: list[str] = []
+
+    def configure(self, config: dict[str, list[str]]) -> None:
+        for group in config.get("deny", []):
+            for event in AUDIT_EVENTS.get(group, ()):
+                self.events[event] = group
+        self.forbidden = [_realpath(p) for p in config.get("forbidden", [])]
+        self.exempt = [_realpath(p) for p in config.get("exempt", [])]
+        self.writable = [_realpath(p) for p in config.get("writable", [])]
+
+    def _deny(self, what: str) -> None:
+        self.violations.append(what)
+        raise PermissionError(f"infra-agent sandbox: {what} is not allowed")
+
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        if not self.active:
+            return
+        if event in ALWAYS_DENIED:
+            self._deny(f"{event}: {ALWAYS_DENIED[event]}")
+        group = self.events.get(event)
+        if group is not None:
+            self._deny(f"{event} (rule group '{group}')")
+        if event == "open" and args and type(args[0]) in (str, bytes):
+            path = _realpath(_fsdecode(args[0]))
+            mode, flags = (
+                (args[1] if len(args) > 1 else "r") or "r",
+                args[2] if len(args) > 2 else 0,
+            )
+            writing = (type(mode) is str and any(c in mode for c in "wax+")) or bool(
+                (flags if type(flags) is int else 0) & _WRITE_FLAGS
+            )
+            if _under(path, self.forbidden) and not _under(path, self.exempt):
+                self._deny(f"opening {path} (the harness or the package)")
+            if writing and not _under(path, self.writable):
+                self._deny(f"writing {path} (outside the workspace)")
+
+
+GUARD = Guard()
 
 
 class _Blocker:
-    """Meta-path finder that refuses the package and the harness."""
+    """Meta-path finder that refuses the package, the harness and this worker."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if name.split(".")[0] in BLOCKED:
@@ -53,82 +407,181 @@ def _hide_package() -> None:
             del sys.modules[name]
 
 
-AUDIT_EVENTS = {
-    "network": ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"),
-    "processes": ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-                  "os.fork", "os.forkpty", "os.kill", "os.killpg", "pty.spawn"),
-    "introspection": ("gc.get_objects", "gc.get_referrers", "gc.get_referents",
-                      "sys._current_frames", "sys.settrace", "sys.setprofile"),
-}  # fmt: skip
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+# -- the worker --------------------------------------------------------------------------------
 
 
-def _under(path: str, roots: list[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+class Worker:
+    """The worker's state: the arena, the captured torch entry points, the workspace folder, and
+    what the interpreter looked like before any candidate code ran."""
+
+    def __init__(self, workspace: str) -> None:
+        self.workspace = workspace.rstrip("/") + "/"
+        self.own_file = Worker.handle.__code__.co_filename
+        self.arena: dict[str, tuple[Any, Snapshot | None]] = {}
+        self.graveyard: list[Any] = []
+        """Values put replaced: freed inside the next call, so a finalizer the candidate attached
+        to one runs on the clock and under the guard, never during a put."""
+        self.tensors: Tensors | None = None
+        self.codec = Codec()
+        self.inplace = False
+        self.foreign: list[str] = []
+        self.signals = {s: _getsignal(s) for s in signal.valid_signals()}
+
+    def handle(self, kind: bytes, nonce: int, body: bytes) -> bytes:
+        """One request (kind b"C": a call, b"O": any other operation) -> the response frame."""
+        GUARD.active = True
+        try:
+            if kind == b"C":
+                _gc_enable()  # the collector (and what it frees) runs only inside calls
+                try:
+                    self.graveyard.clear()
+                    response = self._answer(self._call, body)
+                    response["leftovers"] = self.leftovers()
+                    data = self._pack(response, nonce)
+                    del response  # what the candidate returned is freed here, inside the call
+                    return data
+                finally:
+                    self.graveyard.clear()
+                    _gc_disable()
+            return self._pack(self._outside_call(body), nonce)
+        finally:
+            GUARD.active = False
+
+    def _answer(self, op: Any, body: bytes) -> dict[str, Any]:
+        try:
+            return {"ok": True, **op(body)}
+        except MemoryError:
+            return {"ok": False, "kind": "memory", "error": "MemoryError"}
+        except Mutation as exc:
+            return {"ok": False, "kind": "mutation", "error": str(exc)}
+        except BaseException as exc:  # noqa: BLE001 - report every failure of candidate code
+            text = "".join(_format_exception(type(exc), exc, exc.__traceback__))
+            return {"ok": False, "kind": "crash", "error": f"{_type_name(type(exc))}: {exc}",
+                    "traceback": text[-4000:]}  # fmt: skip
+
+    def _outside_call(self, body: bytes) -> dict[str, Any]:
+        """Any operation but a call, under a profiler that reports frames of workspace code:
+        candidate code has no business running here (its objects are never dispatched on)."""
+        self.foreign = []
+        GUARD.active = False  # setprofile is itself an audited event
+        _setprofile(self._watch)
+        GUARD.active = True
+        try:
+            return self._answer(self._request, body)
+        finally:
+            GUARD.active = False
+            _setprofile(None)
+            GUARD.active = True
+            if self.foreign:
+                GUARD.violations.append(
+                    "running code outside its call (" + ", ".join(self.foreign) + ")"
+                )
+
+    def _watch(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            name = frame.f_code.co_filename
+            if name.startswith(self.workspace) and name != self.own_file and len(self.foreign) < 3:
+                self.foreign.append(f"{name.rsplit('/', 1)[-1]}:{frame.f_code.co_name}")
+
+    def _request(self, body: bytes) -> dict[str, Any]:
+        message = self.codec.unpack(body)
+        op = message["op"]
+        if op == "hello":
+            GUARD.configure(message.get("guard", {}))
+            self.inplace = bool(message.get("inplace", False))
+            return {"value": "hello"}
+        if op == "preload":
+            # Trusted imports before any candidate code exists in the process (the workspace is
+            # not on sys.path yet), so the guard has nothing to catch: torch writes temp files.
+            GUARD.active = False
+            for name in message.get("modules", []):
+                importlib.import_module(name)  # e.g. torch, before any candidate code runs
+            GUARD.active = True
+            if "torch" in sys.modules and self.tensors is None:
+                self.tensors = Tensors(sys.modules["torch"])
+                self.codec = self.tensors.codec
+            if self.workspace.rstrip("/") not in sys.path:
+                sys.path.insert(0, self.workspace.rstrip("/"))  # only now: nothing shadows ours
+            return {"value": None}
+        if op == "put":
+            old = self.arena.get(message["name"])
+            if old is not None:
+                self.graveyard.append(old)  # replaced, never refilled through its own methods
+            value = message["value"]
+            self.arena[message["name"]] = (value, self._snapshot(value))
+            return {"value": None}
+        raise ValueError(f"unknown op {op!r}")
+
+    def _snapshot(self, value: Any) -> Snapshot | None:
+        return None if self.inplace else Snapshot(value, self.tensors)
+
+    def _call(self, body: bytes) -> dict[str, Any]:
+        message = self.codec.unpack(body)
+        module_name, _, func_name = str(message["target"]).partition(":")
+        func = getattr(importlib.import_module(module_name), func_name)
+        inputs: list[tuple[str, Snapshot | None]] = []
+        args = []
+        for i, raw in enumerate(message.get("args", [])):
+            value, snap = self._resolve(raw)
+            inputs.append((f"argument {i + 1}", snap))
+            args.append(value)
+        kwargs = {}
+        for key, raw in message.get("kwargs", {}).items():
+            value, snap = self._resolve(raw)
+            inputs.append((f"keyword argument {key!r}", snap))
+            kwargs[key] = value
+        del message
+        result = func(*args, **kwargs)
+        del args, kwargs
+        for where, snap in inputs:
+            how = snap.changed() if snap is not None else None
+            if how is not None:
+                raise Mutation(
+                    f"the call changed its {where} ({how}); the task does not declare "
+                    "in-place semantics"
+                )
+        return {"value": result}
+
+    def _resolve(self, raw: Any) -> tuple[Any, Snapshot | None]:
+        if type(raw) is dict and len(raw) == 1 and "__arena__" in raw:
+            return self.arena[str(raw["__arena__"])]
+        return raw, self._snapshot(raw)
+
+    def leftovers(self) -> list[str]:
+        """Hooks the candidate left installed through which its code could run outside a call."""
+        found = [f"a handler for signal {int(s)}" for s, h in self.signals.items()
+                 if _getsignal(s) is not h]  # fmt: skip
+        if _list_len(_gc_callbacks):
+            found.append("a garbage-collector callback")
+        if _gettrace() is not None or _getprofile() is not None:
+            found.append("a trace or profile function")
+        if self.tensors is not None:
+            found += self.tensors.modes_left()
+        return found
+
+    def _pack(self, response: dict[str, Any], nonce: int) -> bytes:
+        left = response.pop("leftovers", None)
+        if GUARD.violations:
+            response = {"ok": False, "kind": "violation", "error": "; ".join(GUARD.violations[:3])}
+            GUARD.violations.clear()
+        elif left:
+            response = {"ok": False, "kind": "violation",
+                        "error": "leaving " + ", ".join(left) + " installed after the call"}  # fmt: skip
+        response["nonce"] = nonce
+        response["threads"], response["children"], response["pool"] = _self_report(self.tensors)
+        try:
+            return self.codec.pack(response)
+        except MemoryError:
+            return self.codec.pack({"ok": False, "kind": "memory", "error": "MemoryError",
+                                    "nonce": nonce})  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a result that cannot be sent safely
+            return self.codec.pack({"ok": False, "kind": "protocol", "nonce": nonce,
+                                    "error": f"result cannot be returned: {_type_name(type(exc))}: {exc}"})  # fmt: skip
 
 
-class Guard:
-    """Audit hook (cannot be removed once added): while candidate code runs, denied operations
-    raise PermissionError and are recorded, so the call is reported as a rule violation even if
-    the candidate swallows the exception. It backs up the static rules against obfuscation."""
-
-    def __init__(self) -> None:
-        self.active = False
-        self.events: dict[str, str] = {}
-        self.forbidden: list[str] = []
-        self.exempt: list[str] = []
-        self.writable: list[str] = []
-        self.violations: list[str] = []
-
-    def configure(self, config: dict[str, list[str]]) -> None:
-        for group in config.get("deny", []):
-            for event in AUDIT_EVENTS.get(group, ()):
-                self.events[event] = group
-        self.forbidden = [os.path.realpath(p) for p in config.get("forbidden", [])]
-        self.exempt = [os.path.realpath(p) for p in config.get("exempt", [])]
-        self.writable = [os.path.realpath(p) for p in config.get("writable", [])]
-
-    def _deny(self, what: str) -> None:
-        self.violations.append(what)
-        raise PermissionError(f"infra-agent sandbox: {what} is not allowed")
-
-    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
-        if not self.active:
-            return
-        group = self.events.get(event)
-        if group is not None:
-            self._deny(f"{event} (rule group '{group}')")
-        if event == "open" and args and isinstance(args[0], (str, bytes)):
-            path = os.fsdecode(args[0])
-            path = os.path.realpath(path)
-            mode, flags = (
-                (args[1] if len(args) > 1 else "r") or "r",
-                args[2] if len(args) > 2 else 0,
-            )
-            writing = any(c in str(mode) for c in "wax+") or bool((flags or 0) & _WRITE_FLAGS)
-            if _under(path, self.forbidden) and not _under(path, self.exempt):
-                self._deny(f"opening {path} (the harness or the package)")
-            if writing and not _under(path, self.writable):
-                self._deny(f"writing {path} (outside the workspace)")
-
-
-GUARD = Guard()
-
-
-def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
-    chunks: list[bytes] = []
-    while n:
-        chunk = stream.read(n)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def _self_report() -> tuple[int, int]:
-    """Threads of this process and live child processes (a secondary signal: the harness also
-    inspects /proc from outside when it can see the worker)."""
+def _self_report(tensors: Tensors | None) -> tuple[int, int, int]:
+    """Threads of this process, live child processes and torch's pool size (a secondary signal:
+    the harness also inspects /proc from outside when it can see the worker)."""
     threads = children = 0
     try:
         with open("/proc/self/status") as f:
@@ -140,142 +593,51 @@ def _self_report() -> tuple[int, int]:
                 children += len(f.read().split())
     except OSError:
         pass
-    return threads, children
-
-
-def _pool_threads() -> int:
-    """Threads torch's compute pools may start lazily if torch is loaded, else 0: the intra-op
-    and inter-op pool sizes plus one helper thread (OpenMP starts size - 1 workers). How many
-    threads started after warm-up the harness tolerates; it still measures that they are idle."""
-    torch = sys.modules.get("torch")
     try:
-        if torch is None:
-            return 0
-        return int(torch.get_num_threads()) + int(torch.get_num_interop_threads()) + 1
-    except Exception:  # noqa: BLE001 - a partly imported or replaced torch
-        return 0
-
-
-def _plain(value: Any, buffers: list[bytes], depth: int = 0) -> Any:
-    """JSON-able structure; tensors become {"__tensor__": index, dtype, shape} + a raw buffer."""
-    if depth > 64:
-        raise ValueError("result nests too deeply")
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, list):
-        return [_plain(v, buffers, depth + 1) for v in value]
-    if isinstance(value, tuple):
-        return {"__tuple__": [_plain(v, buffers, depth + 1) for v in value]}
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            raise TypeError("dict keys must be strings")
-        return {"__dict__": {k: _plain(v, buffers, depth + 1) for k, v in value.items()}}
-    torch = sys.modules.get("torch")
-    if torch is not None and type(value) is torch.Tensor:
-        t = value.detach().to("cpu").contiguous()
-        buffers.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        return {"__tensor__": len(buffers) - 1, "dtype": str(t.dtype).removeprefix("torch."),
-                "shape": list(t.shape)}  # fmt: skip
-    raise TypeError(f"cannot return a {type(value).__name__}")
-
-
-def _encode(message: dict[str, Any]) -> bytes:
-    """b"R" + 8-byte header length + JSON header + 8-byte length and bytes of each buffer."""
-    buffers: list[bytes] = []
-    header = json.dumps({"message": _plain(message, buffers)}).encode()
-    parts = [b"R", HEADER.pack(len(header)), header]
-    for buf in buffers:
-        parts += [HEADER.pack(len(buf)), buf]
-    return b"".join(parts)
-
-
-def _resolve(value: Any, arena: dict[str, Any]) -> Any:
-    if isinstance(value, dict) and set(value) == {"__arena__"}:
-        return arena[value["__arena__"]]
-    return value
-
-
-def _handle(request: dict[str, Any], arena: dict[str, Any]) -> dict[str, Any]:
-    op = request["op"]
-    if op == "ping":
-        GUARD.configure(request.get("guard", {}))
-        for name in request.get("preload", []):
-            importlib.import_module(name)  # e.g. torch, before any candidate code runs
-        return {"value": "pong"}
-    if op == "put":
-        old = arena.get(request["name"])
-        value = request["value"]
-        copy_ = getattr(old, "copy_", None)
-        same = getattr(old, "shape", None) == getattr(value, "shape", 0) and getattr(
-            old, "dtype", None
-        ) == getattr(value, "dtype", 0)
-        if copy_ is not None and same:
-            copy_(value)  # same object, new content: caches keyed on identity go stale
-        else:
-            arena[request["name"]] = value
-        return {"value": None}
-    if op == "call":
-        module_name, _, func_name = request["target"].partition(":")
-        GUARD.active = True  # importing the candidate's module runs its code too
-        try:
-            func = getattr(importlib.import_module(module_name), func_name)
-        finally:
-            GUARD.active = False
-        args = [_resolve(a, arena) for a in request.get("args", [])]
-        kwargs = {k: _resolve(v, arena) for k, v in request.get("kwargs", {}).items()}
-        GUARD.active = True
-        try:
-            return {"value": func(*args, **kwargs)}
-        finally:
-            GUARD.active = False
-    raise ValueError(f"unknown op {op!r}")
+        pool = tensors.pool_threads() if tensors is not None else 0
+    except Exception:  # noqa: BLE001 - a broken torch
+        pool = 0
+    return threads, children, pool
 
 
 def main() -> None:
-    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
-    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    proto_in, proto_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(2, 1)  # the candidate's prints go to stderr, never into the protocol
     sys.stdout = sys.stderr
-    sys.path.insert(0, os.getcwd())
     _hide_package()
+    sys.modules["__main__"] = type(sys)("__main__")  # `import __main__` reaches nothing here
+    worker = Worker(os.getcwd())
     sys.addaudithook(GUARD)
-    arena: dict[str, Any] = {}
+    _gc_disable()
+    read, write = os.read, os.write
     while True:
-        header = _read_exact(proto_in, HEADER.size)
+        header = _read_exact(read, proto_in, HEADER.size)
         if header is None:
             return
-        body = _read_exact(proto_in, HEADER.unpack(header)[0])
-        if body is None:
+        body = _read_exact(read, proto_in, HEADER.unpack(header)[0])
+        if body is None or body[:1] == b"X":
             return
-        request = pickle.loads(body)
-        if request["op"] == "exit":
-            return
-        try:
-            response = {"ok": True, **_handle(request, arena)}
-        except MemoryError:
-            response = {"ok": False, "kind": "memory", "error": "MemoryError"}
-        except BaseException as exc:  # noqa: BLE001 - report every failure of candidate code
-            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            response = {"ok": False, "kind": "crash", "error": f"{type(exc).__name__}: {exc}"}
-            response["traceback"] = text[-4000:]
-        if GUARD.violations:
-            response = {"ok": False, "kind": "violation", "error": "; ".join(GUARD.violations[:3])}
-            GUARD.violations.clear()
-        response["nonce"] = request["nonce"]
-        response["threads"], response["children"] = _self_report()
-        response["pool"] = _pool_threads()
-        try:
-            payload = _encode(response)
-        except MemoryError:
-            payload = _encode({"ok": False, "kind": "memory", "error": "MemoryError",
-                               "nonce": request["nonce"]})  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - a result that cannot be sent safely
-            payload = _encode({"ok": False, "kind": "protocol", "nonce": request["nonce"],
-                               "error": f"result cannot be returned: {type(exc).__name__}: {exc}"})  # fmt: skip
-        proto_out.write(HEADER.pack(len(payload)) + payload)
-        proto_out.flush()
+        data = worker.handle(body[:1], int.from_bytes(body[1:9], "big"), body[9:])
+        _write_all(write, proto_out, HEADER.pack(len(data)) + data)
+
+
+def _read_exact(read: Any, fd: int, n: int) -> bytes | None:
+    chunks: list[bytes] = []
+    while n:
+        chunk = read(fd, min(n, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _write_all(write: Any, fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[write(fd, view) :]
 
 
 if __name__ == "__main__":

@@ -31,8 +31,12 @@ GROUPS = {
     "state": "state kept across calls (module-level caches, functools.cache, global, f.attr)",
 }
 ALWAYS_ENFORCED = frozenset({"harness", "timers"})
-AUDITED_GROUPS = frozenset({"network", "processes", "introspection"})
+AUDITED_GROUPS = frozenset({"network", "processes", "introspection", "threads"})
 """Groups the RPC worker's audit hook also enforces at run time (see rpc_worker.Guard)."""
+RUNTIME_GROUPS = {
+    "background": "threads outliving a call and working between calls (the process watch)",
+}
+"""Groups a task may allow that no static rule reads: run-time rules of the worker."""
 ALIASES = {
     "threading": "threads",
     "network": "network",

@@ -181,7 +181,11 @@ class TaskManifest(BaseModel):
     min_effect: float = 0.02
     """Relative change below which a difference counts as NO_CHANGE even if significant."""
     allow: list[str] = Field(default_factory=list)
-    """Static-rule groups this task's code legitimately needs (e.g. 'threading', 'ctypes')."""
+    """Static-rule groups this task's code legitimately needs (e.g. 'threading', 'ctypes'), and
+    'background' where threads may outlive a call and work between calls."""
+    inplace: bool = False
+    """The task's functions write into their arguments: a call that changes its inputs is then
+    allowed (otherwise it is INCORRECT)."""
     harness: str = "harness.py"
     """Harness module file, relative to the task folder."""
     harness_class: str = "TaskHarness"

@@ -1,5 +1,6 @@
-"""Threads started after warm-up: an idle compute pool grown by a knob is tolerated, a thread
-that keeps computing after its call returned is not (measured through /proc, not by name)."""
+"""Threads started by candidate code (at import, warm-up or later): an idle compute pool grown by
+a knob is tolerated, a thread that keeps computing after its call returned is not (measured
+through /proc, not by name)."""
 
 from __future__ import annotations
 
@@ -97,13 +98,12 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory):  # -> Iterator[Sandbox]
 def worker(sandbox):  # -> Iterator[RpcWorker]: warm with a one-thread pool
     w = RpcWorker(sandbox, call_timeout_s=30, preload=["torch"])
     w.call("pool:grow", 1)
-    w.mark_warm()
     yield w
     w.close()
 
 
 def test_idle_pool_threads_grown_after_warm_up_are_tolerated(worker: RpcWorker) -> None:
-    warm = set(worker.watch.warm_tids or ())
+    warm = set(worker.watch.start_tids or ())
     for _ in range(3):
         worker.call("pool:grow", 3)
     assert worker.watch.tolerated, "set_num_threads(3) should have started pool threads"
