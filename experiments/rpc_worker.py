@@ -106,23 +106,24 @@ class Codec:
 
     def plain(self, value: Any, buffers: list[bytes], depth: int) -> Any:
         """A JSON-able copy of exact types; tensors become {"__tensor__": i, dtype, shape} and a
-        buffer. Subclasses are read through their base type's slots, never their own methods."""
+        buffer. Subclasses of the built-in types are read through their base type's slots, never
+        their own methods (issubclass of the real type: no __class__ property is consulted)."""
         if depth > MAX_DEPTH:
             raise ValueError("value nests too deeply")
         kind = type(value)
         if kind in SCALARS:
             return value
-        if kind is list or kind is tuple:
-            items = [self.plain(v, buffers, depth + 1)
-                     for v in (_list_iter(value) if kind is list else _tuple_iter(value))]  # fmt: skip
-            return items if kind is list else {"__tuple__": items}
-        if kind is dict:
-            out = {}
+        if issubclass(kind, (list, tuple)):
+            items = _list_iter(value) if issubclass(kind, list) else _tuple_iter(value)
+            out = [v if type(v) in SCALARS else self.plain(v, buffers, depth + 1) for v in items]
+            return out if issubclass(kind, list) else {"__tuple__": out}
+        if issubclass(kind, dict):
+            plain: dict[str, Any] = {}
             for key, item in _dict_items(value):
                 if type(key) is not str:
                     raise TypeError("dict keys must be strings")
-                out[key] = self.plain(item, buffers, depth + 1)
-            return {"__dict__": out}
+                plain[key] = self.plain(item, buffers, depth + 1)
+            return {"__dict__": plain}
         if self.tensor_bytes is not None:
             found = self.tensor_bytes(value)
             if found is not None:
@@ -131,10 +132,8 @@ class Codec:
                 return {"__tensor__": len(buffers) - 1, "dtype": dtype, "shape": shape}
         reads: tuple[tuple[type, Any], ...] = ((int, _int), (float, _float), (str, _str))
         for base, read in reads:
-            if isinstance(value, base):
+            if issubclass(kind, base):
                 return read(value)  # a subclass: its base value, through the base's slot
-        if isinstance(value, (list, tuple, dict)):
-            raise TypeError(f"cannot return a {_type_name(kind)} (a subclass of a container)")
         raise TypeError(f"cannot return a {_type_name(kind)}")
 
     def unpack(self, payload: bytes) -> dict[str, Any]:
