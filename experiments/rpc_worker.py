@@ -320,7 +320,6 @@ AUDIT_EVENTS = {
                   "os.fork", "os.forkpty", "os.kill", "os.killpg", "pty.spawn"),
     "introspection": ("gc.get_objects", "gc.get_referrers", "gc.get_referents",
                       "sys._current_frames", "sys.settrace", "sys.setprofile"),
-    "threads": ("_thread.start_new_thread",),
 }  # fmt: skip
 ALWAYS_DENIED = {
     "sys.addaudithook": "an audit hook (it would run candidate code in every operation)"

@@ -17,6 +17,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from infra_agent.experiments.rule_names import canonical, is_module
 from infra_agent.experiments.state_rules import scan_state
 
 GROUPS = {
@@ -31,7 +32,7 @@ GROUPS = {
     "state": "state kept across calls (module-level caches, functools.cache, global, f.attr)",
 }
 ALWAYS_ENFORCED = frozenset({"harness", "timers"})
-AUDITED_GROUPS = frozenset({"network", "processes", "introspection", "threads"})
+AUDITED_GROUPS = frozenset({"network", "processes", "introspection"})
 """Groups the RPC worker's audit hook also enforces at run time (see rpc_worker.Guard)."""
 RUNTIME_GROUPS = {
     "background": "threads outliving a call and working between calls (the process watch)",
@@ -94,6 +95,9 @@ _DYNAMIC_CALLS = {
     "vars",
     "locals",
 }
+_IMPORTERS = {"__import__", "importlib.import_module", "importlib.__import__"}
+"""Callables that import the module their first argument names."""
+_ATTRIBUTE_CALLS = {"getattr", "setattr", "delattr", "hasattr"}
 _ABSOLUTE = re.compile(r"^(/|~|[A-Za-z]:\\)")
 
 
@@ -129,8 +133,9 @@ class _Visitor(ast.NodeVisitor):
     def _add(self, group: str, node: ast.AST, what: str) -> None:
         self.found.append(Violation(group, self.path, getattr(node, "lineno", 0), what))
 
-    def _module(self, node: ast.AST, name: str, local: str) -> None:
-        self.modules[local] = name
+    def _module(self, node: ast.AST, name: str, local: str | None) -> None:
+        if local is not None:
+            self.modules[local] = name
         group = _group_of_module(name)
         if group is not None:
             self._add(group, node, f"imports {name}")
@@ -144,13 +149,15 @@ class _Visitor(ast.NodeVisitor):
             self._add("harness", node, "imports from outside its package ('..' relative import)")
         base = node.module or ""
         for alias in node.names:
-            full = f"{base}.{alias.name}" if base else alias.name
+            full = canonical(f"{base}.{alias.name}") if base else alias.name
             local = alias.asname or alias.name
-            if base in ("os", "posix"):
+            owner = full.rpartition(".")[0]
+            if owner in ("os", "posix"):
                 self._os_attr(node, alias.name)
-            elif base == "sys" and alias.name in _SYS_ATTRS:
+            elif owner == "sys" and alias.name in _SYS_ATTRS:
                 self._add(_SYS_ATTRS[alias.name], node, f"imports sys.{alias.name}")
-            self._module(node, full if _group_of_module(full) else base, local)
+            named = node.level == 0 and (_group_of_module(full) or is_module(full))
+            self._module(node, full if named else base, local)
 
     def _os_attr(self, node: ast.AST, attr: str) -> None:
         group = _OS_CALLS.get(attr)
@@ -159,15 +166,56 @@ class _Visitor(ast.NodeVisitor):
         if group is not None:
             self._add(group, node, f"uses os.{attr}")
 
-    def visit_Attribute(self, node: ast.Attribute) -> None:
+    # -- what a name refers to, through indirection ---------------------------------------------
+
+    def _qual(self, node: ast.expr) -> str | None:
+        """The canonical dotted name `node` refers to when it starts at a module: through
+        attributes, constant-string getattr, __import__/importlib.import_module of a constant,
+        names bound to such expressions, and modules reached as other modules' attributes."""
+        if isinstance(node, ast.Name):
+            return self.modules.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self._qual(node.value)
+            return canonical(f"{base}.{node.attr}") if base else None
+        if isinstance(node, ast.Call):
+            callee = self._callee(node)
+            if callee == "getattr" and len(node.args) >= 2:
+                base, attr = self._qual(node.args[0]), _const_str(node.args[1])
+                return canonical(f"{base}.{attr}") if base and attr else None
+            if callee in _IMPORTERS and node.args:
+                name = _const_str(node.args[0])
+                return canonical(name) if name else None
+        return None
+
+    def _callee(self, node: ast.Call) -> str | None:
+        """The name a call's function refers to: a builtin's bare name (also reached as
+        `builtins.X`), or a module function's canonical dotted name."""
+        func = node.func
+        if isinstance(func, ast.Name) and func.id not in self.modules:
+            return func.id
+        qual = self._qual(func)
+        if qual is not None and qual.startswith("builtins."):
+            return qual.removeprefix("builtins.")
+        return qual
+
+    def _check_attribute(self, node: ast.Attribute) -> None:
+        """Rules on `value.attr` (also for `getattr(value, "attr")`)."""
         if node.attr in _DUNDER_ATTRS:
             self._add("introspection", node, f"uses .{node.attr}")
-        if isinstance(node.value, ast.Name):
-            module = self.modules.get(node.value.id, node.value.id)
+        qual = self._qual(node)
+        if qual is None and isinstance(node.value, ast.Name):
+            qual = f"{node.value.id}.{node.attr}"  # os/sys named without an import
+        if qual is not None:
+            module, _, attr = qual.rpartition(".")
             if module in ("os", "posix"):
-                self._os_attr(node, node.attr)
-            elif module == "sys" and node.attr in _SYS_ATTRS:
-                self._add(_SYS_ATTRS[node.attr], node, f"uses sys.{node.attr}")
+                self._os_attr(node, attr)
+            elif module == "sys" and attr in _SYS_ATTRS:
+                self._add(_SYS_ATTRS[attr], node, f"uses sys.{attr}")
+            written = self._written(node)
+            group = _group_of_module(qual)
+            if group is not None and written is not None and written != qual:
+                if _group_of_module(written) != group:
+                    self._add(group, node, f"reaches {qual} as {written}")
         if node.attr in _ATTR_GROUPS:
             group, what = _ATTR_GROUPS[node.attr]
             self._add(group, node, what)
@@ -177,6 +225,18 @@ class _Visitor(ast.NodeVisitor):
             and node.value.attr == "jit"
         ):
             self._add("threads", node, "uses torch.jit.fork (asynchronous work)")
+
+    def _written(self, node: ast.expr) -> str | None:
+        """`node` as written, from its imported root module (no indirection followed)."""
+        if isinstance(node, ast.Name):
+            return self.modules.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self._written(node.value)
+            return f"{base}.{node.attr}" if base else None
+        return None
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        self._check_attribute(node)
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
@@ -198,10 +258,6 @@ class _Visitor(ast.NodeVisitor):
                 if module is not None:
                     self._add("timers", node, f"assigns into module {module} (monkeypatching)")
 
-    def visit_Assign(self, node: ast.Assign) -> None:
-        self._check_store(node, node.targets)
-        self.generic_visit(node)
-
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self._check_store(node, [node.target])
         self.generic_visit(node)
@@ -210,19 +266,37 @@ class _Visitor(ast.NodeVisitor):
         self._check_store(node, node.targets)
         self.generic_visit(node)
 
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self._check_store(node, node.targets)
+        qual = self._qual(node.value)
+        if qual is not None:  # a module (or a module's attribute) bound to a new name
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    self.modules[target.id] = qual
+        self.generic_visit(node)
+
     def visit_Call(self, node: ast.Call) -> None:
-        func = node.func
-        name = func.id if isinstance(func, ast.Name) else None
+        name = self._callee(node)
         if name in _DYNAMIC_CALLS:
             self._add("dynamic", node, f"calls {name}()")
-        if name in ("setattr", "delattr") and node.args:
-            first = node.args[0]
-            if isinstance(first, ast.Name) and first.id in self.modules:
-                self._add("timers", node, f"{name}() on module {self.modules[first.id]}")
-        if name in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2:
-            if not isinstance(node.args[1], ast.Constant):
+        if name in _IMPORTERS and node.args:
+            module = _const_str(node.args[0])
+            if module is not None:
+                self._module(node, canonical(module), None)
+        if name in _ATTRIBUTE_CALLS and len(node.args) >= 2:
+            attr = _const_str(node.args[1])
+            if attr is None:
                 self._add("dynamic", node, f"{name}() with a computed attribute name")
-        if isinstance(func, ast.Attribute) and func.attr == "home":
+            else:  # getattr(x, "a") is x.a: the same rules read it
+                synth = ast.Attribute(value=node.args[0], attr=attr, ctx=ast.Load())
+                ast.copy_location(synth, node)
+                self._check_attribute(synth)
+            first = node.args[0]
+            if name in ("setattr", "delattr"):
+                module = self._target_module(first) or self._qual(first)
+                if module is not None:
+                    self._add("timers", node, f"{name}() on module {module}")
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "home":
             self._add("harness", node, "reads the home folder")
         self.generic_visit(node)
 
@@ -235,6 +309,10 @@ class _Visitor(ast.NodeVisitor):
                 self._add("harness", node, f"names an absolute path {text[:60]!r}")
             elif re.search(r"(^|[/\\])\.\.([/\\]|$)", text):
                 self._add("harness", node, f"names a path outside the workspace {text[:60]!r}")
+
+
+def _const_str(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
 def scan_source(source: str, path: str) -> list[Violation]:

@@ -45,6 +45,24 @@ def axpy(a, xs, ys):
     return out  # filled in later: an in-process harness would see it complete
 """
 
+THREAD_HANDOFF_INDIRECT = """
+import queue
+import time
+
+
+def axpy(a, xs, ys):
+    out = [0.0] * len(xs)
+
+    def work():
+        time.sleep(0.05)
+        for i in range(len(xs)):
+            out[i] = a * xs[i] + ys[i]
+
+    start = getattr(queue.threading, "Thread")  # threading, reached through queue's attribute
+    start(target=work).start()
+    return out
+"""
+
 CHILD_PROCESS = """
 import subprocess
 import sys
@@ -209,6 +227,7 @@ def assert_caught(result, *verdicts: Verdict) -> None:
     ("source", "group"),
     [
         (THREAD_HANDOFF, "threads"),
+        (THREAD_HANDOFF_INDIRECT, "threads"),
         (CHILD_PROCESS, "processes"),
         (NETWORK.format(port=9), "network"),
         (WRITE_OUTSIDE.format(path="/tmp/escaped.txt"), "harness"),
@@ -220,6 +239,7 @@ def assert_caught(result, *verdicts: Verdict) -> None:
     ],
     ids=[
         "thread",
+        "thread-indirect",
         "child",
         "network",
         "write",
@@ -252,6 +272,16 @@ def test_background_thread_is_caught(pytask, backend: str) -> None:
     assert result.evidence.stage_reached != "static"
     assert_caught(result)
     assert "thread" in " ".join(result.reasons)
+
+
+def test_thread_reached_indirectly_is_caught_at_run_time(
+    pytask, backend: str, no_static_rules: None
+) -> None:
+    """Behind the static rules, the process watch sees the thread however the code reached
+    threading (deterministic: the thread is alive, asleep, when the call returns)."""
+    result = run(pytask(), THREAD_HANDOFF_INDIRECT, backend)
+    assert_caught(result, Verdict.REJECTED)
+    assert "thread(s) running" in " ".join(result.reasons)
 
 
 def test_child_process_left_running_is_caught(pytask, backend: str, no_static_rules: None) -> None:
