@@ -36,6 +36,25 @@ class Metric(BaseModel):
     """Unit for people, e.g. 'ms', 'tok/s', 'corruptions/10k'."""
     higher_is_better: bool
     """Direction: True for throughput-like metrics, False for times and error rates."""
+    events: str | None = None
+    """A rate metric (rare events, e.g. corrupted requests): the sample key counting events.
+    Verdicts then pool the counts of all samples (experiments.rates) instead of comparing
+    per-sample medians, and sampling stops once the difference is shown."""
+    trials: str | None = None
+    """For a rate metric: the sample key counting the trials (requests) the events are out of."""
+    per: float = 10_000.0
+    """For a rate metric: rates are events per this many trials."""
+    target: float | None = None
+    """For a rate metric: the rate (per `per` trials) a fix must be shown below, 95% upper
+    bound, to count as IMPROVED (the public case: under 3 per 10k)."""
+
+    @model_validator(mode="after")
+    def _rate(self) -> Metric:
+        if (self.events is None) != (self.trials is None):
+            raise ValueError("a rate metric names both 'events' and 'trials'")
+        if self.events is not None and self.higher_is_better:
+            raise ValueError("a rate metric counts bad events: higher_is_better must be false")
+        return self
 
 
 class Constraint(BaseModel):

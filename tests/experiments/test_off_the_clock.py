@@ -23,7 +23,6 @@ from infra_agent.sandboxes import Sandbox, SandboxSpec, create_sandbox
 from infra_agent.tasks.harness import CandidateFailure, IncorrectOutput
 from infra_agent.tasks.registry import find_task
 
-
 # -- the red team's cheat: precompute in the untimed refill of an arena value ----------------
 
 ARENA_HOOK = '''"""A projection whose answer is computed while the harness stages the next inputs."""

@@ -194,7 +194,10 @@ def _read(path: Path) -> str | None:
         # __import__, importlib, builtins
         ("t = __import__('threading')\nt.Thread(target=f)", "threads"),
         ("import importlib\nimportlib.import_module('socket')", "network"),
-        ("import importlib\ns = importlib.import_module('socket')\ns.create_connection(a)", "network"),
+        (
+            "import importlib\ns = importlib.import_module('socket')\ns.create_connection(a)",
+            "network",
+        ),
         ("import builtins\nbuiltins.__import__('subprocess')", "processes"),
         ("import builtins\nbuiltins.exec('x = 1')", "dynamic"),
         ("import builtins\ng = builtins.getattr\ng(os, 'x' + 'y')", "dynamic"),
