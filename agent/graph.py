@@ -236,9 +236,11 @@ def _run(
 
 
 def best_improved(state: AgentState) -> ExperimentOutcome | None:
-    """The proven winner: IMPROVED with the highest speedup (ties: the earliest)."""
-    wins = [e for e in state.experiments if e.verdict is Verdict.IMPROVED and e.speedup is not None]
-    return max(wins, key=lambda e: e.speedup or 0.0) if wins else None
+    """The proven winner: IMPROVED with the highest low end of its 95% interval, what is shown
+    rather than the point estimate (overlapping wins are not ranked by noise; ties: the
+    earliest)."""
+    wins = [e for e in state.experiments if e.verdict is Verdict.IMPROVED and e.ci_low is not None]
+    return max(wins, key=lambda e: e.ci_low or 0.0) if wins else None
 
 
 def reflect(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:

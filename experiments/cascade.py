@@ -185,6 +185,7 @@ class Experiment:
                 except Exception as exc:
                     raise _failure(arm.name, exc) from exc
                 results[arm.name].append(result)
+                self._invariants(arm, result)
                 if not result.passed:
                     self.evidence.correctness = _correctness(
                         results, passed=False, detail=result.detail
@@ -217,6 +218,27 @@ class Experiment:
                 self.reasons.append(
                     f"accuracy near the threshold: error vs float64 {corr.candidate_err_f64:.3g} of allowed {limit:.3g}"
                 )
+
+    def _invariants(self, arm: Arm, result: CheckResult) -> None:
+        """Every declared invariant must be reported on every pass; the candidate must hold
+        each. What each arm showed is kept in the evidence ('invariants')."""
+        declared = self.manifest.invariants
+        if not declared:
+            return
+        seen = self.evidence.extra.setdefault("invariants", {})
+        assert isinstance(seen, dict)
+        for name, what in declared.items():
+            if name not in result.invariants:
+                raise _Stop(
+                    Verdict.FAILED,
+                    f"the harness did not check the task's invariant '{name}' (task problem)",
+                )
+            broken = result.invariants[name]
+            entry = seen.setdefault(name, {"baseline": "held", "candidate": "held"})
+            if broken is not None:
+                entry[arm.name] = f"broken: {broken}"
+                if arm.name == "candidate":
+                    raise _Stop(Verdict.INCORRECT, f"invariant '{name}' ({what}) broken: {broken}")
 
     def performance(self, harness: Harness, base: Arm, cand: Arm) -> Verdict:
         try:

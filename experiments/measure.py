@@ -176,6 +176,7 @@ def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
         baseline_samples=m.baseline[metric.name],
         candidate_samples=m.candidate[metric.name],
         noise=c.noise,
+        min_effect=manifest.min_effect,
         gain=gain_name(manifest),
         method=(
             f"interleaved ABBA rounds on fresh seeds ({m.rounds} rounds); {c.method}"

@@ -86,6 +86,9 @@ class PerformanceEvidence(_Record):
     candidate_samples: list[float] = Field(default_factory=list)
     noise: list[str] = Field(default_factory=list)
     """Noise flags from the benchmark instrument (e.g. 'high_iqr', 'drift')."""
+    min_effect: float | None = None
+    """The task's minimum effect (relative) the decision used; None in records made before it
+    was kept here."""
     gain: str = "speedup"
     """What the factor is: 'speedup' (time, throughput), 'error ratio' (accuracy tasks: baseline
     error / candidate error), 'rate ratio' (rare events: baseline rate / candidate rate)."""

@@ -103,6 +103,9 @@ class CheckResult:
     tolerance: str | None = None
     detail: str | None = None
     """Why it failed, in words."""
+    invariants: dict[str, str | None] = field(default_factory=dict)
+    """Each invariant the task declares, checked on this pass: None if it held, else how it
+    was broken (in words)."""
 
 
 class Harness(abc.ABC):
@@ -121,7 +124,8 @@ class Harness(abc.ABC):
 
     @abc.abstractmethod
     def check(self, arm: Arm, seed: int) -> CheckResult:
-        """Run the arm on fresh inputs derived from `seed` and compare with the references."""
+        """Run the arm on fresh inputs derived from `seed` and compare with the references;
+        report every invariant the manifest declares in `CheckResult.invariants`."""
 
     @abc.abstractmethod
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:

@@ -205,6 +205,10 @@ class TaskManifest(BaseModel):
     inplace: bool = False
     """The task's functions write into their arguments: a call that changes its inputs is then
     allowed (otherwise it is INCORRECT)."""
+    invariants: dict[str, str] = Field(default_factory=dict)
+    """Properties the harness checks on every correctness pass, name -> what must hold (e.g.
+    'a step returns only after its transfer completed'). A candidate that breaks one is
+    INCORRECT; the baseline may break one (the bug a task asks to fix), which is recorded."""
     harness: str = "harness.py"
     """Harness module file, relative to the task folder."""
     harness_class: str = "TaskHarness"

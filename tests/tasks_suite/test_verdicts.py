@@ -157,3 +157,32 @@ def test_decode_split_norm_knob_search_helps_less_than_the_fix() -> None:
     print(
         f"knob-only speedup {perf.speedup:.2f}x (the reference fix reaches ~2.5x at default knobs)"
     )
+
+
+KV_SKIP_THE_WAIT = """diff --git a/engine.py b/engine.py
+--- a/engine.py
++++ b/engine.py
+@@ -31,8 +31,6 @@ class Engine:
+             self.worker.submit(step, pages)
+         for _layer in range(self.moe_layers):
+             intranode_dispatch(self.dispatch_wait_us)
+-        if transfer:
+-            self.worker.wait()
+ 
+     def close(self) -> None:
+         self.worker.close()
+"""
+
+
+def test_kv_transfer_gil_skipping_the_per_step_wait_is_incorrect() -> None:
+    """Judged IMPROVED 1.065x with 'correctness pass' before the task declared its invariant.
+    Deterministic: with the GIL held through dispatch, the transfer thread can copy at most one
+    chunk before the step returns, and each step ships three (4 ms apart)."""
+    from infra_agent.tasks.patch import parse_diff
+
+    t = find_task("kv-transfer-gil")
+    result = run_experiment(t, parse_diff(KV_SKIP_THE_WAIT)).result
+    assert result.verdict == Verdict.INCORRECT, result.render()
+    assert "invariant 'transfer-before-return'" in result.reasons[0], result.reasons
+    seen = result.evidence.extra["invariants"]["transfer-before-return"]  # type: ignore[index]
+    assert seen["baseline"] == "held" and seen["candidate"].startswith("broken: 6 of 6 steps")
