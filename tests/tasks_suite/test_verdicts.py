@@ -159,19 +159,18 @@ def test_decode_split_norm_knob_search_helps_less_than_the_fix() -> None:
     )
 
 
-KV_SKIP_THE_WAIT = """diff --git a/engine.py b/engine.py
---- a/engine.py
-+++ b/engine.py
-@@ -31,8 +31,6 @@ class Engine:
-             self.worker.submit(step, pages)
-         for _layer in range(self.moe_layers):
-             intranode_dispatch(self.dispatch_wait_us)
--        if transfer:
--            self.worker.wait()
- 
-     def close(self) -> None:
-         self.worker.close()
-"""
+KV_SKIP_THE_WAIT = (
+    "diff --git a/engine.py b/engine.py\n--- a/engine.py\n+++ b/engine.py\n"
+    "@@ -31,8 +31,6 @@ class Engine:\n"
+    "             self.worker.submit(step, pages)\n"
+    "         for _layer in range(self.moe_layers):\n"
+    "             intranode_dispatch(self.dispatch_wait_us)\n"
+    "-        if transfer:\n"
+    "-            self.worker.wait()\n"
+    " \n"
+    "     def close(self) -> None:\n"
+    "         self.worker.close()\n"
+)
 
 
 def test_kv_transfer_gil_skipping_the_per_step_wait_is_incorrect() -> None:
