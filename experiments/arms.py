@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,13 @@ from infra_agent.experiments.worker import RpcWorker
 from infra_agent.sandboxes.base import Sandbox, SandboxSpec
 from infra_agent.tasks.harness import Arm, Harness
 from infra_agent.tasks.manifest import Task, TaskManifest
+from infra_agent.tasks.patch import (
+    NotEditableError,
+    Patch,
+    PatchError,
+    effective_knobs,
+    preview_apply,
+)
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SANDBOX_ENV = {
@@ -227,3 +235,33 @@ class ArmSet:
                 pass
         for sandbox in self.sandboxes:
             sandbox.cleanup()
+
+
+def patch_refusal(patch: Patch, task: Task) -> str | None:
+    """Why `task` cannot take `patch` at all (it cannot be applied to a copy), or None. A patch
+    touching a non-editable file is judged by the cascade (a rule, also REJECTED)."""
+    try:
+        effective_knobs(patch, task.manifest)
+        limit = _max_patch_bytes()
+        if len(patch.diff.encode()) > limit:
+            return f"patch is {len(patch.diff.encode())} bytes, above the limit of {limit}"
+        if patch.kind == "diff":
+            shutil.rmtree(preview_apply(patch, task), ignore_errors=True)
+    except NotEditableError:
+        return None
+    except PatchError as exc:
+        return str(exc)
+    except UserError as exc:  # a knob's value out of range or of the wrong type
+        return str(exc)
+    return None
+
+
+def _max_patch_bytes() -> int:
+    try:
+        from infra_agent.context import current
+
+        return current().settings().sandbox.max_patch_bytes
+    except UserError:
+        from infra_agent.tasks.patch import DEFAULT_MAX_PATCH_BYTES
+
+        return DEFAULT_MAX_PATCH_BYTES
