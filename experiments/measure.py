@@ -3,8 +3,9 @@
 Samples come in rounds of four in ABBA / BAAB order on two fresh seeds, so each arm runs each
 input once and slow drift of the machine hits both arms alike. Pairs (same seed) feed a paired
 bootstrap of the ratio of medians (`feedback.bench.compare_samples`). Sampling stops once the 95%
-interval of the speedup is narrower than `target_ci_width` (relative) with at least `min_samples`
-per arm, or at `max_samples`, or when `measure_budget_s` is spent.
+interval of the speedup is narrower than `target_ci_width` (relative; for a rate metric: once the
+difference is shown either way) and every constraint is shown satisfied or broken, with at least
+`min_samples` per arm; or at `max_samples`, or when `measure_budget_s` is spent.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def measure(
             done = (comparison.ci_high - comparison.ci_low) / comparison.speedup < (
                 budget.target_ci_width
             )
+        done = done and not _constraints_open(base, cand, manifest)  # shown either way first
         spent = time.monotonic() - started
         if progress is not None:
             shown = counts.render() if rate else f"{gain_name(manifest)} {comparison.speedup:.3f}x"
@@ -289,21 +291,42 @@ def _decide_rate(m: Measurement, manifest: TaskManifest) -> tuple[Verdict, list[
     return Verdict.NO_CHANGE, [f"{why}: {counts.render()}"]
 
 
+def constraint_interval(
+    baseline: dict[str, list[float]], candidate: dict[str, list[float]], constraint: Constraint
+) -> tuple[float, float, float] | None:
+    """The constraint's ratio (grows as the candidate gets worse) and its paired 95% interval,
+    or None if the harness did not measure its metric."""
+    b, k = baseline.get(constraint.metric), candidate.get(constraint.metric)
+    if not b or not k:
+        return None
+    n = min(len(b), len(k))
+    comp = compare_samples(b[:n], k[:n], higher_is_better=constraint.higher_is_better, paired=True)
+    return 1 / comp.speedup, 1 / comp.ci_high, 1 / comp.ci_low
+
+
+def _constraints_open(
+    baseline: dict[str, list[float]], candidate: dict[str, list[float]], manifest: TaskManifest
+) -> bool:
+    """True while some constraint is neither shown satisfied nor shown broken."""
+    for constraint in manifest.constraints:
+        found = constraint_interval(baseline, candidate, constraint)
+        if found is not None and found[1] <= constraint.max_ratio < found[2]:
+            return True
+    return False
+
+
 def _constraint(
     m: Measurement, constraint: Constraint, verdict: Verdict, reasons: list[str]
 ) -> Verdict:
     """Check one constraint; returns the verdict it leaves. Shown satisfied: the whole 95%
     interval of its ratio within the limit. Shown broken (the whole interval beyond it):
     REGRESSED. Neither: 'constraint not shown satisfied', never IMPROVED."""
-    b, k = m.baseline.get(constraint.metric), m.candidate.get(constraint.metric)
-    if not b or not k:
+    found = constraint_interval(m.baseline, m.candidate, constraint)
+    if found is None:
         reasons.append(f"constraint metric '{constraint.metric}' was not measured by the harness")
         return Verdict.FAILED
-    bm, km = _median(b), _median(k)
-    n = min(len(b), len(k))
-    # "ratio" grows as the candidate gets worse
-    comp = compare_samples(b[:n], k[:n], higher_is_better=constraint.higher_is_better, paired=True)
-    ratio, ratio_low, ratio_high = 1 / comp.speedup, 1 / comp.ci_high, 1 / comp.ci_low
+    ratio, ratio_low, ratio_high = found
+    bm, km = _median(m.baseline[constraint.metric]), _median(m.candidate[constraint.metric])
     numbers = (
         f"{constraint.metric} median {bm:.4g} -> {km:.4g} (ratio {ratio:.3f}, 95% CI "
         f"{ratio_low:.3f}-{ratio_high:.3f}, allowed {constraint.max_ratio:g})"
