@@ -15,12 +15,13 @@ harness, and the worker decodes requests with its own captured functions, not wi
   may be None, bool, int, float, str, lists, tuples, dicts with string keys and torch tensors.
 
 Candidate code runs only inside a call, which the harness times: importing the target module,
-the call itself, and freeing what the candidate touched. Every other operation (put, preload,
-decoding, encoding, self-report) treats objects the candidate could have touched as untrusted:
-it replaces them and never dispatches on them (exact types, base-class slots, functions captured
-before any candidate code ran, a private copy of builtins), runs with the audit guard active and
-the garbage collector off, and put and preload run under a profiler that reports any frame of
-workspace code as a violation. After each call the worker refuses hooks the candidate left
+the call itself, and freeing what the candidate touched. Every other operation (put, decoding,
+encoding, self-report) treats objects the candidate could have touched as untrusted: it replaces
+them and never dispatches on them (exact types, base-class slots, functions captured before any
+candidate code ran, a private copy of builtins), runs with the audit guard active and the
+garbage collector off, and once candidate code may exist (after the first call) under a profiler
+that reports any frame of workspace code as a violation. Preloads (trusted imports such as torch)
+happen only before the first call. After each call the worker refuses hooks the candidate left
 behind through which its code could run later (signal handlers, gc callbacks, trace or profile
 functions, torch function or dispatch modes) and inputs the call changed (unless the task
 declares in-place semantics).
@@ -423,6 +424,8 @@ class Worker:
         self.codec = Codec()
         self.inplace = False
         self.foreign: list[str] = []
+        self.called = False
+        """Set by the first call: from then on candidate code may exist in the process."""
         self.signals = {s: _getsignal(s) for s in signal.valid_signals()}
 
     def handle(self, kind: bytes, nonce: int, body: bytes) -> bytes:
@@ -458,8 +461,11 @@ class Worker:
                     "traceback": text[-4000:]}  # fmt: skip
 
     def _outside_call(self, body: bytes) -> dict[str, Any]:
-        """Any operation but a call, under a profiler that reports frames of workspace code:
-        candidate code has no business running here (its objects are never dispatched on)."""
+        """Any operation but a call. Once candidate code may exist in the process (after the
+        first call), under a profiler that reports frames of workspace code: candidate code has
+        no business running here (its objects are never dispatched on)."""
+        if not self.called:
+            return self._answer(self._request, body)
         self.foreign = []
         GUARD.active = False  # setprofile is itself an audited event
         _setprofile(self._watch)
@@ -489,6 +495,8 @@ class Worker:
             self.inplace = bool(message.get("inplace", False))
             return {"value": "hello"}
         if op == "preload":
+            if self.called:
+                raise ValueError("preload after candidate code ran")
             # Trusted imports before any candidate code exists in the process (the workspace is
             # not on sys.path yet), so the guard has nothing to catch: torch writes temp files.
             GUARD.active = False
@@ -514,6 +522,7 @@ class Worker:
         return None if self.inplace else Snapshot(value, self.tensors)
 
     def _call(self, body: bytes) -> dict[str, Any]:
+        self.called = True
         message = self.codec.unpack(body)
         module_name, _, func_name = str(message["target"]).partition(":")
         func = getattr(importlib.import_module(module_name), func_name)
