@@ -41,6 +41,7 @@ import os
 import signal
 import struct
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -326,7 +327,43 @@ ALWAYS_DENIED = {
     "sys.addaudithook": "an audit hook (it would run candidate code in every operation)"
 }
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_realpath, _fsdecode = os.path.realpath, os.fsdecode
+_os_open, _os_close, _readlink, _getcwd = os.open, os.close, os.readlink, os.getcwd
+_listdir, _get_ident, _O_PATH = os.listdir, threading.get_ident, os.O_PATH
+_resolving: set[int] = set()
+"""Threads inside `_realpath` (its own os.open is an audited event too)."""
+
+
+def _realpath(path: str | bytes) -> str:
+    """`path` with symlinks resolved, by the kernel (an O_PATH descriptor and its /proc link),
+    with no Python code of os.path (a candidate may patch it, or the builtins it uses). A path
+    that does not exist yet resolves through its folder."""
+    me = _get_ident()
+    _resolving.add(me)  # our own O_PATH opens are not the candidate's
+    try:
+        return _resolved(path)
+    finally:
+        _resolving.discard(me)
+
+
+def _resolved(path: str | bytes) -> str:
+    if not isinstance(path, str):  # the audit event's argument: exactly str or bytes
+        path = bytes.decode(path, "utf-8", "surrogateescape")
+    if not path.startswith("/"):
+        path = _getcwd() + "/" + path
+    head, tail = path, ""
+    while head:
+        try:
+            fd = _os_open(head, _O_PATH)
+        except OSError:
+            head, _, name = head.rpartition("/")
+            tail = name + ("/" + tail if tail else "")
+            continue
+        try:
+            real = _readlink(f"/proc/self/fd/{fd}")
+        finally:
+            _os_close(fd)
+        return real.rstrip("/") + ("/" + tail if tail else "") if real != "/" else "/" + tail
+    return "/" + tail
 
 
 def _under(path: str, roots: list[str]) -> bool:
@@ -368,7 +405,9 @@ class Guard:
         if group is not None:
             self._deny(f"{event} (rule group '{group}')")
         if event == "open" and args and type(args[0]) in (str, bytes):
-            path = _realpath(_fsdecode(args[0]))
+            if _get_ident() in _resolving:
+                return  # the O_PATH open of _realpath itself
+            path = _realpath(args[0])
             mode, flags = (
                 (args[1] if len(args) > 1 else "r") or "r",
                 args[2] if len(args) > 2 else 0,
@@ -456,9 +495,7 @@ class Worker:
         except Mutation as exc:
             return {"ok": False, "kind": "mutation", "error": str(exc)}
         except BaseException as exc:  # noqa: BLE001 - report every failure of candidate code
-            text = "".join(_format_exception(type(exc), exc, exc.__traceback__))
-            return {"ok": False, "kind": "crash", "error": f"{_type_name(type(exc))}: {exc}",
-                    "traceback": text[-4000:]}  # fmt: skip
+            return {"ok": False, "kind": "crash", **_described(exc)}
 
     def _outside_call(self, body: bytes) -> dict[str, Any]:
         """Any operation but a call. Once candidate code may exist in the process (after the
@@ -586,6 +623,21 @@ class Worker:
                                     "error": f"result cannot be returned: {_type_name(type(exc))}: {exc}"})  # fmt: skip
 
 
+def _described(exc: BaseException) -> dict[str, str]:
+    """An exception in words and its traceback; formatting runs stdlib code a candidate may have
+    patched (and its own __str__), so a failure here leaves the words it could get."""
+    name = _type_name(type(exc))
+    try:
+        error = f"{name}: {str.__str__(str(exc))}"
+    except BaseException:  # noqa: BLE001 - the candidate's __str__ or a patched builtin
+        error = f"{name} (its message could not be read)"
+    try:
+        text = "".join(_format_exception(type(exc), exc, exc.__traceback__))[-4000:]
+    except BaseException:  # noqa: BLE001 - traceback's own code, patched or recursing
+        text = "(traceback unavailable)"
+    return {"error": error, "traceback": text}
+
+
 def _self_report(tensors: Tensors | None) -> tuple[int, int, int]:
     """Threads of this process, live child processes and torch's pool size (a secondary signal:
     the harness also inspects /proc from outside when it can see the worker)."""
@@ -595,7 +647,7 @@ def _self_report(tensors: Tensors | None) -> tuple[int, int, int]:
             for line in f:
                 if line.startswith("Threads:"):
                     threads = int(line.split()[1])
-        for tid in os.listdir("/proc/self/task"):
+        for tid in _listdir("/proc/self/task"):
             with open(f"/proc/self/task/{tid}/children") as f:
                 children += len(f.read().split())
     except OSError:

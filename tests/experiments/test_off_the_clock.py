@@ -80,8 +80,11 @@ import weakref
 import torch
 
 
+_open = open
+
+
 def _mark(name):
-    with open(name, "w") as f:
+    with _open(name, "w") as f:
         f.write("ran")
 
 
@@ -147,6 +150,28 @@ def torch_mode():
 def patch_reshape():
     torch.Tensor.reshape = lambda *a, **k: _mark("reshape_ran")
     torch.frombuffer = lambda *a, **k: _mark("frombuffer_ran")
+    return 1
+
+
+def patch_stdlib():
+    import builtins
+    import json
+    import os
+    import time
+
+    def spy(name, real):
+        def wrapper(*a, **k):
+            _mark(name)
+            return real(*a, **k)
+        return wrapper
+
+    time.perf_counter = time.perf_counter_ns = time.time = lambda: 0  # the timer cheat
+    json.dumps = spy("dumps", json.dumps)
+    json.loads = spy("loads", json.loads)
+    os.listdir = spy("listdir", os.listdir)
+    builtins.len = spy("len", builtins.len)
+    builtins.isinstance = spy("isinstance", builtins.isinstance)
+    builtins.open = spy("open", builtins.open)
     return 1
 
 
@@ -218,6 +243,17 @@ def test_patched_torch_does_not_reach_the_worker(worker: RpcWorker, sandbox: San
     worker.put("x", torch.arange(6.0).reshape(2, 3))
     assert worker.call("cand:noop", ref("x")) == 1
     assert worker.call("cand:noop", torch.ones(2)) == 1
+    assert ran(sandbox) == set()
+
+
+def test_patched_stdlib_does_not_reach_the_worker(worker: RpcWorker, sandbox: Sandbox) -> None:
+    """The worker's bookkeeping (decoding, snapshots, encoding, self-report, the guard) uses
+    functions captured before candidate code ran and a private copy of builtins, so a candidate
+    cannot change what that bookkeeping costs, nor run code during it."""
+    assert worker.call("cand:patch_stdlib") == 1
+    worker.put("x", torch.arange(4.0))
+    assert worker.call("cand:noop", ref("x")) == 1
+    assert worker.call("cand:noop", [1.0, {"k": (2, "s")}]) == 1
     assert ran(sandbox) == set()
 
 
