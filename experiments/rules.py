@@ -24,7 +24,7 @@ GROUPS = {
     "network": "network access (socket, urllib, http, requests)",
     "processes": "child processes (subprocess, os.system/fork/exec/spawn, multiprocessing)",
     "threads": "threads (threading, _thread, concurrent.futures, asyncio)",
-    "ctypes": "native code (ctypes, cffi, mmap, cpp_extension, torch.ops.load_library)",
+    "ctypes": "native code (ctypes, cffi, mmap, cpp_extension, torch.ops.load_library, torch.library)",
     "timers": "clock tampering or monkeypatching imported modules",
     "introspection": "introspection (gc, inspect, frames, sys.modules, builtins)",
     "harness": "reaching the harness, infra_agent, files outside the workspace or secrets",
@@ -49,6 +49,7 @@ _MODULE_GROUPS = {
     "socket": "network", "urllib": "network", "http": "network", "requests": "network",
     "httpx": "network", "aiohttp": "network", "ssl": "network", "ftplib": "network",
     "smtplib": "network", "telnetlib": "network", "xmlrpc": "network", "websocket": "network",
+    "torch.library": "ctypes",  # registers or replaces operator kernels (aten ops included)
     "subprocess": "processes", "multiprocessing": "processes", "pty": "processes",
     "signal": "processes", "torch.multiprocessing": "processes",
     "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",
@@ -211,11 +212,12 @@ class _Visitor(ast.NodeVisitor):
                 self._os_attr(node, attr)
             elif module == "sys" and attr in _SYS_ATTRS:
                 self._add(_SYS_ATTRS[attr], node, f"uses sys.{attr}")
-            written = self._written(node)
+            written = self._written(node) or qual
             group = _group_of_module(qual)
-            if group is not None and written is not None and written != qual:
-                if _group_of_module(written) != group:
-                    self._add(group, node, f"reaches {qual} as {written}")
+            if group is not None and _group_of_module(written.split(".")[0]) != group:
+                # a module its import did not name: reached as an attribute, or a submodule
+                how = f"reaches {qual} as {written}" if written != qual else f"uses {qual}"
+                self._add(group, node, how)
         if node.attr in _ATTR_GROUPS:
             group, what = _ATTR_GROUPS[node.attr]
             self._add(group, node, what)

@@ -175,6 +175,27 @@ def patch_stdlib():
     return 1
 
 
+_LIBRARY = []
+
+
+def override_view():
+    # torch.library replaces aten::view's CPU kernel for the whole process: any reshape, the
+    # worker's own when it builds a put's tensor included, would run this function
+    import warnings
+
+    warnings.simplefilter("ignore")
+    lib = torch.library.Library("aten", "IMPL")
+
+    def view(self, size):
+        _mark("view")
+        strides = torch._prims_common.make_contiguous_strides_for(size)
+        return torch.ops.aten.alias.default(self).as_strided(size, strides)
+
+    lib.impl("view", view, "CPU")
+    _LIBRARY.append(lib)
+    return 1
+
+
 def write_into(xs):
     xs[0] = 0.0
     return xs
@@ -255,6 +276,20 @@ def test_patched_stdlib_does_not_reach_the_worker(worker: RpcWorker, sandbox: Sa
     assert worker.call("cand:noop", ref("x")) == 1
     assert worker.call("cand:noop", [1.0, {"k": (2, "s")}]) == 1
     assert ran(sandbox) == set()
+
+
+def test_candidate_code_running_during_a_put_is_a_violation(
+    worker: RpcWorker, sandbox: Sandbox
+) -> None:
+    """The backstop behind every other rule: once candidate code may exist, a put runs under a
+    profiler, and any frame of workspace code there is a violation. An aten kernel the candidate
+    replaced runs inside the worker's own reshape (deterministic: the kernel is called)."""
+    assert worker.call("cand:override_view") == 1
+    with pytest.raises(
+        CandidateFailure, match=r"running code outside its call \(cand.py:view"
+    ) as info:
+        worker.put("x", torch.arange(6.0).reshape(2, 3))
+    assert info.value.kind == "violation"
 
 
 def test_changing_an_input_is_incorrect(worker: RpcWorker) -> None:

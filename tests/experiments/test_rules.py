@@ -182,6 +182,7 @@ def _read(path: Path) -> str | None:
         ("import shutil\nshutil.os.system('ls')", "processes"),
         ("import os\nos.sys.modules", "introspection"),
         ("import queue\nsetattr(queue.threading, 'Thread', None)", "timers"),
+        ("import torch\nlib = torch.library.Library('aten', 'IMPL')", "ctypes"),
         # constant-string getattr / setattr
         ("import torch\ngetattr(torch, 'set_num_threads')(4)", "threads"),
         ("import os\ngetattr(os, 'system')('ls')", "processes"),
