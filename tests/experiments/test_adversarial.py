@@ -45,23 +45,10 @@ def axpy(a, xs, ys):
     return out  # filled in later: an in-process harness would see it complete
 """
 
-THREAD_HANDOFF_INDIRECT = """
-import queue
-import time
-
-
-def axpy(a, xs, ys):
-    out = [0.0] * len(xs)
-
-    def work():
-        time.sleep(0.05)
-        for i in range(len(xs)):
-            out[i] = a * xs[i] + ys[i]
-
-    start = getattr(queue.threading, "Thread")  # threading, reached through queue's attribute
-    start(target=work).start()
-    return out
-"""
+THREAD_HANDOFF_INDIRECT = THREAD_HANDOFF.replace("import threading\n", "import queue\n").replace(
+    "threading.Thread(target=work)",  # threading, reached through queue's attribute
+    'getattr(queue.threading, "Thread")(target=work)',
+)
 
 CHILD_PROCESS = """
 import subprocess

@@ -260,20 +260,15 @@ def test_cli_json_and_store(pytask, make_patch, tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "not found" in bad.stderr and bad.stdout == ""
     assert len(open_store(db).experiments()) == 1
-
-
-def test_cli_refused_patch_prints_one_json_document(pytask, make_patch, tmp_path: Path) -> None:
-    task = pytask()
-    patch_file = tmp_path / "stale.diff"
-    patch_file.write_text(make_patch(task, "kernel.py", FAST).diff.replace("out = []", "out = [0]"))
-    db = tmp_path / "runs.db"
-    argv, env = cli(["--db", str(db), "experiment", "--task", str(task.root), "--patch", str(patch_file),
-                     "--json"], {})  # fmt: skip
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    # A patch the task refuses is an outcome: one JSON document, recorded.
+    stale = tmp_path / "stale.diff"
+    stale.write_text(patch_file.read_text().replace("out = []", "out = [0]"))
+    refused = subprocess.run([*argv[:-3], "--patch", str(stale), "--json"], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 0, refused.stderr
+    report = json.loads(refused.stdout)
     assert report["verdict"] == "REJECTED" and "does not apply" in report["reasons"][0]
-    assert [e.id for e in open_store(db).experiments()] == [report["experiment_id"]]
+    assert report["experiment_id"] in [e.id for e in open_store(db).experiments()]
 
 
 @pytest.mark.slow
