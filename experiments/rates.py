@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infra_agent.feedback.bench.compare import Comparison
+from infra_agent.feedback.bench.compare import BenchVerdict, Comparison
 from infra_agent.tasks.harness import poisson_upper
 
 CONFIDENCE = 0.95
@@ -155,7 +155,9 @@ def as_comparison(rates: RateComparison, n_samples: int, min_effect: float) -> C
     """The rates in the shape the rest of the cascade reads (oriented > 1 = better)."""
     low, high = rates.interval()
     outcome = shown(rates, min_effect, None)
-    verdict = "FASTER" if outcome == "better" else "SLOWER" if outcome == "worse" else "AMBIGUOUS"
+    verdict: BenchVerdict = (
+        "FASTER" if outcome == "better" else "SLOWER" if outcome == "worse" else "AMBIGUOUS"
+    )
     return Comparison(
         speedup=rates.factor,
         ci_low=low,

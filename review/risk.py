@@ -218,7 +218,7 @@ def assess(
         elif level != RiskLevel.LOW:
             action = PolicyAction.REVIEW
             reasons.append(f"{level.value} risk: only low risk may be auto-approved")
-        elif (why := noise_could_explain(result)) is not None:
+        elif (noise := noise_could_explain(result)) is not None:
             action = PolicyAction.REVIEW
-            reasons.append(f"{why}: noise could explain the win, so a person decides")
+            reasons.append(f"{noise}: noise could explain the win, so a person decides")
     return RiskAssessment(level=level, action=action, reasons=reasons)
