@@ -46,16 +46,18 @@ class Worker(Protocol):
     """An RPC worker running inside the sandbox with the arm's workspace on its sys.path."""
 
     def call(self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
-        """Call `module:function` in the sandbox. Arguments go in pickled (trusted direction);
-        the result comes back through a safe loader (tensors, numbers, strings, lists, tuples,
-        dicts only). Raises CandidateFailure on crash/timeout/limit or on a rule violation seen
-        at run time (extra threads or child processes left behind)."""
+        """Call `module:function` in the sandbox. Arguments and result travel in one safe format
+        (tensors, numbers, strings, lists, tuples, dicts with string keys; never pickle). Raises
+        CandidateFailure on crash/timeout/limit or on a rule violation seen at run time (extra
+        threads or child processes left behind, work between calls, hooks left installed), and
+        IncorrectOutput when the call changed its inputs and the task is not `inplace`."""
         ...
 
     def put(self, name: str, value: Any, *, timeout_s: float | None = None) -> None:
         """Store `value` in the worker under `name`; pass `experiments.worker.ref(name)` as an
-        argument to use it (the same object every call, refilled in place when shape and dtype
-        match, so identity-keyed caches go stale and inputs are not re-sent while timing)."""
+        argument to use it (inputs are not re-sent while timing). Each put replaces the value
+        with a fresh object: nothing of the old one (its methods, what the candidate attached to
+        it) runs outside a call, and an identity-keyed cache never sees the same object twice."""
         ...
 
     def timed_call(
