@@ -178,6 +178,13 @@ class _Visitor(ast.NodeVisitor):
         if isinstance(node, ast.Attribute):
             base = self._qual(node.value)
             return canonical(f"{base}.{node.attr}") if base else None
+        if isinstance(node, ast.Subscript):  # sys.modules["m"], module.__dict__["name"]
+            key, base = _const_str(node.slice), self._qual(node.value)
+            if key is not None and base == "sys.modules":
+                return canonical(key)
+            if key is not None and base is not None and base.endswith(".__dict__"):
+                return canonical(f"{base.removesuffix('.__dict__')}.{key}")
+            return None
         if isinstance(node, ast.Call):
             callee = self._callee(node)
             if callee == "getattr" and len(node.args) >= 2:
@@ -204,20 +211,10 @@ class _Visitor(ast.NodeVisitor):
         if node.attr in _DUNDER_ATTRS:
             self._add("introspection", node, f"uses .{node.attr}")
         qual = self._qual(node)
-        if qual is None and isinstance(node.value, ast.Name):
-            qual = f"{node.value.id}.{node.attr}"  # os/sys named without an import
         if qual is not None:
-            module, _, attr = qual.rpartition(".")
-            if module in ("os", "posix"):
-                self._os_attr(node, attr)
-            elif module == "sys" and attr in _SYS_ATTRS:
-                self._add(_SYS_ATTRS[attr], node, f"uses sys.{attr}")
-            written = self._written(node) or qual
-            group = _group_of_module(qual)
-            if group is not None and _group_of_module(written.split(".")[0]) != group:
-                # a module its import did not name: reached as an attribute, or a submodule
-                how = f"reaches {qual} as {written}" if written != qual else f"uses {qual}"
-                self._add(group, node, how)
+            self._check_reference(node, qual)
+        elif isinstance(node.value, ast.Name):  # os/sys named without an import
+            self._check_module_attr(node, node.value.id, node.attr)
         if node.attr in _ATTR_GROUPS:
             group, what = _ATTR_GROUPS[node.attr]
             self._add(group, node, what)
@@ -227,6 +224,33 @@ class _Visitor(ast.NodeVisitor):
             and node.value.attr == "jit"
         ):
             self._add("threads", node, "uses torch.jit.fork (asynchronous work)")
+
+    def _check_module_attr(self, node: ast.AST, module: str, attr: str) -> None:
+        if module in ("os", "posix"):
+            self._os_attr(node, attr)
+        elif module == "sys" and attr in _SYS_ATTRS:
+            self._add(_SYS_ATTRS[attr], node, f"uses sys.{attr}")
+
+    def _check_reference(self, node: ast.expr, qual: str) -> None:
+        """Rules on what `node` refers to (`qual`, resolved through indirection): os and sys
+        attributes, and a module of a rule group its import did not name (reached as another
+        module's attribute, through sys.modules or __dict__, or a submodule)."""
+        module, _, attr = qual.rpartition(".")
+        self._check_module_attr(node, module, attr)
+        group = _group_of_module(qual)
+        written = self._written(node)
+        if group is not None and (
+            written is None or _group_of_module(written.split(".")[0]) != group
+        ):
+            how = f"uses {qual}" if written == qual else f"reaches {qual} as {ast.unparse(node)}"
+            self._add(group, node, how)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        if isinstance(node.ctx, ast.Load):
+            qual = self._qual(node)
+            if qual is not None:
+                self._check_reference(node, qual)
+        self.generic_visit(node)
 
     def _written(self, node: ast.expr) -> str | None:
         """`node` as written, from its imported root module (no indirection followed)."""

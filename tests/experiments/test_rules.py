@@ -183,6 +183,8 @@ def _read(path: Path) -> str | None:
         ("import os\nos.sys.modules", "introspection"),
         ("import queue\nsetattr(queue.threading, 'Thread', None)", "timers"),
         ("import torch\nlib = torch.library.Library('aten', 'IMPL')", "ctypes"),
+        ("import sys\nsys.modules['threading'].Thread(target=f)", "threads"),
+        ("import os\nos.__dict__['system']('ls')", "processes"),
         # constant-string getattr / setattr
         ("import torch\ngetattr(torch, 'set_num_threads')(4)", "threads"),
         ("import os\ngetattr(os, 'system')('ls')", "processes"),
