@@ -100,7 +100,7 @@ def test_pd_kv_reuse_race_fix_has_zero_corruptions() -> None:
     health = result.evidence.health
     assert health["baseline_corruptions"] > 0, "baseline should corrupt under load"
     assert health["candidate_corruptions"] == 0
-    # Throughput within 5%: a broken requests_per_s constraint would have made it REGRESSED.
+    # Throughput shown within 20%: otherwise the verdict would be NO_CHANGE or REGRESSED.
     ratio = metric(result, "candidate_requests_per_s") / metric(result, "baseline_requests_per_s")
     print(f"throughput ratio candidate/baseline {ratio:.3f}")
 
