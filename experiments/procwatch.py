@@ -134,13 +134,6 @@ class CpuMark:
         return max(0, self.exited_ns - earlier.exited_ns - max(self.slack_ns, earlier.slack_ns))
 
 
-def thread_count(pid: int) -> int:
-    for line in _read(PROC / str(pid) / "status").splitlines():
-        if line.startswith("Threads:"):
-            return int(line.split()[1])
-    return 0
-
-
 class ProcessWatch:
     """Counts the worker's threads and the sandbox's other live processes."""
 
