@@ -169,3 +169,29 @@ def test_accuracy_gain_without_performance_stage(kit) -> None:
     result.evidence.correctness.baseline_err_f64 = 4e-6
     result.evidence.correctness.candidate_err_f64 = 1e-6
     assert expected_gain(result) == pytest.approx(4.0)
+
+
+def test_the_incident_win_is_queued_for_a_person_not_applied(store, task, kit, tmp_path) -> None:
+    """The path that applied `schedule-conservativeness=0.5` to the deployment: the agent's
+    submission of `IMPROVED (noisy) 1.556x [1.177, 2.441]` under a policy that blocks no flag
+    (and auto-approves every knob) is pending with the reason, and no decision is recorded."""
+    policy = tmp_path / "permissive.toml"
+    policy.write_text(
+        'blocking_flags = []\n[[rule]]\nknobs = ["*"]\naction = "auto-approve"\nrisk = "low"\n'
+    )
+    knobs = kit.knob_patch_record({"max_batch": 32})
+    experiment = kit.experiment_for(task, knobs, speedup=1.556, flags=[Flag.NOISY])
+    perf = experiment.result.evidence.performance
+    perf.ci_low, perf.ci_high = 1.177, 2.441
+    queued = submit_proposal(
+        store, task=task, patch=knobs, experiment=experiment, rationale="", run_id=None,
+        policy=policy,
+    )  # fmt: skip
+    assert queued.status == ProposalStatus.PENDING, queued.risk_reasons
+    assert "noise could explain the win" in queued.risk_reasons[-1]
+    assert store.decisions(queued.id) == []
+    quiet = kit.experiment_for(task, knobs, speedup=1.556)  # same win, clear of the noise
+    approved = submit_proposal(
+        store, task=task, patch=knobs, experiment=quiet, rationale="", run_id=None, policy=policy
+    )
+    assert approved.status == ProposalStatus.APPROVED
