@@ -29,6 +29,7 @@ declares in-place semantics).
 
 from __future__ import annotations
 
+import _signal
 import builtins
 import ctypes
 import gc
@@ -38,7 +39,6 @@ import json.encoder
 import json.scanner
 import operator
 import os
-import signal
 import struct
 import sys
 import threading
@@ -65,7 +65,10 @@ _int, _float, _str = int.__int__, float.__float__, str.__str__
 _type_name = type.__dict__["__name__"].__get__
 _string_at = ctypes.string_at
 _gc_enable, _gc_disable, _gc_callbacks = gc.enable, gc.disable, gc.callbacks
-_getsignal = signal.getsignal
+# The C functions: signal.getsignal converts through enum (Python code that looks up patchable
+# builtins such as isinstance), which would let a candidate run code in, or cheapen, bookkeeping.
+_getsignal, _valid_signals = _signal.getsignal, _signal.valid_signals
+_modules_get, _import_module = sys.modules.get, importlib.import_module
 _gettrace, _getprofile, _setprofile = sys.gettrace, sys.getprofile, sys.setprofile
 _format_exception = traceback.format_exception
 _json_encoder = getattr(json.encoder, "c_make_encoder", None)
@@ -465,7 +468,7 @@ class Worker:
         self.foreign: list[str] = []
         self.called = False
         """Set by the first call: from then on candidate code may exist in the process."""
-        self.signals = {s: _getsignal(s) for s in signal.valid_signals()}
+        self.signals = {s: _getsignal(s) for s in _valid_signals()}
 
     def handle(self, kind: bytes, nonce: int, body: bytes) -> bytes:
         """One request (kind b"C": a call, b"O": any other operation) -> the response frame."""
@@ -562,7 +565,12 @@ class Worker:
         self.called = True
         message = self.codec.unpack(body)
         module_name, _, func_name = str(message["target"]).partition(":")
-        func = getattr(importlib.import_module(module_name), func_name)
+        # An imported module is looked up directly: import_module runs importlib's Python code,
+        # which calls builtins a candidate may have patched, on every call.
+        module = _modules_get(module_name)
+        if module is None:
+            module = _import_module(module_name)  # candidate code: its import is timed
+        func = getattr(module, func_name)
         inputs: list[tuple[str, Snapshot | None]] = []
         args = []
         for i, raw in enumerate(message.get("args", [])):

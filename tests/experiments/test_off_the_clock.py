@@ -154,24 +154,38 @@ def patch_reshape():
 
 
 def patch_stdlib():
+    # Every function of builtins and of the stdlib modules the worker's bookkeeping could reach
+    # (the timer cheat measured 1.14x once in docker) becomes a spy that leaves a mark when code
+    # other than this file calls it: the worker must reach none of them.
     import builtins
+    import ctypes
+    import enum
+    import importlib
     import json
+    import operator
     import os
+    import struct
+    import threading
     import time
+    import traceback
+    import types
+
+    here = sys._getframe().f_code.co_filename
+    kinds = (types.FunctionType, types.BuiltinFunctionType)
 
     def spy(name, real):
         def wrapper(*a, **k):
-            _mark(name)
+            if sys._getframe(1).f_code.co_filename != here:
+                _mark(name + "_ran")  # what ran() looks for
             return real(*a, **k)
         return wrapper
 
-    time.perf_counter = time.perf_counter_ns = time.time = lambda: 0  # the timer cheat
-    json.dumps = spy("dumps", json.dumps)
-    json.loads = spy("loads", json.loads)
-    os.listdir = spy("listdir", os.listdir)
-    builtins.len = spy("len", builtins.len)
-    builtins.isinstance = spy("isinstance", builtins.isinstance)
-    builtins.open = spy("open", builtins.open)
+    modules = (builtins, ctypes, enum, gc, importlib, json, operator, os, os.path, signal,
+               struct, sys, threading, time, traceback)
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            if not name.startswith("_") and type(value) in kinds and name != "_getframe":
+                setattr(module, name, spy(f"{module.__name__}.{name}", value))
     return 1
 
 
