@@ -153,10 +153,36 @@ def patch_reshape():
     return 1
 
 
+def _spy_on(owners, names=None):
+    # Each function of `owners` (all public ones, or `names`) becomes a spy that leaves a mark
+    # when code other than this file calls it.
+    import types
+
+    here = sys._getframe().f_code.co_filename
+    kinds = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
+             types.WrapperDescriptorType, types.BuiltinMethodType)
+
+    def spy(name, real):
+        def wrapper(*a, **k):
+            if sys._getframe(1).f_code.co_filename != here:
+                _mark(name + "_ran")  # what ran() looks for
+            return real(*a, **k)
+        return wrapper
+
+    for owner in owners:
+        label = getattr(owner, "__name__", "?")
+        for name in names or [n for n in dir(owner) if not n.startswith("_")]:
+            value = getattr(owner, name, None)
+            if type(value) in kinds:
+                try:
+                    setattr(owner, name, spy(f"{label}.{name}", value))
+                except (AttributeError, TypeError):
+                    pass  # read-only (a C type's slot)
+
+
 def patch_stdlib():
     # Every function of builtins and of the stdlib modules the worker's bookkeeping could reach
-    # (the timer cheat measured 1.14x once in docker) becomes a spy that leaves a mark when code
-    # other than this file calls it: the worker must reach none of them.
+    # (the timer cheat measured 1.14x once in docker): the worker must reach none of them.
     import builtins
     import ctypes
     import enum
@@ -168,25 +194,25 @@ def patch_stdlib():
     import threading
     import time
     import traceback
-    import types
 
-    here = sys._getframe().f_code.co_filename
-    kinds = (types.FunctionType, types.BuiltinFunctionType)
-
-    def spy(name, real):
-        def wrapper(*a, **k):
-            if sys._getframe(1).f_code.co_filename != here:
-                _mark(name + "_ran")  # what ran() looks for
-            return real(*a, **k)
-        return wrapper
-
-    modules = (builtins, ctypes, enum, gc, importlib, json, operator, os, os.path, signal,
-               struct, sys, threading, time, traceback)
-    for module in modules:
-        for name, value in list(vars(module).items()):
-            if not name.startswith("_") and type(value) in kinds and name != "_getframe":
-                setattr(module, name, spy(f"{module.__name__}.{name}", value))
+    _spy_on((builtins, ctypes, enum, gc, importlib, json, operator, os, os.path, signal, struct,
+             sys, threading, time, traceback))
     return 1
+
+
+def patch_torch_everywhere():
+    # Every public function of torch, torch.nn.functional and torch.Tensor (about 1,900), and
+    # the dunders a reader of tensors might dispatch on.
+    dunders = ["__getitem__", "__len__", "__iter__", "__eq__", "__bool__", "__index__",
+               "__float__", "__int__", "__repr__", "__format__", "__array__", "__reduce_ex__",
+               "__deepcopy__", "__contiguous__"]
+    _spy_on((torch, torch.nn.functional, torch.Tensor))
+    _spy_on((torch.Tensor,), [d for d in dunders if hasattr(torch.Tensor, d)])
+    return 1
+
+
+def give(x):
+    return {"t": x * 2, "items": [x.sum().item()], "view": x[0:2]}
 
 
 _LIBRARY = []
@@ -278,6 +304,11 @@ def test_patched_torch_does_not_reach_the_worker(worker: RpcWorker, sandbox: San
     worker.put("x", torch.arange(6.0).reshape(2, 3))
     assert worker.call("cand:noop", ref("x")) == 1
     assert worker.call("cand:noop", torch.ones(2)) == 1
+    assert ran(sandbox) == set()
+    assert worker.call("cand:patch_torch_everywhere") == 1
+    worker.put("x", torch.arange(6.0).reshape(2, 3))
+    assert worker.call("cand:give", ref("x"))["items"] == [15.0]
+    assert worker.call("cand:noop", [torch.ones(2, dtype=torch.float16), torch.zeros(2)]) == 1
     assert ran(sandbox) == set()
 
 
