@@ -332,8 +332,11 @@ ALWAYS_DENIED = {
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _os_open, _os_close, _readlink, _getcwd = os.open, os.close, os.readlink, os.getcwd
 _listdir, _get_ident, _O_PATH = os.listdir, threading.get_ident, os.O_PATH
-_resolving: set[int] = set()
-"""Threads inside `_realpath` (its own os.open is an audited event too)."""
+_trusted: set[int] = set()
+"""Threads doing the worker's own audited work at this moment (the O_PATH opens of `_realpath`,
+preloads, installing the put profiler): the guard lets their events pass. Every other thread is
+guarded from the first request on, between requests too (a thread the task lets live between
+calls is no less the candidate's)."""
 
 
 def _realpath(path: str | bytes) -> str:
@@ -341,11 +344,11 @@ def _realpath(path: str | bytes) -> str:
     with no Python code of os.path (a candidate may patch it, or the builtins it uses). A path
     that does not exist yet resolves through its folder."""
     me = _get_ident()
-    _resolving.add(me)  # our own O_PATH opens are not the candidate's
+    _trusted.add(me)  # our own O_PATH opens are not the candidate's
     try:
         return _resolved(path)
     finally:
-        _resolving.discard(me)
+        _trusted.discard(me)
 
 
 def _resolved(path: str | bytes) -> str:
@@ -369,6 +372,16 @@ def _resolved(path: str | bytes) -> str:
     return "/" + tail
 
 
+def _own(function: Any, *args: Any) -> Any:
+    """Run the worker's own audited work in this thread only, unguarded (see `_trusted`)."""
+    me = _get_ident()
+    _trusted.add(me)
+    try:
+        return function(*args)
+    finally:
+        _trusted.discard(me)
+
+
 def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
@@ -377,7 +390,9 @@ class Guard:
     """Audit hook (cannot be removed once added): while active, denied operations raise
     PermissionError and are recorded, so the call is reported as a rule violation even if the
     candidate swallows the exception. It backs up the static rules against obfuscation. Active
-    during every operation of the worker, not only while candidate code runs."""
+    from the first request on, in every thread but one doing the worker's own trusted work
+    (`_trusted`): during every operation and between operations alike. A violation a thread
+    commits between requests is reported by the next one."""
 
     def __init__(self) -> None:
         self.active = False
@@ -400,7 +415,7 @@ class Guard:
         raise PermissionError(f"infra-agent sandbox: {what} is not allowed")
 
     def __call__(self, event: str, args: tuple[Any, ...]) -> None:
-        if not self.active:
+        if not self.active or _get_ident() in _trusted:
             return
         if event in ALWAYS_DENIED:
             self._deny(f"{event}: {ALWAYS_DENIED[event]}")
@@ -408,8 +423,6 @@ class Guard:
         if group is not None:
             self._deny(f"{event} (rule group '{group}')")
         if event == "open" and args and type(args[0]) in (str, bytes):
-            if _get_ident() in _resolving:
-                return  # the O_PATH open of _realpath itself
             path = _realpath(args[0])
             mode, flags = (
                 (args[1] if len(args) > 1 else "r") or "r",
@@ -472,23 +485,20 @@ class Worker:
 
     def handle(self, kind: bytes, nonce: int, body: bytes) -> bytes:
         """One request (kind b"C": a call, b"O": any other operation) -> the response frame."""
-        GUARD.active = True
-        try:
-            if kind == b"C":
-                _gc_enable()  # the collector (and what it frees) runs only inside calls
-                try:
-                    self.graveyard.clear()
-                    response = self._answer(self._call, body)
-                    response["leftovers"] = self.leftovers()
-                    data = self._pack(response, nonce)
-                    del response  # what the candidate returned is freed here, inside the call
-                    return data
-                finally:
-                    self.graveyard.clear()
-                    _gc_disable()
-            return self._pack(self._outside_call(body), nonce)
-        finally:
-            GUARD.active = False
+        GUARD.active = True  # and stays on: between requests other threads may run
+        if kind == b"C":
+            _gc_enable()  # the collector (and what it frees) runs only inside calls
+            try:
+                self.graveyard.clear()
+                response = self._answer(self._call, body)
+                response["leftovers"] = self.leftovers()
+                data = self._pack(response, nonce)
+                del response  # what the candidate returned is freed here, inside the call
+                return data
+            finally:
+                self.graveyard.clear()
+                _gc_disable()
+        return self._pack(self._outside_call(body), nonce)
 
     def _answer(self, op: Any, body: bytes) -> dict[str, Any]:
         try:
@@ -507,15 +517,11 @@ class Worker:
         if not self.called:
             return self._answer(self._request, body)
         self.foreign = []
-        GUARD.active = False  # setprofile is itself an audited event
-        _setprofile(self._watch)
-        GUARD.active = True
+        _own(_setprofile, self._watch)  # setprofile is itself an audited event
         try:
             return self._answer(self._request, body)
         finally:
-            GUARD.active = False
-            _setprofile(None)
-            GUARD.active = True
+            _own(_setprofile, None)
             if self.foreign:
                 GUARD.violations.append(
                     "running code outside its call (" + ", ".join(self.foreign) + ")"
@@ -539,10 +545,8 @@ class Worker:
                 raise ValueError("preload after candidate code ran")
             # Trusted imports before any candidate code exists in the process (the workspace is
             # not on sys.path yet), so the guard has nothing to catch: torch writes temp files.
-            GUARD.active = False
             for name in message.get("modules", []):
-                importlib.import_module(name)  # e.g. torch, before any candidate code runs
-            GUARD.active = True
+                _own(_import_module, name)  # e.g. torch, before any candidate code runs
             if "torch" in sys.modules and self.tensors is None:
                 self.tensors = Tensors(sys.modules["torch"])
                 self.codec = self.tensors.codec

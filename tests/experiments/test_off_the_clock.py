@@ -10,6 +10,8 @@ rule violations, never on timings.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -211,6 +213,24 @@ def patch_torch_everywhere():
     return 1
 
 
+def late_binder():
+    import socket
+    import threading
+
+    def later():
+        with _open("go") as fifo:  # blocks until the test writes, after the call returned
+            fifo.read()
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.bind("late.sock")
+            _mark("bound_ran")
+        except PermissionError:
+            _mark("denied_ran")
+
+    threading.Thread(target=later, daemon=True).start()
+    return 1
+
+
 def give(x):
     return {"t": x * 2, "items": [x.sum().item()], "view": x[0:2]}
 
@@ -335,6 +355,31 @@ def test_candidate_code_running_during_a_put_is_a_violation(
     ) as info:
         worker.put("x", torch.arange(6.0).reshape(2, 3))
     assert info.value.kind == "violation"
+
+
+def test_the_guard_holds_between_calls(sandbox: Sandbox) -> None:
+    """A thread the task lets live between calls (allow=['background']) is guarded there too:
+    it waits on a FIFO the test writes only after the call returned, then binds a socket, which
+    the task's rules deny; the next request reports the violation (event-driven, no timing)."""
+    root = sandbox.root
+    os.mkfifo(root / "go")
+    guard = {"writable": [str(root)], "deny": ["network"]}
+    w = RpcWorker(sandbox, call_timeout_s=30, preload=["torch"], guard=guard, background=True)
+    try:
+        assert w.call("cand:late_binder") == 1
+        (root / "go").write_text("go")  # opens when the thread reads: the call has returned
+        deadline = time.monotonic() + 60
+        while not ran(sandbox) and time.monotonic() < deadline:  # until the thread's mark
+            time.sleep(0.05)
+        assert ran(sandbox) == {"denied"}
+        with pytest.raises(CandidateFailure, match="socket.bind") as info:
+            w.call("cand:noop")
+        assert info.value.kind == "violation"
+    finally:
+        w.close()
+        (root / "go").unlink()
+        for marker in root.glob("*_ran"):
+            marker.unlink()
 
 
 def test_changing_an_input_is_incorrect(worker: RpcWorker) -> None:
