@@ -1,8 +1,8 @@
 """The harness side of the RPC worker: `RpcWorker` implements `tasks.harness.Worker`.
 
-It copies `rpc_worker.py` into a sandbox, starts it there (isolated mode: nothing in the workspace
-shadows the worker's own modules), and talks to it in one safe format both ways (`rpc_worker.Codec`:
-a JSON header and raw tensor bytes, never pickle). Every call has a deadline; past it the sandboxed
+It copies `rpc_worker.py` and its codec (`rpc_codec.py`) into a sandbox, starts it there (isolated
+mode: nothing in the workspace shadows the worker's own modules), and talks to it in one safe
+format both ways (`rpc_codec.Codec`: a JSON header and raw tensor bytes, never pickle). Every call has a deadline; past it the sandboxed
 process tree is killed (CandidateFailure kind='timeout'). The process watch starts before any
 candidate code can run (before preloads and the first import): after each call child processes
 still alive, threads beyond an idle compute pool, or any thread but the worker's own using CPU
@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.experiments.procwatch import ProcessWatch
-from infra_agent.experiments.rpc_worker import Codec
+from infra_agent.experiments.rpc_codec import Codec
+from infra_agent.experiments.rpc_worker import CODEC_FILE
 from infra_agent.sandboxes.base import Sandbox, SandboxProcess
 from infra_agent.tasks.harness import CandidateFailure, IncorrectOutput
 
 WORKER_SOURCE = Path(__file__).with_name("rpc_worker.py")
+CODEC_SOURCE = Path(__file__).with_name("rpc_codec.py")
 WORKER_FILE = "_infra_rpc_worker.py"
 """Name of the worker script inside the sandbox workspace copy (not editable by patches)."""
 HEADER_BYTES = 8
@@ -89,6 +91,7 @@ class RpcWorker:
         may change their inputs; `background`: threads may outlive calls and work between them."""
         self.sandbox = sandbox
         self.call_timeout_s = call_timeout_s
+        sandbox.write_file(CODEC_FILE, CODEC_SOURCE.read_bytes())  # loaded by path
         sandbox.write_file(WORKER_FILE, WORKER_SOURCE.read_bytes())
         python = python or getattr(sandbox, "python", None) or sys.executable
         self.process: SandboxProcess = sandbox.spawn([python, "-I", "-B", WORKER_FILE])

@@ -231,6 +231,13 @@ def late_binder():
     return 1
 
 
+def import_own(name):
+    import importlib
+
+    importlib.import_module(name)
+    return 1
+
+
 def give(x):
     return {"t": x * 2, "items": [x.sum().item()], "view": x[0:2]}
 
@@ -380,6 +387,15 @@ def test_the_guard_holds_between_calls(sandbox: Sandbox) -> None:
         (root / "go").unlink()
         for marker in root.glob("*_ran"):
             marker.unlink()
+
+
+@pytest.mark.parametrize("name", ["_infra_rpc_worker", "_infra_rpc_codec"])
+def test_the_worker_and_its_codec_cannot_be_imported(worker: RpcWorker, name: str) -> None:
+    """Both files lie in the workspace, which is on the candidate's path: a fresh copy of either
+    would hand the candidate the worker's code to study or to drive; both are refused."""
+    with pytest.raises(CandidateFailure, match=f"importing {name}") as info:
+        worker.call("cand:import_own", name)
+    assert info.value.kind == "violation"
 
 
 def test_changing_an_input_is_incorrect(worker: RpcWorker) -> None:
