@@ -96,7 +96,10 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory):  # -> Iterator[Sandbox]
 
 @pytest.fixture
 def worker(sandbox):  # -> Iterator[RpcWorker]: warm with a one-thread pool
-    w = RpcWorker(sandbox, call_timeout_s=30, preload=["torch"])
+    # the guard is on between calls too: threads may write only in the workspace, as in a task
+    w = RpcWorker(
+        sandbox, call_timeout_s=30, preload=["torch"], guard={"writable": [str(sandbox.root)]}
+    )
     w.call("pool:grow", 1)
     yield w
     w.close()
