@@ -22,8 +22,8 @@ from infra_agent.tasks.patch import (
     Patch,
     PatchError,
     effective_knobs,
-    preview_apply,
 )
+from infra_agent.tasks.tree import preview_apply
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SANDBOX_ENV = {

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from infra_agent.experiments import run_experiment
-from infra_agent.experiments.verdict import Verdict
 from infra_agent.experiments.worker import RpcWorker, ref
 from infra_agent.sandboxes import Sandbox, SandboxSpec, create_sandbox
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.harness import CandidateFailure, IncorrectOutput
 from infra_agent.tasks.registry import find_task
 

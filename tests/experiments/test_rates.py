@@ -8,8 +8,8 @@ import pytest
 
 from infra_agent.experiments import rates
 from infra_agent.experiments.measure import Measurement, decide, evidence
-from infra_agent.experiments.verdict import Verdict
 from infra_agent.feedback.bench import compare_samples
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.manifest import Constraint, Metric
 
 
