@@ -210,11 +210,13 @@ class SearchPolicy:
         self, state: AgentState, measured: dict[str, float], add: Any, wanted: int
     ) -> None:
         import optuna
-        from optuna.distributions import CategoricalDistribution
+        from optuna.distributions import BaseDistribution, CategoricalDistribution
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         names = list(self.space)
-        dists = {n: CategoricalDistribution(list(range(len(vs)))) for n, vs in self.space.items()}
+        dists: dict[str, BaseDistribution] = {
+            n: CategoricalDistribution(list(range(len(vs)))) for n, vs in self.space.items()
+        }
         sampler = optuna.samplers.TPESampler(
             seed=self.seed + len(state.experiments), n_startup_trials=_STARTUP
         )
