@@ -139,6 +139,19 @@ def report(
     _report(eval_ids, as_json=as_json, html_file=html_file)
 
 
+@app.command("compare")
+def compare(
+    first: str = typer.Argument(..., help="An eval (e.g. dense feedback)."),
+    second: str = typer.Argument(
+        ..., help="Another (e.g. sparse feedback, or the search baseline)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    html_file: Path = typer.Option(None, "--html", help="Write a self-contained HTML report."),
+) -> None:
+    """Two evals side by side (the same as `eval report A B`)."""
+    _report([first, second], as_json=as_json, html_file=html_file)
+
+
 @app.command("list")
 def list_evals(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),

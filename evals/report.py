@@ -91,7 +91,11 @@ def plots(summaries: list[EvalSummary]) -> dict[str, str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = [(f"{c.agent} · {c.feedback}", s.eval["id"]) for s in summaries for c in s.cells[:1]]
+    groups = [
+        (f"{c.agent} · {c.feedback} ({s.eval['id']})", s.eval["id"])
+        for s in summaries
+        for c in s.cells[:1]
+    ]
     tasks: list[str] = []
     for s in summaries:
         tasks += [c.task for c in s.cells if c.task != "*" and c.task not in tasks]
@@ -113,7 +117,8 @@ def plots(summaries: list[EvalSummary]) -> dict[str, str]:
             (cells[t].solve_ci[1] if t in cells else 0) - y for t, y in zip(tasks, ys, strict=True)
         ]
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=groups[i][0])
-    ax.set_xticks([j + width * (len(summaries) - 1) / 2 for j in range(len(tasks))], tasks)
+    labels = [Path(t).name for t in tasks]
+    ax.set_xticks([j + width * (len(summaries) - 1) / 2 for j in range(len(tasks))], labels)
     ax.tick_params(axis="x", rotation=30)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("solve rate (95% CI)")
@@ -132,7 +137,7 @@ def plots(summaries: list[EvalSummary]) -> dict[str, str]:
     ax.axhline(1.0, color="grey", linewidth=0.8)
     for p in FAST_P[1:]:
         ax.axhline(p, color="grey", linewidth=0.5, linestyle=":")
-    ax.set_xticks(range(len(tasks)), tasks)
+    ax.set_xticks(range(len(tasks)), labels)
     ax.tick_params(axis="x", rotation=30)
     ax.set_ylabel("best proven ratio per attempt")
     ax.legend(fontsize=8)
@@ -145,7 +150,7 @@ def plots(summaries: list[EvalSummary]) -> dict[str, str]:
             cells = by_task(s)
             ys = [(cells[t].first_win.get(key) or 0.0) if t in cells else 0.0 for t in tasks]
             ax.bar([j + i * width for j in range(len(tasks))], ys, width, label=groups[i][0])
-        ax.set_xticks(range(len(tasks)), tasks)
+        ax.set_xticks(range(len(tasks)), labels)
         ax.tick_params(axis="x", rotation=30)
         ax.set_ylabel(f"median {key} to first win")
     axes[0].legend(fontsize=8)
@@ -157,10 +162,13 @@ def plots(summaries: list[EvalSummary]) -> dict[str, str]:
 def render_html(summaries: list[EvalSummary]) -> str:
     """One HTML file, no external resources: the table, the tools each eval offered, plots."""
     data = rows(summaries)
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in data[0]) if data else ""
+    keys: list[str] = []
+    for r in data:  # evals with different attempt counts have different pass@k columns
+        keys += [k for k in r if k not in keys]
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
     body = "".join(
         "<tr class='{}'>".format("suite" if r["task"] == "all tasks" else "")
-        + "".join(f"<td>{html.escape(v)}</td>" for v in r.values())
+        + "".join(f"<td>{html.escape(r.get(k, '-'))}</td>" for k in keys)
         + "</tr>"
         for r in data
     )
