@@ -150,3 +150,22 @@ class EvalStore:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def eval_run_ids(path: Path, eval_id: str) -> list[str]:
+    """The runs of an eval's attempts, in attempt order (UserError if the eval is unknown or has
+    no run yet)."""
+    from infra_agent.errors import UserError
+
+    if not path.exists():
+        raise UserError(f"no run store at {path}")
+    store = EvalStore(path, readonly=True)
+    try:
+        if store.get_eval(eval_id) is None:
+            raise UserError(f"no eval '{eval_id}' in {path}")
+        runs = [a.run_id for a in store.attempts(eval_id) if a.run_id]
+    finally:
+        store.close()
+    if not runs:
+        raise UserError(f"eval {eval_id} has no runs yet")
+    return runs

@@ -92,6 +92,11 @@ def test_scripted_eval_over_two_tasks_dense_and_sparse_and_the_html_report(tmp_p
             else:
                 assert INSTRUMENTS <= tools
                 assert answers and "unknown tool" not in answers[0]
+    exported = run_cli("--db", str(db), "export", "--eval", sparse["eval"]["id"], "--format",
+                       "openai-sft", "--out", str(tmp_path / "sparse.jsonl"), "--json")  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    summary = json.loads(exported.stdout)
+    assert summary["runs_in_store"] == 4 and summary["runs_matched"] == 2  # exactly its runs
     html = tmp_path / "report.html"
     both = run_cli("--db", str(db), "eval", "report", sparse["eval"]["id"], dense["eval"]["id"],
                    "--html", str(html))  # fmt: skip
