@@ -205,7 +205,9 @@ def test_an_eval_killed_mid_attempt_resumes_without_repeating_finished_attempts(
     store = open_store(db, readonly=True)
     experiments_before = len(store.experiments(first_run))
     store.close()
-    eval_id = EvalStore(db, readonly=True).list_evals()[0].id
+    evals = EvalStore(db, readonly=True)
+    eval_id = evals.list_evals()[0].id
+    evals.close()
     report = _eval(db, "--resume", eval_id)
     attempts = report["attempts"]
     assert [a["status"] for a in attempts] == ["finished"] * 3
