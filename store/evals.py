@@ -116,7 +116,8 @@ class EvalStore:
     def put_eval(self, record: EvalRecord) -> None:
         record.updated_at = now()
         self.conn.execute(
-            "INSERT OR REPLACE INTO evals (id, body) VALUES (?, ?)",
+            "INSERT INTO evals (id, body) VALUES (?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET body = excluded.body",
             (record.id, record.model_dump_json()),
         )
 
@@ -136,7 +137,8 @@ class EvalStore:
     def put_attempt(self, record: AttemptRecord) -> None:
         record.updated_at = now()
         self.conn.execute(
-            "INSERT OR REPLACE INTO eval_attempts (id, eval_id, seq, body) VALUES (?, ?, ?, ?)",
+            "INSERT INTO eval_attempts (id, eval_id, seq, body) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET body = excluded.body",  # keeps the row's order
             (record.id, record.eval_id, record.index, record.model_dump_json()),
         )
 
