@@ -218,7 +218,7 @@ class SearchPolicy:
             n: CategoricalDistribution(list(range(len(vs)))) for n, vs in self.space.items()
         }
         sampler = optuna.samplers.TPESampler(
-            seed=self.seed + len(state.experiments), n_startup_trials=_STARTUP
+            seed=self.seed * 100_003 + len(state.experiments), n_startup_trials=_STARTUP
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
 
