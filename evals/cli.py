@@ -100,9 +100,9 @@ def evaluate(
 def _report(eval_ids: list[str], *, as_json: bool, html_file: Path | None) -> None:
     from infra_agent.context import current
     from infra_agent.evals.metrics import summarize
+    from infra_agent.evals.records import EvalStore
     from infra_agent.evals.report import render_html, render_terminal
     from infra_agent.output import emit
-    from infra_agent.store.evals import EvalStore
 
     path = current().settings().store.path()
     if not path.exists():
@@ -158,8 +158,8 @@ def list_evals(
 ) -> None:
     """The evals in the run store, newest first."""
     from infra_agent.context import current
+    from infra_agent.evals.records import EvalStore
     from infra_agent.output import emit
-    from infra_agent.store.evals import EvalStore
 
     path = current().settings().store.path()
     found = []

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from infra_agent.store.evals import AttemptRecord, EvalRecord
+from infra_agent.evals.records import AttemptRecord, EvalRecord
 
 FAST_P = (1.0, 1.2, 1.5, 2.0)
 

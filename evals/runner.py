@@ -16,9 +16,9 @@ from typing import Any
 from infra_agent.agent.configuration import RunConfig
 from infra_agent.config import Settings
 from infra_agent.errors import UserError
+from infra_agent.evals.records import AttemptRecord, AttemptResult, EvalRecord, EvalStore, FirstWin
 from infra_agent.store import open_store
 from infra_agent.store.base import RunStore
-from infra_agent.store.evals import AttemptRecord, AttemptResult, EvalRecord, EvalStore, FirstWin
 
 Progress = Callable[[str], None]
 

@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise UserError(str(exc)) from None
         if eval_id is not None:
-            from infra_agent.store.evals import eval_run_ids
+            from infra_agent.evals.records import eval_run_ids
 
             if run:
                 raise UserError("--eval selects the runs itself; drop --run")

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from support import quick_decode_task, run_cli
 
+from infra_agent.evals.records import EvalStore
 from infra_agent.store import open_store
-from infra_agent.store.evals import EvalStore
 
 INSTRUMENTS = {"accuracy_diff", "profile", "microbench", "serving_workload", "lookup_skeletons"}
 CHROMIUM = "/usr/bin/chromium"

@@ -8,8 +8,8 @@ import pytest
 
 from infra_agent.errors import UserError
 from infra_agent.evals.metrics import cell, pass_at_k, wilson
+from infra_agent.evals.records import AttemptRecord, AttemptResult
 from infra_agent.evals.suites import load_suites, resolve
-from infra_agent.store.evals import AttemptRecord, AttemptResult
 
 
 def test_pass_at_k_and_wilson() -> None:

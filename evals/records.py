@@ -1,4 +1,4 @@
-"""Evaluations in the run store: an eval and its attempts, each attempt linked to its run.
+"""Evaluations, stored in the run store: an eval and its attempts, each attempt linked to its run.
 
 Two tables in the same SQLite file as the runs (`evals`, `eval_attempts`), each row a whole
 record as JSON, like the other records. An attempt's id is `<eval id>/<task>/<k>`, so a resumed
