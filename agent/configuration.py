@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from infra_agent.agent.model.dialects import dialect_of
 from infra_agent.agent.policies import POLICIES, Policy
 from infra_agent.agent.policies.base import ModelTurn, no_script
 from infra_agent.agent.runlog import RunLog
@@ -93,7 +94,8 @@ def resolve_policy(requested: str, llm: LLMSettings, script: Path | None) -> tup
             profile = llm.active()
             return (
                 "llm",
-                f"llm policy: an endpoint is configured ({profile.model} at {profile.base_url})",
+                f"llm policy: an endpoint is configured ({profile.model} at {profile.base_url})"
+                f" ({dialect_of(profile).name} dialect)",
             )
         return "search", (
             "search policy: no LLM endpoint is configured (set OPENAI_BASE_URL or llm.profile to "
