@@ -5,10 +5,12 @@ cached tokens read and priced, compaction counting reasoning, and bad profiles r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from paid_endpoint import PaidEndpointStandIn, Reply, Usage
+from support import run_cli
 
 from infra_agent.agent.configuration import resolve_policy
 from infra_agent.agent.model.client import ChatClient
@@ -218,3 +220,18 @@ def test_builtin_profiles() -> None:
     # A profile of the same name in the file replaces the built-in one.
     own = LLMSettings(profiles={"zai-glm-5.3": LLMProfile(base_url="http://mine/v1")})
     assert own.profiles["zai-glm-5.3"].base_url == "http://mine/v1"
+
+
+def test_config_profiles_lists_dialects_and_problems(tmp_path: Path) -> None:
+    (tmp_path / "infra-agent.toml").write_text(
+        '[llm]\nprofile = "mine"\n[llm.profiles.mine]\nbase_url = "https://open.bigmodel.cn/api/paas/v4"\n'
+        '[llm.profiles.broken]\nbase_url = "http://x/v1"\ndialect = "glm"\ntool_choice = "required"\n'
+    )
+    done = run_cli("config", "profiles", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    views = {v["name"]: v for v in json.loads(done.stdout)}
+    assert views["mine"]["dialect"] == "glm" and views["mine"]["active"]  # detected from the URL
+    assert views["broken"]["dialect"] is None and "tool_choice" in views["broken"]["problem"]
+    assert views["zai-glm-5.3"]["builtin"] and views["zai-glm-5.3"]["dialect"] == "glm"
+    text = run_cli("config", "profiles", cwd=tmp_path).stdout
+    assert "--reasoning-parser glm45 --tool-call-parser glm47" in text
