@@ -60,6 +60,9 @@ class LLMProfile(BaseModel):
     """Sampling temperature (GLM models are tuned for 0.6 in agentic use)."""
     max_tokens: int = 4096
     """Completion token cap per request (reasoning tokens count against it)."""
+    context_chars: int | None = None
+    """Characters of conversation (returned reasoning included) sent before old tool results and
+    old reasoning are compacted; None: the run's `max_context_chars` (60,000)."""
     input_cost_per_mtok: float = 0.0
     """USD per million prompt tokens, for the cost budget."""
     cached_input_cost_per_mtok: float | None = None
@@ -86,6 +89,7 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
         "preserved_thinking": True,
         "reasoning_effort": "max",
         "max_tokens": 32768,
+        "context_chars": 400_000,
         "input_cost_per_mtok": 1.40,
         "cached_input_cost_per_mtok": 0.26,
         "output_cost_per_mtok": 4.40,
@@ -98,6 +102,7 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
         "thinking": True,
         "preserved_thinking": True,
         "max_tokens": 32768,
+        "context_chars": 400_000,
         "input_cost_per_mtok": 0.15,
         "cached_input_cost_per_mtok": 0.03,
         "output_cost_per_mtok": 0.50,
@@ -113,7 +118,9 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
 }
 """Profiles every configuration has (a profile of the same name in the file replaces one).
 Prices are USD per million tokens as published for Z.ai's pay-as-you-go API when this was
-written; check https://docs.z.ai/guides/overview/pricing. `sglang-glm` expects a server started
+written; check https://docs.z.ai/guides/overview/pricing. GLM-5.3's window is 1M tokens: the
+Z.ai profiles keep about 100k tokens of conversation (so preserved reasoning stays) before
+compacting. `sglang-glm` expects a server started
 with GLM's reasoning and tool-call parsers (`infra-agent config profiles` prints the flags)."""
 
 

@@ -66,7 +66,8 @@ class RunConfig(BaseModel):
     max_model_failures: int = 3
     """Consecutive failed model requests (after retries) before the run stops."""
     max_context_chars: int = 60_000
-    """The llm policy compacts old tool results beyond this many characters of conversation."""
+    """The llm policy compacts old tool results (and old returned reasoning) beyond this many
+    characters of conversation, unless the profile sets its own `context_chars`."""
     max_revisions: int = 1
     """Times a reviewer may send the run back with requested changes."""
     apply_to: str | None = None

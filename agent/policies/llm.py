@@ -95,7 +95,9 @@ def _check(llm: LLMSettings, script: Path | None) -> str:
 def _build(config: RunConfig, llm: LLMSettings, task: Task) -> Policy:
     from infra_agent.agent.model.client import ChatClient
 
-    return LLMPolicy(ChatClient(llm.active()), max_context_chars=config.max_context_chars)
+    profile = llm.active()
+    chars = profile.context_chars or config.max_context_chars
+    return LLMPolicy(ChatClient(profile), max_context_chars=chars)
 
 
 SPEC = PolicySpec("llm", _check, _build)

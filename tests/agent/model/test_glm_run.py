@@ -128,3 +128,22 @@ def test_a_resumed_glm_run_keeps_the_reasoning_it_had(
     # the resumed request continues the same conversation the interrupted run had
     before = paid_endpoint.requests[1]["messages"]
     assert resumed["messages"][: len(before)] == before
+
+
+def test_returned_reasoning_counts_against_the_profiles_context(
+    paid_endpoint: PaidEndpointStandIn, quick_task: Path, tmp_path: Path
+) -> None:
+    long = [r + " " + "because " * 3000 for r in REASONING]  # about 24,000 characters each
+    paid_endpoint.queue = [
+        ("reply", Reply(reasoning, calls=reply.calls, usage=reply.usage))
+        for reasoning, reply in zip(long, REPLIES, strict=True)
+    ]
+    config_file = tmp_path / "infra-agent.toml"
+    config_file.write_text(PROFILE.format(url=paid_endpoint.url) + "context_chars = 40000\n")
+    settings = load_settings(config_file, overrides={"store.db": str(tmp_path / "runs.db")}, env={})
+    config = RunConfig(task=str(quick_task), policy="llm", budget=Budget(experiments=1, turns=6))
+    assert start_run(config, settings).status == "finished"
+    third = paid_endpoint.requests[2]
+    # two turns of reasoning do not fit in 40,000 characters: the older is dropped whole
+    assert _reasoning_sent(third) == [long[1]]
+    assert sum(len(m["content"]) for m in third["messages"]) + len(long[1]) <= 40_000
