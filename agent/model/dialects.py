@@ -7,9 +7,9 @@
   (`tool_stream`, without which Z.ai sends a call's arguments in one piece at its end), sets
   `thinking` ({"type", "clear_thinking"}) and `reasoning_effort` from the profile, returns every
   assistant turn's `reasoning_content` with later requests (Z.ai's interleaved thinking, GLM-4.5
-  and later, and preserved thinking, GLM-4.7 and later), sends `tool_choice` only as "auto", and
-  neither `stream_options` nor `logprobs` (Z.ai's SDK takes neither; its last chunk carries the
-  usage unasked).
+  and later, and preserved thinking, GLM-4.7 and later), sends `tool_choice` only as "auto", tool
+  results without a `name`, and neither `stream_options` nor `logprobs` (Z.ai's SDK takes
+  neither; its last chunk carries the usage unasked).
 - `glm-sglang`: a GLM model behind SGLang's OpenAI server started with GLM's reasoning and
   tool-call parsers (`SGLANG_GLM_FLAGS`). Thinking goes to the chat template
   (`chat_template_kwargs`: `enable_thinking`, `clear_thinking`), `reasoning_effort` is a field
@@ -123,6 +123,14 @@ class ZaiGLM(Dialect):
     logprobs: bool = False
     learns_refusals: bool = False
     sends_thinking: bool = True
+
+    def message(self, message: Message) -> dict[str, Any]:
+        """As sent, but a tool result carries only role, content and tool_call_id (the shape of
+        Z.ai's own function-calling example; its docs do not name a `name` field there)."""
+        out = super().message(message)
+        if message.role == "tool":
+            out.pop("name", None)
+        return out
 
     def fields(self, profile: LLMProfile, *, tools: bool, stream: bool) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -70,6 +70,8 @@ def test_glm_request_has_tool_stream_thinking_and_earlier_reasoning(
     assistant = [m for m in body["messages"] if m["role"] == "assistant"]
     assert assistant[0]["reasoning_content"] == "R1: read the kernel first"
     assert all("reasoning_content" not in m for m in body["messages"] if m["role"] != "assistant")
+    (result,) = [m for m in body["messages"] if m["role"] == "tool"]
+    assert result == {"role": "tool", "content": "def f(): ...", "tool_call_id": "c1"}
 
 
 def test_sglang_glm_request_passes_thinking_to_the_template(

@@ -77,8 +77,10 @@ def test_a_glm_run_sends_tool_stream_thinking_and_every_earlier_reasoning(
         assert "stream_options" not in body and "logprobs" not in body
         assert _reasoning_sent(body) == REASONING[:k]  # every earlier turn's, unmodified, in order
     # the read_file call (arguments in fragments) was answered with the file
-    results = [m for m in requests[2]["messages"] if m["role"] == "tool"]
-    assert results[-1]["name"] == "read_file" and "attention.py" in results[-1]["content"]
+    (call,) = [m for m in requests[2]["messages"] if m["role"] == "assistant"][-1]["tool_calls"]
+    assert call["function"] == {"name": "read_file", "arguments": '{"path": "attention.py"}'}
+    result = requests[2]["messages"][-1]
+    assert result["tool_call_id"] == call["id"] and "attention.py" in result["content"]
 
     store = open_store(tmp_path / "runs.db")
     steps = [s for s in store.steps(outcome.run_id) if s.role == "assistant"]
