@@ -96,3 +96,82 @@ def test_sglang_takes_the_glm_request_and_renders_its_reasoning() -> None:
     # Without preserved thinking the template keeps only the current user turn's reasoning.
     prompt = interleaved["prompt"]
     assert "FIRST-THOUGHT" not in prompt and "<think>SECOND-THOUGHT" in prompt
+
+
+# The tiny model's tokenizer has no chat template; this one renders messages, returned
+# reasoning and tool schemas the way GLM's does (reasoning in <think> blocks).
+GLM_LIKE_TEMPLATE = (
+    "{%- for m in messages -%}<|{{ m['role'] }}|>"
+    "{%- if m['role'] == 'assistant' and m.get('reasoning_content') -%}"
+    "<think>{{ m['reasoning_content'] }}</think>{%- endif -%}{{ m['content'] }}\n{% endfor -%}"
+    "{%- if tools %}<|tools|>{{ tools | tojson }}\n{% endif -%}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif -%}"
+)
+
+
+@pytest.mark.slow
+def test_a_glm_sglang_run_against_a_real_sglang_server(tmp_path: Path) -> None:
+    """SGLang 0.5.23 on the CPU (tiny random-weight model) with GLM's parser flags and
+    --enable-cache-report, driven by the llm policy in the glm-sglang dialect: every request is
+    accepted (returned reasoning included), and the usage SGLang reports lands in the run's steps:
+    later turns share the conversation's prefix, so SGLang's radix cache serves part of their
+    prompt and the steps record it as cached prompt tokens. (Measured here: 3 replies of 48
+    tokens, all reasoning; 1, 1147 and 1415 of 7039, 7307 and 7575 prompt tokens cached.)"""
+    from infra_agent.serving.env import find_sglang_env
+
+    if find_sglang_env() is None:
+        pytest.skip("the SGLang environment is not set up (make setup)")
+    import openai
+
+    from infra_agent.agent.configuration import RunConfig
+    from infra_agent.agent.runner import start_run
+    from infra_agent.agent.state import Budget
+    from infra_agent.config import load_settings
+    from infra_agent.serving.deployment import load_deployment
+    from infra_agent.serving.server import Server
+    from infra_agent.store import open_store
+    from infra_agent.tasks.registry import find_task
+
+    template = tmp_path / "chat.jinja"
+    template.write_text(GLM_LIKE_TEMPLATE)
+    flags = dict(zip(*[iter(SGLANG_GLM_FLAGS["GLM-4.7, GLM-5.x"].split())] * 2, strict=True))
+    knobs: dict[str, Any] = {k.lstrip("-"): v for k, v in flags.items()}
+    knobs.update({"chat-template": str(template), "enable-cache-report": True})
+    spec = load_deployment(find_task("sglang-cpu-tiny").root / "deployment.toml")
+    with Server.start(spec, tmp_path / "server", knobs=knobs) as server:
+        model = openai.OpenAI(base_url=server.url + "/v1", api_key="none").models.list().data[0].id
+        db = tmp_path / "runs.db"
+        settings = load_settings(
+            overrides={
+                "store.db": str(db),
+                "llm.profile": "glm",
+                "llm.profiles.glm.base_url": server.url + "/v1",
+                "llm.profiles.glm.model": model,
+                "llm.profiles.glm.dialect": "glm-sglang",
+                "llm.profiles.glm.thinking": True,
+                "llm.profiles.glm.preserved_thinking": True,
+                "llm.profiles.glm.reasoning_effort": "high",
+                "llm.profiles.glm.max_tokens": 48,
+                "llm.profiles.glm.timeout_s": 120,
+            },
+            env={},
+        )
+        config = RunConfig(
+            task="decode-split-norm",
+            policy="llm",
+            budget=Budget(experiments=1, turns=3, wall_s=600),
+        )
+        outcome = start_run(config, settings)
+    assert outcome.status == "finished", outcome
+    store = open_store(db)
+    steps = store.steps(outcome.run_id)
+    replies = [s for s in steps if s.role == "assistant"]
+    errors = [s.error for s in steps if s.name == "model"]
+    assert len(replies) == 3, errors  # no request was refused
+    assert all(s.completion_tokens and s.logprobs for s in replies)
+    cached = [s.cached_prompt_tokens for s in replies]
+    assert all(c is not None for c in cached) and cached[1] and cached[2], cached
+    # GLM's reasoning parser puts the reply in reasoning_content (the template opened no answer),
+    # which went back with the next requests; SGLang counts those tokens as reasoning
+    assert all(s.reasoning_content for s in replies)
+    assert all(s.reasoning_tokens == s.completion_tokens for s in replies)
