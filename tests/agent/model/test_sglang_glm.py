@@ -174,4 +174,4 @@ def test_a_glm_sglang_run_against_a_real_sglang_server(tmp_path: Path) -> None:
     # GLM's reasoning parser puts the reply in reasoning_content (the template opened no answer),
     # which went back with the next requests; SGLang counts those tokens as reasoning
     assert all(s.reasoning_content for s in replies)
-    assert all(s.reasoning_tokens == s.completion_tokens for s in replies)
+    assert all(0 < (s.reasoning_tokens or 0) <= (s.completion_tokens or 0) for s in replies)
