@@ -103,6 +103,19 @@ def test_a_glm_run_sends_tool_stream_thinking_and_every_earlier_reasoning(
     text = run_cli("--db", str(tmp_path / "runs.db"), "runs", "show", outcome.run_id).stdout
     assert "17,000 prompt (7,700 cached)" in text and "590 completion (460 reasoning)" in text
 
+    # ATIF export: cached tokens in ATIF's own per-step field and total, reasoning in the step's extra
+    out = tmp_path / "runs.atif.jsonl"
+    done = run_cli(
+        "--db", str(tmp_path / "runs.db"), "export", "--format", "atif", "--out", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    (trajectory,) = [json.loads(line) for line in out.read_text().splitlines()]
+    metrics = [s["metrics"] for s in trajectory["steps"] if s.get("source") == "agent"]
+    metrics = [m for m in metrics if m is not None]
+    assert [m["cached_tokens"] for m in metrics] == [0, 2900, 4800]
+    assert [m["extra"]["reasoning_tokens"] for m in metrics] == [150, 250, 60]
+    assert trajectory["final_metrics"]["total_cached_tokens"] == 7700
+
 
 def test_a_resumed_glm_run_keeps_the_reasoning_it_had(
     paid_endpoint: PaidEndpointStandIn, quick_task: Path, tmp_path: Path
