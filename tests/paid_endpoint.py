@@ -196,9 +196,10 @@ class PaidEndpointStandIn:
                 if refused:
                     self._json(400, {"error": {"message": f"unsupported field {refused[0]}"}})
                     return
-                kind, value = (
+                entry: tuple[str, Any] = (
                     endpoint.queue.pop(0) if endpoint.queue else ("stream", [chunk({"content": "done?"})])
                 )  # fmt: skip
+                kind, value = entry
                 if kind == "hang":  # no answer: wait until the client times out and hangs up
                     while self.rfile.read(1):
                         pass
