@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import platformdirs
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from infra_agent.errors import UserError
 
@@ -26,7 +26,7 @@ def default_data_dir() -> Path:
 
 
 class LLMProfile(BaseModel):
-    """An OpenAI-compatible chat endpoint."""
+    """An OpenAI-compatible chat endpoint, and the dialect of the API it speaks."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -38,6 +38,20 @@ class LLMProfile(BaseModel):
     """Name of an environment variable holding the key (e.g. ZAI_API_KEY)."""
     model: str = "glm-4.6"
     """Model name sent with each request."""
+    dialect: str | None = None
+    """How requests are shaped: 'openai' (any OpenAI-compatible endpoint), 'glm' (Z.ai's API),
+    'glm-sglang' (a GLM model served by SGLang). None: 'glm' for api.z.ai and bigmodel.cn
+    endpoints, else 'openai'. The names are those of `agent.model.dialects.DIALECTS`."""
+    thinking: bool | None = None
+    """GLM thinking on or off (`thinking.type` on Z.ai, `enable_thinking` on SGLang); None: the
+    endpoint's default (on for GLM-4.7 and later; GLM-5.3 always thinks)."""
+    preserved_thinking: bool | None = None
+    """Keep earlier turns' reasoning in the model's context (GLM-4.7 and later; sent as
+    `clear_thinking: false`); None: the endpoint's default (off on Z.ai's standard API)."""
+    reasoning_effort: str | None = None
+    """`reasoning_effort` sent as is (GLM-5.3: low | high | max, default max); None: not sent."""
+    tool_choice: Literal["auto", "required"] = "auto"
+    """'required' makes every reply call a tool; the glm dialect accepts only 'auto'."""
     timeout_s: float = 120.0
     """Per-request timeout in seconds."""
     max_retries: int = 4
@@ -45,11 +59,17 @@ class LLMProfile(BaseModel):
     temperature: float = 0.6
     """Sampling temperature (GLM models are tuned for 0.6 in agentic use)."""
     max_tokens: int = 4096
-    """Completion token cap per request."""
+    """Completion token cap per request (reasoning tokens count against it)."""
+    context_chars: int | None = None
+    """Characters of conversation (returned reasoning included) sent before old tool results and
+    old reasoning are compacted; None: the run's `max_context_chars` (60,000)."""
     input_cost_per_mtok: float = 0.0
     """USD per million prompt tokens, for the cost budget."""
+    cached_input_cost_per_mtok: float | None = None
+    """USD per million prompt tokens served from the endpoint's prompt cache; None: priced as
+    other prompt tokens."""
     output_cost_per_mtok: float = 0.0
-    """USD per million completion tokens, for the cost budget."""
+    """USD per million completion tokens (reasoning tokens included), for the cost budget."""
 
     def resolved_key(self) -> str | None:
         if self.api_key is not None:
@@ -57,6 +77,51 @@ class LLMProfile(BaseModel):
         if self.api_key_env:
             return os.environ.get(self.api_key_env)
         return None
+
+
+BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
+    "zai-glm-5.3": {
+        "base_url": "https://api.z.ai/api/paas/v4",
+        "api_key_env": "ZAI_API_KEY",
+        "model": "glm-5.3",
+        "dialect": "glm",
+        "thinking": True,
+        "preserved_thinking": True,
+        "reasoning_effort": "max",
+        "max_tokens": 32768,
+        "context_chars": 400_000,
+        "input_cost_per_mtok": 1.40,
+        "cached_input_cost_per_mtok": 0.26,
+        "output_cost_per_mtok": 4.40,
+    },
+    "zai-glm-5.3-flash": {
+        "base_url": "https://api.z.ai/api/paas/v4",
+        "api_key_env": "ZAI_API_KEY",
+        "model": "glm-5.3-flash",
+        "dialect": "glm",
+        "thinking": True,
+        "preserved_thinking": True,
+        "max_tokens": 32768,
+        "context_chars": 400_000,
+        "input_cost_per_mtok": 0.15,
+        "cached_input_cost_per_mtok": 0.03,
+        "output_cost_per_mtok": 0.50,
+    },
+    "sglang-glm": {
+        "base_url": "http://127.0.0.1:30000/v1",
+        "model": "default",
+        "dialect": "glm-sglang",
+        "thinking": True,
+        "preserved_thinking": True,
+        "max_tokens": 32768,
+    },
+}
+"""Profiles every configuration has (a profile of the same name in the file replaces one).
+Prices are USD per million tokens as published for Z.ai's pay-as-you-go API when this was
+written; check https://docs.z.ai/guides/overview/pricing. GLM-5.3's window is 1M tokens: the
+Z.ai profiles keep about 100k tokens of conversation (so preserved reasoning stays) before
+compacting. `sglang-glm` expects a server started
+with GLM's reasoning and tool-call parsers (`infra-agent config profiles` prints the flags)."""
 
 
 class LLMSettings(BaseModel):
@@ -67,7 +132,13 @@ class LLMSettings(BaseModel):
     endpoint: LLMProfile = Field(default_factory=LLMProfile)
     """The endpoint used when no profile is selected (filled from OPENAI_* variables)."""
     profiles: dict[str, LLMProfile] = Field(default_factory=dict)
-    """Named endpoints, e.g. `zai` and `local-sglang`."""
+    """Named endpoints, e.g. `zai` and `local-sglang`; the built-in ones are added."""
+
+    @model_validator(mode="after")
+    def _builtin_profiles(self) -> LLMSettings:
+        for name, fields in BUILTIN_PROFILES.items():
+            self.profiles.setdefault(name, LLMProfile.model_validate(fields))
+        return self
 
     def active(self) -> LLMProfile:
         if self.profile is None:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from infra_agent.agent.model.dialects import dialect_of
 from infra_agent.agent.policies import POLICIES, Policy
 from infra_agent.agent.policies.base import ModelTurn, no_script
 from infra_agent.agent.runlog import RunLog
@@ -65,7 +66,8 @@ class RunConfig(BaseModel):
     max_model_failures: int = 3
     """Consecutive failed model requests (after retries) before the run stops."""
     max_context_chars: int = 60_000
-    """The llm policy compacts old tool results beyond this many characters of conversation."""
+    """The llm policy compacts old tool results (and old returned reasoning) beyond this many
+    characters of conversation, unless the profile sets its own `context_chars`."""
     max_revisions: int = 1
     """Times a reviewer may send the run back with requested changes."""
     apply_to: str | None = None
@@ -93,7 +95,8 @@ def resolve_policy(requested: str, llm: LLMSettings, script: Path | None) -> tup
             profile = llm.active()
             return (
                 "llm",
-                f"llm policy: an endpoint is configured ({profile.model} at {profile.base_url})",
+                f"llm policy: an endpoint is configured ({profile.model} at {profile.base_url})"
+                f" ({dialect_of(profile).name} dialect)",
             )
         return "search", (
             "search policy: no LLM endpoint is configured (set OPENAI_BASE_URL or llm.profile to "

@@ -97,6 +97,7 @@ def propose(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
     message = turn.message
     ctx.log.message(
         message, prompt_tokens=turn.prompt_tokens, completion_tokens=turn.completion_tokens,
+        cached_prompt_tokens=turn.cached_prompt_tokens, reasoning_tokens=turn.reasoning_tokens,
         cost_usd=turn.cost_usd, logprobs=turn.logprobs,
     )  # fmt: skip
     update |= {"model_failures": 0, "messages": [*state.messages, message]}

@@ -26,6 +26,8 @@ class RunLog:
         error: str | None = None,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        cached_prompt_tokens: int | None = None,
+        reasoning_tokens: int | None = None,
         cost_usd: float | None = None,
         logprobs: list[dict[str, Any]] | None = None,
     ) -> StepRecord:
@@ -41,6 +43,8 @@ class RunLog:
                 error=error,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
+                cached_prompt_tokens=cached_prompt_tokens,
+                reasoning_tokens=reasoning_tokens,
                 cost_usd=cost_usd,
                 logprobs=logprobs,
             )

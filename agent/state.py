@@ -26,13 +26,18 @@ class Message(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     reasoning_content: str | None = None
-    """The model's reasoning (GLM's `reasoning_content`); logged, never sent back."""
+    """The model's reasoning (GLM's `reasoning_content`), kept unmodified: dialects that return
+    reasoning (glm) send it back with later requests."""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None
 
-    def to_openai(self) -> dict[str, Any]:
+    def to_openai(self, *, reasoning: bool = False) -> dict[str, Any]:
+        """The message as the chat-completions API takes it; with `reasoning`, an assistant
+        message carries its `reasoning_content` (when it has one)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if reasoning and self.role == "assistant" and self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             out["tool_calls"] = [
                 {

@@ -10,6 +10,7 @@ from infra_agent.config import masked
 from infra_agent.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit
+from infra_agent.store.records import StepRecord
 
 runs_app = typer.Typer(help="Recorded runs in the run store.", no_args_is_help=True)
 config_app = typer.Typer(help="The effective configuration.", no_args_is_help=True)
@@ -77,6 +78,7 @@ def show_run(run_id: str = typer.Argument(..., help="Run id."), as_json: bool = 
         console.print(
             f"{len(steps)} steps, {len(experiments)} experiments, {len(proposals)} proposals"
         )
+        _print_model_usage(console, steps)
         table = Table("experiment", "patch", "verdict", "speedup (95% CI)")
         for e in experiments:
             perf = e.result.evidence.performance
@@ -86,6 +88,37 @@ def show_run(run_id: str = typer.Argument(..., help="Run id."), as_json: bool = 
             console.print(table)
 
     emit(doc, render, as_json=as_json)
+
+
+def _n(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _print_model_usage(console: Console, steps: list[StepRecord]) -> None:
+    """The model's tokens and cost in total, then per reply (cached and reasoning tokens are
+    '-' where the endpoint did not report them)."""
+    turns = [s for s in steps if s.role == "assistant" and s.prompt_tokens is not None]
+    if not turns:
+        return
+
+    def total(values: list[int | None]) -> str:
+        known = [v for v in values if v is not None]
+        return f"{sum(known):,}" if known else "-"
+
+    cost = sum(s.cost_usd or 0.0 for s in turns)
+    console.print(
+        f"model: {len(turns)} replies, {total([s.prompt_tokens for s in turns])} prompt "
+        f"({total([s.cached_prompt_tokens for s in turns])} cached), "
+        f"{total([s.completion_tokens for s in turns])} completion "
+        f"({total([s.reasoning_tokens for s in turns])} reasoning), ${cost:.4f}"
+    )
+    table = Table("step", "prompt", "cached", "completion", "reasoning", "cost (USD)")
+    for s in turns:
+        table.add_row(
+            str(s.seq), _n(s.prompt_tokens), _n(s.cached_prompt_tokens),
+            _n(s.completion_tokens), _n(s.reasoning_tokens), f"{s.cost_usd or 0.0:.4f}",
+        )  # fmt: skip
+    console.print(table)
 
 
 @config_app.command("show")

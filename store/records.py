@@ -114,6 +114,12 @@ class StepRecord(BaseModel):
     """Set when the message is an error report (bad tool call, rate limit, timeout)."""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    """Generated tokens, reasoning included."""
+    cached_prompt_tokens: int | None = None
+    """Prompt tokens served from the endpoint's prompt cache (priced at the cached-input price);
+    None when the endpoint did not report them."""
+    reasoning_tokens: int | None = None
+    """Completion tokens spent on reasoning; None when the endpoint did not report them."""
     cost_usd: float | None = None
     logprobs: list[dict[str, Any]] | None = None
     """Per-token logprobs when the endpoint returned them."""

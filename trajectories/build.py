@@ -154,6 +154,7 @@ def build_trajectory(bundle: RunBundle, weights: RewardWeights | None = None) ->
     results = [e.result for e in bundle.experiments]
     prompt = [s.prompt_tokens for s in bundle.steps if s.prompt_tokens is not None]
     completion = [s.completion_tokens for s in bundle.steps if s.completion_tokens is not None]
+    cached = [s.cached_prompt_tokens for s in bundle.steps if s.cached_prompt_tokens is not None]
     cost = [s.cost_usd for s in bundle.steps if s.cost_usd is not None]
     environment = run.environment or RuntimeEnvironment(recorded=False)
     isolation = {
@@ -173,6 +174,7 @@ def build_trajectory(bundle: RunBundle, weights: RewardWeights | None = None) ->
         final_metrics=FinalMetrics(
             total_prompt_tokens=sum(prompt) if prompt else None,
             total_completion_tokens=sum(completion) if completion else None,
+            total_cached_tokens=sum(cached) if cached else None,
             total_cost_usd=sum(cost) if cost else None,
             total_steps=len(steps),
             extra=Outcome(
@@ -294,7 +296,10 @@ def _metrics(rec: StepRecord) -> Metrics | None:
         prompt_tokens=rec.prompt_tokens,
         completion_tokens=rec.completion_tokens,
         cost_usd=rec.cost_usd,
+        cached_tokens=rec.cached_prompt_tokens,  # ATIF's own field
     )
+    if rec.reasoning_tokens is not None:  # ATIF has none: the step's extra
+        metrics.extra["reasoning_tokens"] = rec.reasoning_tokens
     entries = rec.logprobs or []
     if entries and all(isinstance(e.get("logprob"), int | float) for e in entries):
         metrics.logprobs = [float(e["logprob"]) for e in entries]

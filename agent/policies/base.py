@@ -36,6 +36,11 @@ class ModelTurn(BaseModel):
     """None when every attempt failed."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    """Generated tokens, reasoning included."""
+    cached_prompt_tokens: int | None = None
+    """Prompt tokens the endpoint served from its prompt cache; None when it did not say."""
+    reasoning_tokens: int | None = None
+    """Completion tokens spent on reasoning; None when the endpoint did not say."""
     cost_usd: float = 0.0
     logprobs: list[dict[str, Any]] | None = None
     """Per-token {token, logprob} of the reply when the endpoint returned them."""

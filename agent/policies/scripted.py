@@ -4,7 +4,9 @@ It exists so tests and demos can drive the real graph, tools and experiments off
 only when chosen explicitly (`--policy scripted --script FILE`), and runs are marked with it.
 
 A script is a JSON list (or JSONL) of replies, each an object with `content`, optional
-`reasoning_content`, and `tool_calls` ([{"name": ..., "arguments": {...} or "raw text"}]).
+`reasoning_content`, `tool_calls` ([{"name": ..., "arguments": {...} or "raw text"}]), and the
+usage the recorded reply reported (`prompt_tokens`, `completion_tokens`, `cached_prompt_tokens`,
+`reasoning_tokens`; recorded as the llm policy records them, so accounting replays too).
 Inside arguments, `{{last_patch_id}}` is replaced by the id of the most recently proposed patch
 (patch ids are content hashes the script's author cannot always know in advance). The reply
 replayed is chosen by how many assistant turns the conversation already has, so a resumed run
@@ -42,6 +44,8 @@ class ScriptedReply(BaseModel):
     tool_calls: list[ScriptedCall] = Field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int | None = None
+    reasoning_tokens: int | None = None
 
 
 def load_script(path: Path) -> list[ScriptedReply]:
@@ -108,6 +112,8 @@ class ScriptedPolicy:
             message=message,
             prompt_tokens=reply.prompt_tokens,
             completion_tokens=reply.completion_tokens,
+            cached_prompt_tokens=reply.cached_prompt_tokens,
+            reasoning_tokens=reply.reasoning_tokens,
         )
 
 

@@ -1,5 +1,6 @@
-"""The llm policy's transport against a fake OpenAI-compatible endpoint on 127.0.0.1: streaming,
-reasoning_content, logprobs, retries on 429/5xx, timeouts; and a whole run driven by bad replies."""
+"""The llm policy's transport (openai dialect) against the stand-in for the paid endpoint on
+127.0.0.1: streaming, reasoning_content, logprobs, retries on 429/5xx, timeouts; and a whole run
+driven by bad replies."""
 
 from __future__ import annotations
 
@@ -8,29 +9,28 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.agent.configuration import RunConfig
-from infra_agent.agent.policies.llm import OpenAIChatModel, compact
+from infra_agent.agent.model.client import ChatClient
+from infra_agent.agent.policies.llm import compact
 from infra_agent.agent.runner import start_run
 from infra_agent.agent.state import Budget, Message
 from infra_agent.config import LLMProfile, load_settings
 from infra_agent.store import open_store
 
 
-def test_rate_limit_and_server_error_are_retried_and_reported(fake_endpoint: Any) -> None:
-    fake_endpoint.queue = [
+def test_rate_limit_and_server_error_are_retried_and_reported(paid_endpoint: Any) -> None:
+    paid_endpoint.queue = [
         ("status", 429),
         ("status", 503),
         (
             "stream",
-            fake_endpoint.tool_call_reply(
+            paid_endpoint.tool_call_reply(
                 "read_file", '{"path": "attention.py"}', content="look", reasoning="I should read"
             ),
         ),
     ]
     sleeps: list[float] = []
-    model = OpenAIChatModel(
-        LLMProfile(base_url=fake_endpoint.url, max_retries=3), sleep=sleeps.append
-    )
-    turn = model.complete([{"role": "user", "content": "go"}], [])
+    model = ChatClient(LLMProfile(base_url=paid_endpoint.url, max_retries=3), sleep=sleeps.append)
+    turn = model.complete([Message(role="user", content="go")], [])
     assert [e.kind for e in turn.errors] == ["rate_limit", "server_error"]
     assert sleeps == [0.0, 0.0]  # the server's Retry-After: 0 wins over the backoff
     assert turn.message is not None and turn.streamed
@@ -40,17 +40,17 @@ def test_rate_limit_and_server_error_are_retried_and_reported(fake_endpoint: Any
     assert turn.logprobs == [{"token": "x", "logprob": -0.5}]
     assert (turn.prompt_tokens, turn.completion_tokens) == (100, 7)
     assert (
-        fake_endpoint.requests[-1]["stream"] is True
-        and fake_endpoint.requests[-1]["logprobs"] is True
+        paid_endpoint.requests[-1]["stream"] is True
+        and paid_endpoint.requests[-1]["logprobs"] is True
     )
 
 
-def test_timeouts_end_in_a_failed_turn_not_an_exception(fake_endpoint: Any) -> None:
-    fake_endpoint.queue = [("hang", None), ("hang", None)]
-    model = OpenAIChatModel(
-        LLMProfile(base_url=fake_endpoint.url, max_retries=1, timeout_s=0.3), sleep=lambda s: None
+def test_timeouts_end_in_a_failed_turn_not_an_exception(paid_endpoint: Any) -> None:
+    paid_endpoint.queue = [("hang", None), ("hang", None)]
+    model = ChatClient(
+        LLMProfile(base_url=paid_endpoint.url, max_retries=1, timeout_s=0.3), sleep=lambda s: None
     )
-    turn = model.complete([{"role": "user", "content": "go"}], [])
+    turn = model.complete([Message(role="user", content="go")], [])
     assert turn.message is None
     assert [e.kind for e in turn.errors] == ["timeout", "timeout"]
 
@@ -68,34 +68,34 @@ def test_old_tool_results_are_compacted_first() -> None:
 
 
 def test_a_run_survives_malformed_calls_rate_limits_and_timeouts(
-    fake_endpoint: Any, quick_task: Path, tmp_path: Path
+    paid_endpoint: Any, quick_task: Path, tmp_path: Path
 ) -> None:
-    fake_endpoint.queue = [
+    paid_endpoint.queue = [
         (
             "stream",
-            [fake_endpoint.chunk({"role": "assistant", "content": "I think the answer is 42."})],
+            [paid_endpoint.chunk({"role": "assistant", "content": "I think the answer is 42."})],
         ),  # no tool call
         (
             "stream",
-            fake_endpoint.tool_call_reply("read_file", '{"path": "attention.py"'),
+            paid_endpoint.tool_call_reply("read_file", '{"path": "attention.py"'),
         ),  # bad JSON
-        ("stream", fake_endpoint.tool_call_reply("launch_missiles", "{}")),  # unknown tool
+        ("stream", paid_endpoint.tool_call_reply("launch_missiles", "{}")),  # unknown tool
         ("status", 429),
         (
             "stream",
-            fake_endpoint.tool_call_reply(
+            paid_endpoint.tool_call_reply(
                 "propose_knobs", '{"knobs": {"num_splits": "many"}, "rationale": "x"}'
             ),
         ),
         ("hang", None),  # timeout, then a good call
-        ("stream", fake_endpoint.tool_call_reply("describe_task", "{}", reasoning="start over")),
-        ("stream", fake_endpoint.tool_call_reply("finish", '{"summary": "nothing proven"}')),
+        ("stream", paid_endpoint.tool_call_reply("describe_task", "{}", reasoning="start over")),
+        ("stream", paid_endpoint.tool_call_reply("finish", '{"summary": "nothing proven"}')),
     ]
     db = tmp_path / "runs.db"
     settings = load_settings(
         overrides={
             "store.db": str(db),
-            "llm.endpoint.base_url": fake_endpoint.url,
+            "llm.endpoint.base_url": paid_endpoint.url,
             "llm.endpoint.model": "fake-glm",
             "llm.endpoint.timeout_s": 5.0,  # the hang times out; answers come in milliseconds
             "llm.endpoint.max_retries": 2,
@@ -120,5 +120,5 @@ def test_a_run_survives_malformed_calls_rate_limits_and_timeouts(
     assert any(s.logprobs for s in assistant)
     run = store.get_run(outcome.run_id)
     assert run is not None and run.model == "fake-glm" and run.status.value == "finished"
-    # reasoning is logged but never sent back to the model
-    assert all("reasoning_content" not in m for r in fake_endpoint.requests for m in r["messages"])
+    # the openai dialect logs reasoning but never sends it back to the model
+    assert all("reasoning_content" not in m for r in paid_endpoint.requests for m in r["messages"])

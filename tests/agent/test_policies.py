@@ -119,15 +119,23 @@ def test_budget_flag() -> None:
 def test_scripts_replay_by_turn_and_substitute_the_last_patch(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     path.write_text(
-        json.dumps({"tool_calls": [{"name": "describe_task"}]}) + "\n"
+        json.dumps({"tool_calls": [{"name": "describe_task"}], "reasoning_content": "R1",
+                    "prompt_tokens": 900, "cached_prompt_tokens": 512, "completion_tokens": 80,
+                    "reasoning_tokens": 64}) + "\n"
         + json.dumps({"tool_calls": [{"name": "run_experiment", "arguments": {"patch_id": "{{last_patch_id}}"}}]}) + "\n"
     )  # fmt: skip
     policy = ScriptedPolicy(load_script(path))
     state = AgentState(run_id="r", patches=["abc"])
-    first = policy.next_turn(state, []).message
+    turn = policy.next_turn(state, [])
+    first = turn.message
     assert first is not None and first.tool_calls[0].name == "describe_task"
+    assert first.reasoning_content == "R1"
+    assert (turn.prompt_tokens, turn.cached_prompt_tokens) == (900, 512)
+    assert (turn.completion_tokens, turn.reasoning_tokens) == (80, 64)
     state.messages.append(first)
-    second = policy.next_turn(state, []).message
+    unreported = policy.next_turn(state, [])
+    assert unreported.cached_prompt_tokens is None and unreported.reasoning_tokens is None
+    second = unreported.message
     assert second is not None and json.loads(second.tool_calls[0].arguments) == {"patch_id": "abc"}
     state.messages.append(Message(role="assistant"))
     done = policy.next_turn(state, []).message
