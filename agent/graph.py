@@ -479,7 +479,13 @@ def apply(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
         proposal = ctx.store.get_proposal(pid)
         if proposal is not None and proposal.status == ProposalStatus.APPROVED:
             ctx.on_event(f"applying {pid}")
-            proposal = apply_approved(ctx.store, pid, reviewer=f"infra-agent run {state.run_id}")
+            try:
+                proposal = apply_approved(
+                    ctx.store, pid, reviewer=f"infra-agent run {state.run_id}"
+                )
+            except UserError as exc:  # e.g. the stored patch changed after approval
+                ctx.log.harness(f"proposal {pid} not applied", error=str(exc), name="apply")
+                continue
         where = proposal.applied_to if proposal is not None else "?"
         ctx.log.harness(f"applied proposal {pid}: {where}", name="apply")
         applied[pid] = where

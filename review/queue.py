@@ -2,8 +2,10 @@
 
 A proposal binds a patch (by content hash) to the experiments that back it. A decision names the
 patch hash the reviewer looked at; the queue refuses it if that is no longer the proposal's
-patch, and refuses an approval whose evidence is stale (measured on another patch, or the target
-changed since: its fingerprint differs) until it has been re-verified. Decisions are compare-and-
+patch, and refuses an approval whose evidence is stale (measured on another patch, the stored
+patch's bytes no longer hash to the patch measured, or the target changed since: its fingerprint
+differs) until it has been re-verified. The hash is always recomputed from the stored bytes,
+never taken from the id a row was filed under. Decisions are compare-and-
 set on the proposal's status inside one transaction with their audit entry (`DecisionRecord`,
 append-only), so of two concurrent decisions exactly one lands and the other is told who won.
 
@@ -33,6 +35,7 @@ from infra_agent.store.records import (
     ProposalStatus,
     RiskLevel,
 )
+from infra_agent.tasks.patch import Patch
 
 if TYPE_CHECKING:
     from infra_agent.tasks.manifest import Task
@@ -141,13 +144,37 @@ def resolve_task(proposal: ProposalRecord) -> Task | None:
         return None
 
 
+def stored_patch(store: RunStore, proposal: ProposalRecord) -> Patch:
+    """The proposal's patch as stored now (UserError if it is missing); compare its `hash`, not
+    the row's id, with `proposal.patch_hash`."""
+    record = store.get_patch(proposal.patch_id)
+    if record is None:
+        raise UserError(
+            f"patch {proposal.patch_id[:12]} of {proposal.id} is missing from the run store"
+        )
+    return Patch.from_record(record)
+
+
+def changed_patch(proposal: ProposalRecord, patch: Patch) -> str | None:
+    """Why `patch` is not the patch the proposal's evidence was measured on, or None."""
+    if patch.hash == proposal.patch_hash:
+        return None
+    return (
+        f"the stored patch's bytes hash to {patch.hash[:12]}, not to the measured "
+        f"{proposal.patch_hash[:12]}: it was changed after it was verified"
+    )
+
+
 def staleness(store: RunStore, proposal: ProposalRecord, task: Task | None = None) -> str | None:
     """Why the proposal's evidence cannot support an approval now, or None if it is current."""
     if not proposal.experiment_ids:
         return "no experiment backs this proposal; re-verify it"
-    patch = store.get_patch(proposal.patch_id)
-    if patch is None or patch.id != proposal.patch_hash:
-        return f"the stored patch no longer has hash {proposal.patch_hash[:12]}; re-verify it"
+    try:
+        changed = changed_patch(proposal, stored_patch(store, proposal))
+    except UserError as exc:
+        return f"{exc}; re-verify it"
+    if changed is not None:
+        return f"{changed}; re-verify it"
     for exp_id in proposal.experiment_ids:
         exp = store.get_experiment(exp_id)
         if exp is None:
@@ -399,22 +426,6 @@ def list_queue(
 # -- re-verifying ------------------------------------------------------------------------------
 
 
-def _patch_from_record(record: PatchRecord) -> Any:
-    try:
-        from infra_agent.tasks.patch import Patch  # type: ignore[import-not-found]
-    except ImportError:
-        raise NotBuiltError(
-            "re-verification (infra_agent.tasks.patch, issue of the verify helper)"
-        ) from None
-    return Patch(
-        kind=record.kind.value,
-        diff=record.diff,
-        knobs=record.knobs,
-        author=record.author,
-        rationale=record.rationale,
-    )
-
-
 def reverify(
     store: RunStore,
     proposal_id: str,
@@ -425,23 +436,21 @@ def reverify(
     policy: RiskPolicy | Path | None = None,
 ) -> ProposalRecord:
     """Run the proposal's patch through a fresh experiment against the current target and attach
-    it as the proposal's evidence (risk re-assessed; never auto-approved: a human asked)."""
+    it as the proposal's evidence (risk re-assessed; never auto-approved: a human asked).
+
+    The bytes stored now are what is measured. If they changed since the last experiment (they
+    no longer hash to `patch_hash`), the proposal is rebound to them: its patch hash becomes
+    theirs (earlier evidence, measured on other bytes, no longer backs it), so a decision made
+    on a page showing the old hash is refused."""
     proposal = get_proposal(store, proposal_id)
     if proposal.status != ProposalStatus.PENDING:
         raise _already_decided(store, proposal)
     task = resolve_task(proposal)
     if task is None:
         raise UserError(f"task '{proposal.task}' cannot be found; cannot re-verify {proposal.id}")
-    record = store.get_patch(proposal.patch_id)
-    if record is None:
-        raise UserError(
-            f"patch {proposal.patch_id[:12]} of {proposal.id} is missing from the run store"
-        )
-    patch = _patch_from_record(record)
-    if patch.hash != proposal.patch_hash:
-        raise StaleProposal(
-            f"stored patch hashes to {patch.hash[:12]}, not {proposal.patch_hash[:12]}"
-        )
+    patch = stored_patch(store, proposal)
+    changed = changed_patch(proposal, patch)
+    record = patch.to_record()  # id and files recomputed from the bytes
     try:
         from infra_agent.experiments import run_experiment  # type: ignore[attr-defined]
     except ImportError:
@@ -452,10 +461,17 @@ def reverify(
     if store.get_experiment(experiment.id) is None:
         store.put_experiment(experiment)
     assessment = assess(record, experiment.result, _as_policy(policy))
+    note = f"; {changed}, so the proposal now carries {record.id[:12]}" if changed else ""
     with store.transaction():
         current = get_proposal(store, proposal.id)
         if current.status != ProposalStatus.PENDING:
             raise _already_decided(store, current)
+        if current.patch_hash != proposal.patch_hash:
+            raise ReviewConflict(f"proposal {proposal.id} changed while it was re-verified")
+        store.put_patch(record)
+        if changed:  # evidence measured on other bytes backs nothing here any more
+            current.patch_id = current.patch_hash = record.id
+            current.experiment_ids = []
         current.experiment_ids = [*current.experiment_ids, experiment.id]
         current.target_fingerprint = experiment.target_fingerprint or current_fingerprint(task)
         current.expected_gain = expected_gain(experiment.result)
@@ -467,7 +483,7 @@ def reverify(
                 reviewer=reviewer,
                 action=DecisionAction.REVERIFY,
                 patch_hash=current.patch_hash,
-                comment=f"experiment {experiment.id}: {experiment.result.verdict.value}",
+                comment=f"experiment {experiment.id}: {experiment.result.verdict.value}{note}",
             )
         )
     return get_proposal(store, proposal.id)

@@ -18,6 +18,7 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from infra_agent.errors import StoreError
+from infra_agent.private import private_sqlite
 from infra_agent.store import columns
 from infra_agent.store.columns import COLUMNS_SCHEMA_VERSION, ColumnReader, StepColumns
 from infra_agent.store.records import (
@@ -78,7 +79,7 @@ class SQLiteRunStore:
         self._local = threading.local()
         self._lock = threading.RLock()
         if not readonly:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_sqlite(self.path)  # 0600 before SQLite creates it (and its -wal/-shm)
         elif not self.path.exists():
             raise StoreError(f"run store {self.path}: not found")
         try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -70,21 +69,6 @@ class Served:
     task_root: Path
     stale_task_root: Path
     agent: AgentRun
-
-
-def _matmul_copy(root: Path, name: str) -> Path:
-    """The bundled example-matmul task under another name, with a small measuring budget (its
-    speedup is several-fold, so a few samples per arm decide it)."""
-    from infra_agent.tasks.registry import find_task
-
-    shutil.copytree(find_task("example-matmul").root, root / name)
-    toml = (root / name / "task.toml").read_text()
-    toml = toml.replace('name = "example-matmul"', f'name = "{name}"')
-    toml = re.sub(r"min_samples = \d+", "min_samples = 4", toml)
-    toml = re.sub(r"max_samples = \d+", "max_samples = 6", toml)
-    toml = re.sub(r"measure_budget_s = [\d.]+", "measure_budget_s = 2.0", toml)
-    (root / name / "task.toml").write_text(toml)
-    return root / name
 
 
 def _start_agent_run(root: Path) -> AgentRun:
@@ -219,7 +203,7 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
     # upstream, and re-verification runs a real experiment on it.
     from infra_agent.tasks.manifest import load_task
 
-    stale_task = load_task(_matmul_copy(root, "matmul-copy"))
+    stale_task = load_task(kit.matmul_copy(root, "matmul-copy"))
     reference = (stale_task.root / "reference.patch").read_text()
     propose("stale", reference, run_id=None, speedup=1.4, on=stale_task)
     projection = stale_task.workspace / "projection.py"
@@ -314,6 +298,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                 "diff_patch",
                 "knob_patch_record",
                 "experiment_for",
+                "matmul_copy",
+                "edit_stored_patch",
                 "SCHED_DIFF",
             )
         }
