@@ -119,6 +119,9 @@ def test_the_applied_commit_is_the_verified_workspace_byte_for_byte(
 
         shutil.rmtree(measured)
     assert done.status == ProposalStatus.APPLIED
+    data = tmp_path / "data"  # the workspace copy and its git objects are private
+    loose = [p for p in [data, *data.rglob("*")] if p.lstat().st_mode & 0o077]
+    assert loose == []
 
 
 @pytest.mark.slow
