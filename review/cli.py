@@ -16,8 +16,16 @@ from infra_agent.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit, status_console
 from infra_agent.review.apply import after_decision, apply_approved
-from infra_agent.review.queue import decide, get_proposal, list_queue, reverify, staleness
+from infra_agent.review.queue import (
+    decide,
+    get_proposal,
+    list_queue,
+    proven_gain,
+    reverify,
+    staleness,
+)
 from infra_agent.review.risk import load_policy
+from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
     DecisionRecord,
     ExperimentRecord,
@@ -91,8 +99,13 @@ def _resolve_hash(proposal: ProposalRecord, given: str | None) -> str:
     return given  # decide() refuses it with the reason
 
 
-def _gain(p: ProposalRecord) -> str:
-    return f"{p.expected_gain:.3f}x" if p.expected_gain is not None else "—"
+def _gain(store: RunStore, p: ProposalRecord) -> str:
+    """The proven gain (the CI's low end), with the point estimate beside it."""
+    proven = proven_gain(store, p)
+    if proven is None:
+        return "—"
+    point = f" (point {p.expected_gain:.3f}x)" if p.expected_gain not in (None, proven) else ""
+    return f"{proven:.3f}x{point}"
 
 
 @app.command("list")
@@ -111,23 +124,24 @@ def list_proposals(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List proposals, largest expected gain first."""
+    """List proposals, largest proven gain (the low end of the speedup's CI) first."""
     try:
         status_filter = None if status == "all" else ProposalStatus(status)
         risk_filter = RiskLevel(risk) if risk else None
     except ValueError as exc:
         raise UserError(f"bad filter: {exc}") from None
-    proposals = list_queue(
-        current().store(readonly=True), status=status_filter, task=task, risk=risk_filter
-    )
+    store = current().store(readonly=True)
+    proposals = list_queue(store, status=status_filter, task=task, risk=risk_filter)
 
     def render(console: Console) -> None:
         if not proposals:
             console.print(f"no proposals ({status})")
             return
-        table = Table("proposal", "task", "gain", "risk", "status", "rationale")
+        table = Table("proposal", "task", "proven gain", "risk", "status", "rationale")
         for p in proposals:
-            table.add_row(p.id, p.task, _gain(p), p.risk.value, p.status.value, p.rationale[:60])
+            table.add_row(
+                p.id, p.task, _gain(store, p), p.risk.value, p.status.value, p.rationale[:60]
+            )
         console.print(table)
 
     emit(proposals, render, as_json=as_json)
@@ -154,7 +168,7 @@ def show(proposal_id: str, as_json: JsonOpt = False) -> None:
     def render(console: Console) -> None:
         p = proposal
         console.print(
-            f"[bold]{p.id}[/] {p.task}  {p.status.value}  {p.risk.value} risk  gain {_gain(p)}  patch {p.patch_hash}"
+            f"[bold]{p.id}[/] {p.task}  {p.status.value}  {p.risk.value} risk  proven gain {_gain(store, p)}  patch {p.patch_hash}"
         )
         if detail.stale_reason:
             console.print(f"[yellow]stale:[/] {detail.stale_reason}")
