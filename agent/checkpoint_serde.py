@@ -18,23 +18,24 @@ from typing import Any
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from pydantic import BaseModel
 
-from infra_agent.trajectories.redact import redact_record, redact_text
+from infra_agent.trajectories.redact import Redactor, default_redactor, redact_record
 
 
-def redacted(value: Any) -> Any:
+def redacted(value: Any, redactor: Redactor | None = None) -> Any:
     """A copy of `value` with every string in it redacted (pydantic records, dataclasses, dicts,
     lists, tuples and exceptions are walked; other values are returned as they are)."""
+    r = redactor or default_redactor()
     if isinstance(value, str):
-        return redact_text(value)
+        return r.text(value)
     if isinstance(value, BaseModel):
-        return redact_record(value)
+        return redact_record(value, r)
     if isinstance(value, dict):
-        return {k: redacted(v) for k, v in value.items()}
+        return {k: redacted(v, r) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        items = [redacted(v) for v in value]
+        items = [redacted(v, r) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: redacted(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        fields = {f.name: redacted(getattr(value, f.name), r) for f in dataclasses.fields(value)}
         try:
             return dataclasses.replace(value, **fields)
         except (TypeError, ValueError):  # init=False fields: redact a shallow copy instead
@@ -44,7 +45,7 @@ def redacted(value: Any) -> Any:
             return clone
     if isinstance(value, BaseException):  # a node's error, kept as a pending write
         error = copy.copy(value)
-        error.args = tuple(redacted(a) for a in value.args)
+        error.args = tuple(redacted(a, r) for a in value.args)
         return error
     return value
 

@@ -146,7 +146,7 @@ def commit_on_branch(repo: Path, files: list[VerifiedFile], branch: str, message
             if f.after is None:
                 _git(repo, "update-index", "--force-remove", "--", f.path, env=env)
                 continue
-            blob = _git(repo, "hash-object", "-w", "--stdin", stdin=f.after)
+            blob = _git(repo, "hash-object", "-w", "--no-filters", "--stdin", stdin=f.after)
             _git(repo, "update-index", "--add", "--cacheinfo", f"{f.mode},{blob},{f.path}", env=env)
         tree = _git(repo, "write-tree", env=env)
     commit = _git(repo, "commit-tree", tree, "-p", base, "-m", message)
