@@ -21,9 +21,9 @@ from infra_agent.review.queue import (
     get_proposal,
     list_queue,
     proven_gain,
-    reverify,
     staleness,
 )
+from infra_agent.review.reverify import reverify
 from infra_agent.review.risk import load_policy
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
 
-from infra_agent.errors import NotBuiltError, UserError
+from infra_agent.errors import UserError
 from infra_agent.experiments.verdict import ExperimentResult
 from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
 from infra_agent.store.base import RunStore
@@ -201,7 +201,7 @@ def staleness(store: RunStore, proposal: ProposalRecord, task: Task | None = Non
 # -- submitting ------------------------------------------------------------------------------
 
 
-def _as_policy(policy: RiskPolicy | Path | None) -> RiskPolicy:
+def configured_policy(policy: RiskPolicy | Path | None) -> RiskPolicy:
     """The given policy, else the configured one (`[review] policy`), else the bundled default."""
     if isinstance(policy, RiskPolicy):
         return policy
@@ -249,7 +249,7 @@ def submit_proposal(
             f"experiment {experiment.id} measured patch {experiment.patch_id[:12]}, "
             f"not the proposed patch {record.id[:12]}"
         )
-    assessment = assess(record, experiment.result, _as_policy(policy))
+    assessment = assess(record, experiment.result, configured_policy(policy))
     proposal = ProposalRecord(
         run_id=run_id,
         task=task.name,
@@ -312,7 +312,7 @@ def get_proposal(store: RunStore, proposal_id: str) -> ProposalRecord:
     return proposal
 
 
-def _already_decided(store: RunStore, proposal: ProposalRecord) -> ReviewConflict:
+def already_decided(store: RunStore, proposal: ProposalRecord) -> ReviewConflict:
     last = next(
         (d for d in reversed(store.decisions(proposal.id)) if d.action != DecisionAction.REVERIFY),
         None,
@@ -360,7 +360,7 @@ def decide(
         )
     proposal = get_proposal(store, proposal_id)
     if proposal.status != ProposalStatus.PENDING:
-        raise _already_decided(store, proposal)
+        raise already_decided(store, proposal)
     if patch_hash != proposal.patch_hash:
         raise StaleProposal(
             f"you reviewed patch {patch_hash[:12]}, but proposal {proposal.id} carries "
@@ -378,7 +378,7 @@ def decide(
         if not store.set_proposal_status(
             proposal.id, ProposalStatus.PENDING, _HUMAN_ACTIONS[action]
         ):
-            raise _already_decided(store, get_proposal(store, proposal.id))
+            raise already_decided(store, get_proposal(store, proposal.id))
         store.add_decision(
             DecisionRecord(
                 proposal_id=proposal.id,
@@ -441,69 +441,3 @@ def proven_gain(store: RunStore, proposal: ProposalRecord) -> float | None:
         latest = None
     perf = latest.result.evidence.performance if latest is not None else None
     return perf.ci_low if perf is not None else proposal.expected_gain
-
-
-# -- re-verifying ------------------------------------------------------------------------------
-
-
-def reverify(
-    store: RunStore,
-    proposal_id: str,
-    *,
-    reviewer: str,
-    sandbox: str = "local",
-    params: dict[str, Any] | None = None,
-    policy: RiskPolicy | Path | None = None,
-) -> ProposalRecord:
-    """Run the proposal's patch through a fresh experiment against the current target and attach
-    it as the proposal's evidence (risk re-assessed; never auto-approved: a human asked).
-
-    The bytes stored now are what is measured. If they changed since the last experiment (they
-    no longer hash to `patch_hash`), the proposal is rebound to them: its patch hash becomes
-    theirs (earlier evidence, measured on other bytes, no longer backs it), so a decision made
-    on a page showing the old hash is refused."""
-    proposal = get_proposal(store, proposal_id)
-    if proposal.status != ProposalStatus.PENDING:
-        raise _already_decided(store, proposal)
-    task = resolve_task(proposal)
-    if task is None:
-        raise UserError(f"task '{proposal.task}' cannot be found; cannot re-verify {proposal.id}")
-    patch = stored_patch(store, proposal)
-    changed = changed_patch(proposal, patch)
-    record = patch.to_record()  # id and files recomputed from the bytes
-    try:
-        from infra_agent.experiments import run_experiment  # type: ignore[attr-defined]
-    except ImportError:
-        raise NotBuiltError("re-verification (infra_agent.experiments.run_experiment)") from None
-    experiment: ExperimentRecord = run_experiment(
-        task, patch, sandbox=sandbox, params=params, store=store, run_id=proposal.run_id
-    )
-    if store.get_experiment(experiment.id) is None:
-        store.put_experiment(experiment)
-    assessment = assess(record, experiment.result, _as_policy(policy))
-    note = f"; {changed}, so the proposal now carries {record.id[:12]}" if changed else ""
-    with store.transaction():
-        current = get_proposal(store, proposal.id)
-        if current.status != ProposalStatus.PENDING:
-            raise _already_decided(store, current)
-        if current.patch_hash != proposal.patch_hash:
-            raise ReviewConflict(f"proposal {proposal.id} changed while it was re-verified")
-        store.put_patch(record)
-        if changed:  # evidence measured on other bytes backs nothing here any more
-            current.patch_id = current.patch_hash = record.id
-            current.experiment_ids = []
-        current.experiment_ids = [*current.experiment_ids, experiment.id]
-        current.target_fingerprint = experiment.target_fingerprint or current_fingerprint(task)
-        current.expected_gain = expected_gain(experiment.result)
-        current.risk, current.risk_reasons = assessment.level, assessment.reasons
-        store.put_proposal(current)
-        store.add_decision(
-            DecisionRecord(
-                proposal_id=current.id,
-                reviewer=reviewer,
-                action=DecisionAction.REVERIFY,
-                patch_hash=current.patch_hash,
-                comment=f"experiment {experiment.id}: {experiment.result.verdict.value}{note}",
-            )
-        )
-    return get_proposal(store, proposal.id)

@@ -37,8 +37,8 @@ from infra_agent.review.queue import (
     StaleProposal,
     decide,
     list_queue,
-    reverify,
 )
+from infra_agent.review.reverify import reverify
 from infra_agent.review.risk import RiskPolicy
 from infra_agent.review.web.auth import SESSION_COOKIE, ReviewerAuth, Session
 from infra_agent.review.web.guards import (

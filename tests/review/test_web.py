@@ -450,7 +450,7 @@ def test_queue_then_proposal_evidence_then_approve_applies(page, server: Served)
     assert '"odd"' in page.inner_text("#other-evidence")  # unknown evidence shown raw
     assert "<img src=x onerror=alert(1)>" in page.inner_text("#other-evidence")  # as text
     assert page.locator("#other-evidence img").count() == 0
-    trajectory = page.inner_text("#trajectory")
+    trajectory = page.text_content("#trajectory") or ""  # closed steps included
     assert "slicing should be faster" in trajectory and REASONING in trajectory
     two_calls = page.locator("#step-3 summary code.call-summary")
     assert two_calls.count() == 2  # one line each, never run together
