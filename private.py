@@ -44,13 +44,19 @@ def private_dir(path: Path) -> Path:
 
 
 def private_file(path: Path) -> Path:
-    """`path` as an existing 0600 file (created empty if missing, in a private folder)."""
+    """`path` as an existing 0600 file (created empty if missing, in a private folder).
+
+    An existing file is changed by name, never opened: closing a descriptor of a file drops
+    every POSIX lock this process holds on it, SQLite's included (a store open in another thread
+    would lose its locks)."""
     private_dir(path.parent)
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, FILE_MODE)
     try:
-        os.fchmod(fd, FILE_MODE)
-    finally:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, FILE_MODE)
+    except FileExistsError:
+        pass
+    else:
         os.close(fd)
+    os.chmod(path, FILE_MODE)  # the umask may have taken bits away; an old file may have more
     return path
 
 
