@@ -80,7 +80,7 @@ def step_views(steps: list[StepRecord]) -> list[StepView]:
                 else None,
                 calls=calls,
                 error=shown(step.error, MAX_STEP_CHARS) if step.error else None,
-                error_in_content=bool(step.error) and step.error in step.content,
+                error_in_content=step.error is not None and step.error in step.content,
                 answers=answers,
             )
         )
