@@ -20,6 +20,7 @@ from infra_agent.agent.configuration import RunConfig
 from infra_agent.agent.runner import checkpoint_path, resume_run, start_run
 from infra_agent.agent.state import Budget
 from infra_agent.config import load_settings
+from infra_agent.errors import UserError
 from infra_agent.store import open_store
 
 ENV_SECRET = "env-" + secrets.token_hex(12)
@@ -134,6 +135,9 @@ def test_planted_secrets_never_reach_a_file(
                 ).fetchone()[0]
                 == 0
             )
+
+    with pytest.raises(UserError, match="already finished"):  # pruned, and still says why
+        resume_run(run_id, settings)
 
     out = home / "exports" / "sft.jsonl"
     monkeypatch.setattr(
