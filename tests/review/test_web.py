@@ -766,8 +766,8 @@ def test_request_changes_comment_is_capped(page, server: Served) -> None:  # typ
 
 def test_per_sample_plot_axis_of_times_near_zero(page, server: Served) -> None:  # type: ignore[no-untyped-def]
     page.goto(f"{server.base}/proposals/{server.ids['noisy']}")
-    y_ticks = [float(t) for t in page.locator("#samples-plot .y-tick").all_inner_texts()]
+    y_ticks = [float(t) for t in page.locator("#samples-plot .y-tick").all_text_contents()]
     assert min(y_ticks) == 0.0 and len(y_ticks) >= 3  # times: the axis stops at zero
-    x_ticks = [int(t) for t in page.locator("#samples-plot .x-tick").all_inner_texts()]
+    x_ticks = [int(t) for t in page.locator("#samples-plot .x-tick").all_text_contents()]
     assert x_ticks[0] == 1 and x_ticks[-1] <= 24 and len(x_ticks) >= 3
     assert "noise: high_iqr, drift" in page.inner_text("#measurement")
