@@ -21,6 +21,7 @@ from infra_agent.review.queue import (
     get_proposal,
     list_queue,
     proven_gain,
+    resolve_task,
     staleness,
 )
 from infra_agent.review.reverify import reverify
@@ -34,6 +35,7 @@ from infra_agent.store.records import (
     ProposalStatus,
     RiskLevel,
 )
+from infra_agent.tasks.manifest import Task
 
 app = typer.Typer(
     help="The reviewer approval queue: list, show, approve, reject, request changes, serve the web UI.",
@@ -140,11 +142,23 @@ def list_proposals(
         table = Table("proposal", "task", "proven gain", "risk", "status", "rationale")
         for p in proposals:
             table.add_row(
-                p.id, p.task, _gain(store, p), p.risk.value, p.status.value, p.rationale[:60]
+                p.id, p.task, _gain(store, p), p.risk.value, p.status.value, _short(p.rationale)
             )
         console.print(table)
 
     emit(proposals, render, as_json=as_json)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """`text` cut to `limit` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _task_or_none(proposal: ProposalRecord) -> Task | None:
+    try:
+        return resolve_task(proposal)
+    except Exception:  # a broken task folder must not hide the proposal
+        return None
 
 
 @app.command("show")
@@ -178,8 +192,13 @@ def show(proposal_id: str, as_json: JsonOpt = False) -> None:
             console.print(f"risk: {reason}", markup=False)
         if p.rationale:
             console.print(f"rationale: {p.rationale}", markup=False)
-        if detail.patch is not None:
-            console.print(detail.patch.diff or detail.patch.knobs, markup=False, highlight=False)
+        if detail.patch is not None and detail.patch.diff:
+            console.print(detail.patch.diff, markup=False, highlight=False)
+        elif detail.patch is not None:
+            from infra_agent.review.web.views import knob_rows  # the web package loads FastAPI
+
+            for row in knob_rows(detail.patch, _task_or_none(p)):
+                console.print(f"knob {row.name}: {row.baseline} -> {row.proposed}", markup=False)
         for d in detail.decisions:
             console.print(
                 f"{d.created_at:%Y-%m-%d %H:%M:%S} {d.reviewer} {d.action.value} {d.patch_hash[:12]} {d.comment}",
