@@ -9,7 +9,8 @@
   token link followed from another site (even another port of 127.0.0.1) does not log in.
   Clients that send no `Sec-Fetch-Site` (command-line tools) are judged by Referer and Origin.
 - Sizes: a URL longer than `MAX_URL_CHARS` gets 414 and a body over `MAX_BODY_BYTES` 413 (the
-  HTTP layer accepts request heads up to `MAX_HEAD_BYTES`, so a long URL is answered, not cut off).
+  HTTP layer accepts request heads up to `MAX_HEAD_BYTES`, so a long URL is answered, not cut off);
+  a body without a Content-Length (chunked) gets 411, so the body limit cannot be sidestepped.
 - Anything echoed back from a request (an id, a path, a header) is cut to a few dozen
   characters with the cut said (`shown`).
 """
@@ -75,10 +76,13 @@ def check_login_source(request: Request) -> None:
 
 
 def check_size(request: Request) -> None:
-    """Refuse a URL over MAX_URL_CHARS (414) or a body over MAX_BODY_BYTES (413)."""
+    """Refuse a URL over MAX_URL_CHARS (414), a body over MAX_BODY_BYTES (413) or of unstated
+    length (411)."""
     target = len(request.scope.get("raw_path") or b"") + len(request.scope.get("query_string", b""))
     if target > MAX_URL_CHARS:
         raise Refused(414, f"URL of {target:,} characters refused (at most {MAX_URL_CHARS:,})")
+    if "transfer-encoding" in request.headers and "content-length" not in request.headers:
+        raise Refused(411, "a request body needs a Content-Length (a chunked body is refused)")
     length = request.headers.get("content-length", "0")
     if not length.isdigit() or int(length) > MAX_BODY_BYTES:
         raise Refused(
