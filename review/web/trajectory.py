@@ -69,18 +69,19 @@ def step_views(steps: list[StepRecord]) -> list[StepView]:
         answers = open_calls.pop(step.tool_call_id, None) if step.tool_call_id else None
         if answers is not None:
             answers.answered_in = step.seq
+        content = shown(step.content, MAX_STEP_CHARS)
         views.append(
             StepView(
                 seq=step.seq,
                 role=step.role,
                 name=step.name,
-                content=shown(step.content, MAX_STEP_CHARS),
+                content=content,
                 reasoning=shown(step.reasoning_content, MAX_STEP_CHARS)
                 if step.reasoning_content
                 else None,
                 calls=calls,
                 error=shown(step.error, MAX_STEP_CHARS) if step.error else None,
-                error_in_content=step.error is not None and step.error in step.content,
+                error_in_content=step.error is not None and step.error in content,
                 answers=answers,
             )
         )
