@@ -50,7 +50,8 @@ from infra_agent.store.records import (
     RunStatus,
 )
 from infra_agent.tasks.manifest import Task
-from infra_agent.tasks.patch import Patch, preview_apply
+from infra_agent.tasks.patch import Patch
+from infra_agent.tasks.tree import preview_apply
 
 BRANCH_PREFIX = "infra-agent/"
 _GIT_ENV = {

@@ -14,7 +14,8 @@ from infra_agent.review.queue import StaleProposal, decide, staleness, submit_pr
 from infra_agent.review.reverify import reverify
 from infra_agent.store.records import DecisionAction, ProposalStatus
 from infra_agent.tasks.manifest import load_task
-from infra_agent.tasks.patch import Patch, parse_diff, preview_apply
+from infra_agent.tasks.patch import Patch, parse_diff
+from infra_agent.tasks.tree import preview_apply
 
 EDITS = {
     "a changed line": lambda d: d.replace("queue[:max_batch]", "queue[: max_batch + 1]"),
