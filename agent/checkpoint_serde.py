@@ -18,7 +18,7 @@ from typing import Any
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from pydantic import BaseModel
 
-from infra_agent.trajectories.redact import Redactor, default_redactor, redact_record
+from infra_agent.redact import Redactor, default_redactor
 
 
 def redacted(value: Any, redactor: Redactor | None = None) -> Any:
@@ -28,7 +28,7 @@ def redacted(value: Any, redactor: Redactor | None = None) -> Any:
     if isinstance(value, str):
         return r.text(value)
     if isinstance(value, BaseModel):
-        return redact_record(value, r)
+        return type(value).model_validate_json(r.text(value.model_dump_json()))  # as the store
     if isinstance(value, dict):
         return {k: redacted(v, r) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from infra_agent.experiments.check import check_task
-from infra_agent.tasks.diagnose import run_diagnosis
+from infra_agent.experiments.diagnose import run_diagnosis
 from infra_agent.tasks.registry import list_tasks
 from infra_agent.tasks.tree import fault_sites
 

@@ -29,7 +29,9 @@ from infra_agent.experiments.arms import (
 )
 from infra_agent.experiments.measure import ArmError, ExperimentTimeout, decide, evidence, measure
 from infra_agent.experiments.procwatch import ProcessWatch
-from infra_agent.experiments.verdict import (
+from infra_agent.store.base import RunStore
+from infra_agent.store.records import ExperimentRecord, now
+from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,
     ExperimentResult,
@@ -37,8 +39,6 @@ from infra_agent.experiments.verdict import (
     SandboxEvidence,
     Verdict,
 )
-from infra_agent.store.base import RunStore
-from infra_agent.store.records import ExperimentRecord, now
 from infra_agent.tasks.harness import Arm, CandidateFailure, CheckResult, Harness, IncorrectOutput
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import (

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from infra_agent.experiments.verdict import Verdict
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import Patch, load_patch
 
@@ -114,7 +114,7 @@ def check_task(
 ) -> TaskCheck:
     """Measure the task's symptom, its reference fix and its wrong fix (see the module doc)."""
     from infra_agent.experiments.cascade import run_experiment
-    from infra_agent.tasks.diagnose import run_diagnosis
+    from infra_agent.experiments.diagnose import run_diagnosis
     from infra_agent.tasks.tree import uninjected_patch
 
     say = progress or (lambda _msg: None)

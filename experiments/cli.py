@@ -11,14 +11,14 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import (
+from infra_agent.store.records import ExperimentRecord
+from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,
     Flag,
     SandboxEvidence,
     Verdict,
 )
-from infra_agent.store.records import ExperimentRecord
 
 
 class PerformanceSummary(BaseModel):
@@ -90,6 +90,10 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    from infra_agent.experiments.diagnose import register as register_diagnose
+
+    register_diagnose(app)
+
     @app.command()
     def experiment(
         task: str = typer.Option(..., "--task", help="Task name or folder."),

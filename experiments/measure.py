@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infra_agent.experiments.arms import SeedSource
-from infra_agent.experiments.verdict import Flag, PerformanceEvidence, Verdict
 from infra_agent.feedback.bench import Comparison, compare_samples
+from infra_agent.store.verdict import Flag, PerformanceEvidence, Verdict
 from infra_agent.tasks.harness import Arm, Harness
 from infra_agent.tasks.manifest import TaskManifest
 

@@ -16,14 +16,13 @@ append-only), so of two concurrent decisions exactly one lands and the other is 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import ExperimentResult
+from infra_agent.experiments import task_fingerprint
 from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
@@ -35,10 +34,10 @@ from infra_agent.store.records import (
     ProposalStatus,
     RiskLevel,
 )
+from infra_agent.store.verdict import ExperimentResult
+from infra_agent.tasks.manifest import Task, load_task
 from infra_agent.tasks.patch import Patch
-
-if TYPE_CHECKING:
-    from infra_agent.tasks.manifest import Task
+from infra_agent.tasks.registry import find_task
 
 POLICY_REVIEWER = "policy"
 """Reviewer name on decisions the risk policy took by itself."""
@@ -101,47 +100,15 @@ class ReviewOutcome(BaseModel):
         return text
 
 
-# -- target fingerprint --------------------------------------------------------------------
-
-
-def _fallback_fingerprint(task: Task) -> str:
-    """sha256 over the task manifest, harness and workspace files (used until
-    `infra_agent.experiments.task_fingerprint` exists)."""
-    digest = hashlib.sha256()
-    paths = [task.root / "task.toml", task.harness_path]
-    if task.workspace.is_dir():
-        paths += sorted(
-            p for p in task.workspace.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-        )
-    for path in paths:
-        if path.is_file():
-            digest.update(
-                str(path.relative_to(task.root)).encode() + b"\0" + path.read_bytes() + b"\0"
-            )
-    return digest.hexdigest()
-
-
-def current_fingerprint(task: Task) -> str:
-    """The task's fingerprint now, as the experiment engine computes it."""
-    try:
-        from infra_agent.experiments import task_fingerprint  # type: ignore[attr-defined]
-    except ImportError:
-        return _fallback_fingerprint(task)
-    return str(task_fingerprint(task))
+# -- the task and its fingerprint -------------------------------------------------------------
 
 
 def resolve_task(proposal: ProposalRecord) -> Task | None:
     """The task a proposal was measured on: its recorded folder, else by name; None if gone."""
-    from infra_agent.tasks.manifest import load_task
-
     if proposal.task_root and Path(proposal.task_root, "task.toml").is_file():
         return load_task(Path(proposal.task_root))
     try:
-        from infra_agent.tasks.registry import find_task  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    try:
-        return find_task(proposal.task)  # type: ignore[no-any-return]
+        return find_task(proposal.task)
     except UserError:
         return None
 
@@ -189,7 +156,7 @@ def staleness(store: RunStore, proposal: ProposalRecord, task: Task | None = Non
     task = task or resolve_task(proposal)
     if task is None:
         return f"task '{proposal.task}' cannot be found, so the target cannot be checked; re-verify"
-    now_fp = current_fingerprint(task)
+    now_fp = task_fingerprint(task)
     if proposal.target_fingerprint and now_fp != proposal.target_fingerprint:
         return (
             f"the target changed since the experiment (task fingerprint "
@@ -261,7 +228,7 @@ def submit_proposal(
         risk_reasons=assessment.reasons,
         expected_gain=expected_gain(experiment.result),
         rationale=rationale or record.rationale,
-        target_fingerprint=experiment.target_fingerprint or current_fingerprint(task),
+        target_fingerprint=experiment.target_fingerprint or task_fingerprint(task),
     )
     with store.transaction():
         store.put_patch(record)

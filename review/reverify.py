@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infra_agent.errors import NotBuiltError, UserError
+from infra_agent.errors import UserError
+from infra_agent.experiments import run_experiment, task_fingerprint
 from infra_agent.review.queue import (
     ReviewConflict,
     already_decided,
     changed_patch,
     configured_policy,
-    current_fingerprint,
     expected_gain,
     get_proposal,
     resolve_task,
@@ -56,10 +56,6 @@ def reverify(
     patch = stored_patch(store, proposal)
     changed = changed_patch(proposal, patch)
     record = patch.to_record()  # id and files recomputed from the bytes
-    try:
-        from infra_agent.experiments import run_experiment  # type: ignore[attr-defined]
-    except ImportError:
-        raise NotBuiltError("re-verification (infra_agent.experiments.run_experiment)") from None
     experiment: ExperimentRecord = run_experiment(
         task, patch, sandbox=sandbox, params=params, store=store, run_id=proposal.run_id
     )
@@ -78,7 +74,7 @@ def reverify(
             current.patch_id = current.patch_hash = record.id
             current.experiment_ids = []
         current.experiment_ids = [*current.experiment_ids, experiment.id]
-        current.target_fingerprint = experiment.target_fingerprint or current_fingerprint(task)
+        current.target_fingerprint = experiment.target_fingerprint or task_fingerprint(task)
         current.expected_gain = expected_gain(experiment.result)
         current.risk, current.risk_reasons = assessment.level, assessment.reasons
         store.put_proposal(current)

@@ -40,10 +40,10 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
+from infra_agent.redact import redact_text
 from infra_agent.store.records import PatchKind, PatchRecord, RiskLevel
+from infra_agent.store.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.tasks.patch import glob_regex
-from infra_agent.trajectories.redact import redact_text
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default_policy.toml")
 

@@ -32,10 +32,8 @@ def _local_probe() -> str | None:
 
 
 def _docker_probe() -> str | None:
-    try:
-        from infra_agent.sandboxes.container import engine_problem
-    except ImportError as exc:
-        return f"docker backend unavailable: {exc}"
+    from infra_agent.sandboxes.container import engine_problem
+
     return engine_problem()
 
 

@@ -128,10 +128,7 @@ def _short(path: Path) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from infra_agent.tasks.diagnose import register as register_diagnose
-
     app.add_typer(tasks_app, name="tasks")
-    register_diagnose(app)
 
 
 __all__: list[Any] = ["register", "tasks_app"]

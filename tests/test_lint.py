@@ -17,6 +17,7 @@ MYPY_TARGETS = [
     "infra_agent.output",
     "infra_agent.context",
     "infra_agent.private",
+    "infra_agent.redact",
     "infra_agent.store",
     "infra_agent.experiments",
     "infra_agent.tasks.manifest",

@@ -30,7 +30,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException
 
 from infra_agent.errors import UserError
-from infra_agent.review.apply import after_decision, apply_approved
+from infra_agent.review.apply import Resumer, after_decision, apply_approved
 from infra_agent.review.queue import (
     MAX_COMMENT_CHARS,
     ReviewConflict,
@@ -90,6 +90,8 @@ class ReviewServer:
     policy: RiskPolicy | None = None
     sandbox: str = "local"
     loopback_only: bool = True
+    resume: Resumer | None = None
+    """Resumes an agent run waiting for review (wired in by the CLI)."""
     jobs: dict[str, Job] = field(default_factory=dict)
 
     def background(self, proposal_id: str, what: str, work: Callable[[], object]) -> None:
@@ -316,6 +318,7 @@ def create_app(server: ReviewServer) -> FastAPI:
                 server.store, server.store_path, proposal_id, reviewer=session.reviewer,
                 repo=server.repo, args_file=server.args_file, data_dir=server.data_dir,
                 run_async=lambda work: server.background(proposal_id, "resume", work),
+                resume=server.resume,
             )  # fmt: skip
         except UserError as exc:
             session.flashes.append(("error", f"decision recorded, but applying failed: {exc}"))

@@ -18,7 +18,6 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer
 
 from infra_agent.errors import StoreError
-from infra_agent.experiments.verdict import CorrectnessEvidence, ExperimentResult
 from infra_agent.review.queue import resolve_task, staleness
 from infra_agent.review.web.plots import growth_svg, samples_svg
 from infra_agent.review.web.trajectory import StepView, step_views
@@ -31,6 +30,7 @@ from infra_agent.store.records import (
     RunRecord,
     StepRecord,
 )
+from infra_agent.store.verdict import CorrectnessEvidence, ExperimentResult
 from infra_agent.tasks.manifest import Task, Tolerance
 
 DIFF_FORMATTER = HtmlFormatter(cssclass="highlight", wrapcode=True)

@@ -10,13 +10,13 @@ import pytest
 
 from infra_agent.agent.cli import parse_budget
 from infra_agent.agent.configuration import resolve_policy
-from infra_agent.agent.knowledge import knob_advice, load_skeletons
 from infra_agent.agent.policies.scripted import ScriptedPolicy, load_script
 from infra_agent.agent.policies.search import SearchPolicy
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Message
 from infra_agent.config import LLMSettings
 from infra_agent.errors import UserError
 from infra_agent.tasks.registry import find_task
+from infra_agent.tools.skeletons import knob_advice, load_skeletons
 
 
 def _measured(knobs: dict[str, object], verdict: str, speedup: float) -> ExperimentOutcome:

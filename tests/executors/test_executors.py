@@ -17,7 +17,7 @@ from infra_agent.experiments.executors import (
     create_executor,
     run_batch,
 )
-from infra_agent.experiments.verdict import Verdict
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.patch import load_patch, parse_diff
 from infra_agent.tasks.registry import find_task
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from infra_agent.experiments import run_experiment
-from infra_agent.experiments.verdict import Verdict
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.patch import Patch, parse_diff
 from infra_agent.tasks.registry import find_task
 

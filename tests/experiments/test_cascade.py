@@ -19,10 +19,10 @@ from infra_agent.errors import UserError
 from infra_agent.experiments import run_experiment
 from infra_agent.experiments.arms import ArmSet, SeedSource, load_harness, sandbox_spec
 from infra_agent.experiments.measure import Measurement, decide, measure
-from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.feedback.bench import compare_samples
 from infra_agent.sandboxes import create_sandbox
 from infra_agent.store import open_store
+from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.manifest import Constraint
 from infra_agent.tasks.patch import PatchError, knob_patch, load_patch, parse_diff
 from infra_agent.tasks.registry import find_task

@@ -12,9 +12,9 @@ from typing import BinaryIO
 import pytest
 
 from infra_agent.experiments import run_experiment
-from infra_agent.experiments.verdict import Verdict
 from infra_agent.experiments.worker import RpcWorker
 from infra_agent.sandboxes import SandboxSpec, create_sandbox
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.harness import CandidateFailure
 from infra_agent.tasks.patch import knob_patch
 from infra_agent.tasks.registry import find_task

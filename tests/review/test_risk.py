@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.review.queue import submit_proposal
 from infra_agent.review.risk import PolicyAction, assess, glob_match, load_policy
 from infra_agent.store.records import PatchKind, PatchRecord, ProposalStatus, RiskLevel
+from infra_agent.store.verdict import Flag, Verdict
 
 
 def _patch(files=(), knobs=None) -> PatchRecord:

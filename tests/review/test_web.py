@@ -23,7 +23,6 @@ import pytest
 import tomllib
 from support import stoppable
 
-from infra_agent.experiments.verdict import Flag
 from infra_agent.review.queue import review_outcome, submit_proposal
 from infra_agent.store import open_store
 from infra_agent.store.records import (
@@ -34,6 +33,7 @@ from infra_agent.store.records import (
     StepRecord,
     ToolCall,
 )
+from infra_agent.store.verdict import Flag
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from infra_agent.errors import UserError
-from infra_agent.tasks.diagnose import Diagnosis, run_diagnosis
+from infra_agent.experiments.diagnose import run_diagnosis
+from infra_agent.tasks.diagnose import Diagnosis
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from infra_agent.experiments import run_experiment
-from infra_agent.experiments.verdict import ExperimentResult, Verdict
+from infra_agent.store.verdict import ExperimentResult, Verdict
 from infra_agent.tasks.patch import load_patch
 from infra_agent.tasks.registry import find_task
 

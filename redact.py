@@ -9,12 +9,12 @@ Two kinds of secrets are removed:
    keys), bearer/basic `Authorization` headers, JWTs, PEM private keys, credentials in URLs, and
    the value in `api_key=...` / `"token": "..."` style assignments.
 
-Each match becomes `[REDACTED]`. Store writers call `redact_text()` before writing; the exporters
-redact every string of every record with a `Redactor` built from the settings.
+Each match becomes `[REDACTED]`. Store writers call `redact_text()` before writing; exports redact
+every row they write with a `Redactor` built from the settings.
 
-Exports redact whole batches (`Redactor.texts`, `Redactor.table`): one RE2 pass in Arrow's C++
-kernel (`gate`) over the batch's distinct strings picks the few that could hold a secret, and
-only those go through the exact Python rules (once per distinct value). The gate is a superset
+Exports redact whole tables (`Redactor.table`): one RE2 pass in Arrow's C++ kernel (`gate`) over
+the batch's distinct strings picks the few that could hold a secret, and only those go through
+the exact Python rules (once per distinct value). The gate is a superset
 of the rules (each shape's RE2 `gate` matches wherever the shape could; lookarounds and
 word-boundary checks are dropped, counted runs may be shortened, Python's Unicode `\s` is
 spelled out), so a string the gate passes over is one `text()` would return unchanged. A batch
@@ -27,11 +27,9 @@ import fnmatch
 import json
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pyarrow is imported where needed: store writers import this module too
     import pyarrow as pa
@@ -226,67 +224,40 @@ class Redactor:
         parts.append(text[last:])
         return "".join(parts)
 
-    def texts(self, values: list[str]) -> list[str]:
-        """`text()` of each value, for many at once: the gate (RE2, C++) finds the values that
-        could hold a secret; only those are redacted in Python. Returns `values` itself when
-        nothing changed."""
-        import pyarrow as pa
-
-        out = values
-        for i in self._candidates(pa.array(values, pa.string())):
-            redacted = self.text(values[i])
-            if redacted != values[i]:
-                out = list(values) if out is values else out
-                out[i] = redacted
-        return out
-
-    def table(self, table: pa.Table, done: Collection[str] = ()) -> pa.Table:
-        """`table` with every string in it (also inside lists and structs) passed through `text()`,
-        except in the columns named in `done` (redacted already); the same object when no string
-        changed. Each distinct string goes through the gate once (a system prompt repeated in
-        every row is scanned once), and only the distinct values the gate matches through
-        `text()`."""
+    def table(self, table: pa.Table) -> pa.Table:
+        """`table` with every string in it (in lists, structs and JSON columns too) passed through
+        `text()`; the same object when no string changed. Each distinct string goes through the
+        gate once (a system prompt or tool list repeated in every row is scanned once). A JSON
+        value stays JSON: should a redaction break it, its parsed value is redacted instead."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         leaves: list[pa.Array] = []
-
-        def collect(leaf: pa.Array) -> None:
-            leaves.append(leaf)
-
-        todo = [name not in done for name in table.column_names]
-        for column, wanted in zip(table.columns, todo, strict=True):
-            if wanted:
-                _map_strings(column, collect)
+        for column in table.columns:
+            _map_strings(column, lambda leaf, _: leaves.append(leaf))
         if not leaves:
             return table
-        kind = leaves[0].type
-        if any(leaf.type != kind for leaf in leaves):  # mixed widths: one type to hash
-            kind = pa.large_string()
-            leaves = [leaf.cast(kind) for leaf in leaves]
-        distinct = pc.unique(pa.chunked_array(leaves, kind))
+        distinct = pc.unique(pa.chunked_array([leaf.cast(pa.large_string()) for leaf in leaves]))
         changed: dict[str, str] = {}
         for value in distinct.take(pa.array(self._candidates(distinct), pa.int64())).to_pylist():
-            redacted = self.text(value)
-            if redacted != value:
+            if (redacted := self.text(value)) != value:
                 changed[value] = redacted
         if not changed:
             return table
-        secrets = {t: pa.array(list(changed), t) for t in (pa.string(), pa.large_string())}
+        secrets = pa.array(list(changed), pa.large_string())
 
-        def fix(leaf: pa.Array) -> pa.Array | None:
-            mask = pc.is_in(leaf, value_set=secrets[leaf.type])
+        def fix(leaf: pa.Array, is_json: bool) -> pa.Array | None:
+            mask = pc.is_in(leaf.cast(pa.large_string()), value_set=secrets)
             if not pc.any(mask).as_py():
                 return None
-            found = leaf.filter(mask).to_pylist()
-            return pc.replace_with_mask(
-                leaf, mask, pa.array([changed[v] for v in found], leaf.type)
-            )
+            found = [(v, changed[v]) for v in leaf.filter(mask).to_pylist()]
+            if is_json:
+                found = [
+                    (v, r if _is_json(r) else _dumps(self._walk(json.loads(v)))) for v, r in found
+                ]
+            return pc.replace_with_mask(leaf, mask, pa.array([r for _, r in found], leaf.type))
 
-        fixed = [
-            _map_strings(column, fix) if wanted else None
-            for column, wanted in zip(table.columns, todo, strict=True)
-        ]
+        fixed = [_map_strings(c, fix) for c in table.columns]
         columns = [f if f is not None else c for f, c in zip(fixed, table.columns, strict=True)]
         return pa.Table.from_arrays(columns, schema=table.schema)
 
@@ -333,24 +304,38 @@ class Redactor:
         return value
 
 
-def _map_strings(values: Any, fix: Callable[[Any], Any]) -> Any:
-    """`values` (an Arrow array or chunked array) with each string array inside it (also in
-    lists and structs, visited in a fixed order) replaced by `fix(array)`, or None when `fix`
-    returned None for all of them (nothing changed)."""
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _map_strings(values: Any, fix: Callable[[Any, bool], Any]) -> Any:
+    """`values` (an Arrow array or chunked array) with each string array inside it (in lists,
+    structs and JSON columns too, visited in a fixed order) replaced by `fix(array, is_json)`;
+    None when `fix` returned None for all of them (nothing changed)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    kind = values.type
     if isinstance(values, pa.ChunkedArray):
-        chunks = values.chunks
-        fixed = [_map_strings(c, fix) for c in chunks]
+        fixed = [_map_strings(c, fix) for c in values.chunks]
         if all(f is None for f in fixed):
             return None
         return pa.chunked_array(
-            [f if f is not None else c for f, c in zip(fixed, chunks, strict=True)], values.type
+            [f if f is not None else c for f, c in zip(fixed, values.chunks, strict=True)], kind
         )
-    kind = values.type
+    if isinstance(kind, pa.JsonType):
+        storage = fix(values.storage, True)
+        return None if storage is None else pa.ExtensionArray.from_storage(kind, storage)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return fix(values)
+        return fix(values, False)
     if pa.types.is_struct(kind):
         children = [values.field(i) for i in range(kind.num_fields)]
         fixed = [_map_strings(c, fix) for c in children]
@@ -361,7 +346,7 @@ def _map_strings(values: Any, fix: Callable[[Any], Any]) -> Any:
             fields=list(kind),
             mask=values.is_null() if values.null_count else None,
         )
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+    if pa.types.is_list(kind):
         offsets = values.offsets
         start, end = offsets[0].as_py(), offsets[-1].as_py()  # a slice's part of the child
         inner = _map_strings(values.values.slice(start, end - start), fix)
@@ -370,7 +355,7 @@ def _map_strings(values: Any, fix: Callable[[Any], Any]) -> Any:
         if start or values.offset:  # from_arrays takes a mask only with offsets of its own
             offsets = pc.subtract(offsets, pa.scalar(start, offsets.type))
         nulls = values.is_null() if values.null_count else None
-        return type(values).from_arrays(offsets, inner, type=kind, mask=nulls)
+        return pa.ListArray.from_arrays(offsets, inner, type=kind, mask=nulls)
     return None
 
 
@@ -414,14 +399,3 @@ def redact_text(text: str, redactor: Redactor | None = None) -> str:
     `redactor`, the default secret-env globs over `os.environ` are used.
     """
     return (redactor or default_redactor()).text(text)
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def redact_record(record: M, redactor: Redactor | None = None) -> M:
-    """A copy of a typed record (an ExperimentRecord with its log tail, a DecisionRecord with its
-    comment, a StepRecord) with every string redacted, for writers to call before storing it.
-    Not for PatchRecord: its id is the hash of the content it would change."""
-    r = redactor or default_redactor()
-    return type(record).model_validate_json(r.json(record.model_dump(mode="json")))

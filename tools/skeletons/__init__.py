@@ -1,8 +1,9 @@
-"""Optimization skeletons: reusable patterns the agent looks up, and grows from proven patches.
+"""Optimization skeletons: reusable patterns the agent looks up (`lookup_skeletons`), and grows
+from proven patches.
 
 Each skeleton is a TOML file: when it applies, how to test that it applies, a worked example,
 and optionally `knob_advice` (knob name -> values worth trying) that seeds the search policy.
-Bundled skeletons live in `agent/skeletons/`; skeletons saved from reviewed runs live in
+Bundled skeletons live in `tools/skeletons/bundled/`; skeletons saved from reviewed runs live in
 `<data dir>/skeletons/` and are loaded after them.
 """
 
@@ -18,8 +19,10 @@ from pydantic import BaseModel, Field, ValidationError
 from infra_agent.config import default_data_dir
 from infra_agent.errors import UserError
 from infra_agent.private import write_private
+from infra_agent.tools.base import ToolResult, tool
+from infra_agent.tools.context import ToolContext
 
-BUNDLED_DIR = Path(__file__).parent / "skeletons"
+BUNDLED_DIR = Path(__file__).parent / "bundled"
 
 
 class Skeleton(BaseModel):
@@ -137,4 +140,22 @@ def skeleton_from_proposal(
         "come out IMPROVED with correctness passing.",
         example=diff.strip()[:4000] or "(knob assignment)",
         source=run_id,
+    )
+
+
+class LookupSkeletons(BaseModel):
+    query: str = Field(description="What you are looking at, e.g. 'split loop recomputes norm'.")
+    top_k: int = Field(2, ge=1, le=7, description="How many skeletons to return.")
+
+
+@tool(
+    "lookup_skeletons",
+    "Find optimization patterns that may apply: when each applies, how to test it, an example.",
+    LookupSkeletons,
+)
+def lookup_skeletons(p: LookupSkeletons, ctx: ToolContext) -> ToolResult:
+    found = search_skeletons(p.query, load_skeletons(), p.top_k)
+    return ToolResult(
+        content="\n\n".join(s.render() for s in found),
+        data={"skeletons": [s.name for s in found]},
     )

@@ -6,11 +6,19 @@ agent's tools and the dataset exports. Every number that decided a verdict is in
 
 from __future__ import annotations
 
+import math
 from enum import Enum
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EVIDENCE_SCHEMA_VERSION = 1
+
+
+class _Record(BaseModel):
+    # A measurement can be NaN or infinite (a zero baseline): kept as JSON's NaN / Infinity
+    # constants so that the record reads back (pydantic would write null, which a float refuses).
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
 
 class Verdict(str, Enum):
@@ -41,7 +49,7 @@ class Flag(str, Enum):
     """Baseline and candidate were measured on different machines."""
 
 
-class CorrectnessEvidence(BaseModel):
+class CorrectnessEvidence(_Record):
     passed: bool
     checks: int = 0
     """How many fresh inputs were checked."""
@@ -58,7 +66,7 @@ class CorrectnessEvidence(BaseModel):
     """First failing check, in words."""
 
 
-class PerformanceEvidence(BaseModel):
+class PerformanceEvidence(_Record):
     metric: str
     """e.g. 'latency_ms' or 'output_throughput'."""
     unit: str
@@ -80,8 +88,16 @@ class PerformanceEvidence(BaseModel):
     method: str = ""
     """How it was measured (interleaving, bootstrap, repetitions)."""
 
+    @field_validator(
+        "baseline_median", "candidate_median", "speedup", "ci_low", "ci_high", mode="before"
+    )
+    @classmethod
+    def _null_is_nan(cls, value: Any) -> Any:
+        """A NaN an earlier version stored as null reads back as NaN."""
+        return math.nan if value is None else value
 
-class SandboxEvidence(BaseModel):
+
+class SandboxEvidence(_Record):
     backend: str
     """'local' or 'docker'."""
     isolation: list[str] = Field(default_factory=list)
@@ -90,7 +106,7 @@ class SandboxEvidence(BaseModel):
     """Isolation that was asked for but could not be applied."""
 
 
-class Evidence(BaseModel):
+class Evidence(_Record):
     schema_version: int = EVIDENCE_SCHEMA_VERSION
     stage_reached: str = ""
     """Last cascade stage run: apply, static, correctness, performance, health."""
@@ -110,7 +126,7 @@ class Evidence(BaseModel):
     """Task-specific evidence (e.g. accuracy divergence point); rendered as JSON if unknown."""
 
 
-class ExperimentResult(BaseModel):
+class ExperimentResult(_Record):
     """The outcome of one experiment: what the CLI prints with --json and the store records."""
 
     schema_version: int = EVIDENCE_SCHEMA_VERSION
