@@ -74,6 +74,34 @@ def test_a_diff_edited_after_approval_is_not_applied(store, task, kit, tmp_path,
     assert [d.action for d in store.decisions(proposal.id)] == [DecisionAction.APPROVE]
 
 
+def test_the_agent_logs_a_patch_edited_after_approval_as_not_applied(
+    store, task, kit, tmp_path, monkeypatch
+) -> None:
+    """The run's apply node records the refusal and finishes instead of crashing the run."""
+    from types import SimpleNamespace
+
+    from infra_agent.agent.graph import apply
+    from infra_agent.agent.runlog import RunLog
+    from infra_agent.agent.state import AgentState
+    from infra_agent.store.records import RunRecord
+
+    monkeypatch.setenv("INFRA_AGENT_HOME", str(tmp_path / "home"))
+    run = RunRecord(task=task.name, objective="latency", policy="scripted")
+    store.put_run(run)
+    proposal = _submit(store, task, kit)
+    decide(store, proposal.id, reviewer="ana", action="approve", patch_hash=proposal.patch_hash)
+    kit.edit_stored_patch(tmp_path / "runs.db", proposal.patch_id, EDITS["a changed line"])
+    ctx = SimpleNamespace(store=store, log=RunLog(store, run.id), on_event=lambda text: None)
+    state = AgentState(run_id=run.id, review={proposal.id: ProposalStatus.APPROVED})
+    update = apply(state, SimpleNamespace(context=ctx))  # type: ignore[arg-type]
+    assert update == {"phase": "done", "applied": {}}
+    [note] = [s for s in store.steps(run.id) if s.name == "apply"]
+    assert note.content == f"proposal {proposal.id} not applied"
+    assert note.error is not None and "changed after it was verified" in note.error
+    assert store.get_proposal(proposal.id).status == ProposalStatus.APPROVED
+    assert not (tmp_path / "home" / "workspaces").exists()
+
+
 def test_a_knob_change_edited_in_place_is_not_approved(store, task, kit, tmp_path) -> None:
     import sqlite3
 
