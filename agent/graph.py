@@ -236,9 +236,11 @@ def _run(
 
 
 def best_improved(state: AgentState) -> ExperimentOutcome | None:
-    """The proven winner: IMPROVED with the highest speedup (ties: the earliest)."""
-    wins = [e for e in state.experiments if e.verdict is Verdict.IMPROVED and e.speedup is not None]
-    return max(wins, key=lambda e: e.speedup or 0.0) if wins else None
+    """The proven winner: IMPROVED with the highest low end of its 95% interval, what is shown
+    rather than the point estimate (overlapping wins are not ranked by noise; ties: the
+    earliest)."""
+    wins = [e for e in state.experiments if e.verdict is Verdict.IMPROVED and e.ci_low is not None]
+    return max(wins, key=lambda e: e.ci_low or 0.0) if wins else None
 
 
 def reflect(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
@@ -324,9 +326,7 @@ def apply(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
         if proposal is not None and proposal.status is ProposalStatus.APPROVED:
             ctx.on_event(f"applying {pid}")
             try:
-                proposal = apply_approved(
-                    ctx.store, pid, reviewer=f"infra-agent run {state.run_id}"
-                )
+                proposal = apply_approved(ctx.store, pid, reviewer=f"infra-agent run {state.run_id}")  # fmt: skip
             except UserError as exc:  # e.g. the stored patch was edited after approval
                 ctx.log.harness(f"proposal {pid} not applied", error=str(exc), name="apply")
                 continue

@@ -15,17 +15,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from infra_agent.errors import UserError
 from infra_agent.experiments import rules
 from infra_agent.experiments.arms import (
-    ArmSet,
     ArmStartError,
     SeedSource,
+    arm_set,
     effective_params,
     load_harness,
-    preload_modules,
+    patch_refusal,
     sandbox_spec,
-    worker_guard,
 )
 from infra_agent.experiments.measure import ArmError, ExperimentTimeout, decide, evidence, measure
 from infra_agent.experiments.procwatch import ProcessWatch
@@ -44,7 +42,6 @@ from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import (
     NotEditableError,
     Patch,
-    PatchError,
     apply_patch,
     effective_knobs,
 )
@@ -116,9 +113,7 @@ class Experiment:
         self.flags: list[Flag] = []
         self.reasons: list[str] = []
         self.seeds = SeedSource()
-        self.arms = ArmSet(
-            self.manifest.budget.call_timeout_s, preload_modules(task), worker_guard(task)
-        )
+        self.arms = arm_set(task)
         self.deadline = time.monotonic() + self.manifest.budget.experiment_timeout_s
         self.log_tail = ""
 
@@ -171,8 +166,6 @@ class Experiment:
         for arm in arms:
             try:
                 harness.prepare(arm)
-                if self.manifest.kind == "python":
-                    arm.worker.mark_warm()  # type: ignore[attr-defined]
             except Exception as exc:
                 raise _failure(arm.name, exc) from exc
         if self.manifest.kind == "python" and self.evidence.sandbox is not None:
@@ -191,6 +184,7 @@ class Experiment:
                 except Exception as exc:
                     raise _failure(arm.name, exc) from exc
                 results[arm.name].append(result)
+                self._invariants(arm, result)
                 if not result.passed:
                     self.evidence.correctness = _correctness(
                         results, passed=False, detail=result.detail
@@ -223,6 +217,27 @@ class Experiment:
                 self.reasons.append(
                     f"accuracy near the threshold: error vs float64 {corr.candidate_err_f64:.3g} of allowed {limit:.3g}"
                 )
+
+    def _invariants(self, arm: Arm, result: CheckResult) -> None:
+        """Every declared invariant must be reported on every pass; the candidate must hold
+        each. What each arm showed is kept in the evidence ('invariants')."""
+        declared = self.manifest.invariants
+        if not declared:
+            return
+        seen = self.evidence.extra.setdefault("invariants", {})
+        assert isinstance(seen, dict)
+        for name, what in declared.items():
+            if name not in result.invariants:
+                raise _Stop(
+                    Verdict.FAILED,
+                    f"the harness did not check the task's invariant '{name}' (task problem)",
+                )
+            broken = result.invariants[name]
+            entry = seen.setdefault(name, {"baseline": "held", "candidate": "held"})
+            if broken is not None:
+                entry[arm.name] = f"broken: {broken}"
+                if arm.name == "candidate":
+                    raise _Stop(Verdict.INCORRECT, f"invariant '{name}' ({what}) broken: {broken}")
 
     def performance(self, harness: Harness, base: Arm, cand: Arm) -> Verdict:
         try:
@@ -351,17 +366,6 @@ def _correctness(
     )
 
 
-def _max_patch_bytes() -> int:
-    try:
-        from infra_agent.context import current
-
-        return current().settings().sandbox.max_patch_bytes
-    except UserError:
-        from infra_agent.tasks.patch import DEFAULT_MAX_PATCH_BYTES
-
-        return DEFAULT_MAX_PATCH_BYTES
-
-
 def run_experiment(
     task: Task,
     patch: Patch,
@@ -375,32 +379,29 @@ def run_experiment(
 ) -> ExperimentRecord:
     """Run one experiment and return its record (also stored when `store` is given).
 
-    Bad input (unknown parameter or knob, a patch that is not a diff, does not apply, is too
-    large or targets a missing file) raises UserError before anything runs or is recorded.
-    `seed` only fixes the statistics' bootstrap; input seeds always come from os.urandom."""
-    from infra_agent.sandboxes import available_backends, create_sandbox
+    A bad invocation (unknown parameter or backend) raises UserError before anything runs or is
+    recorded. A patch this task refuses (it does not apply, is too large, targets a missing or
+    non-editable file, sets an unknown knob or a bad value) is an experiment too: REJECTED at the
+    apply stage, recorded with its reason. `seed` only fixes the statistics' bootstrap; input
+    seeds always come from os.urandom."""
+    from infra_agent.sandboxes import create_sandbox, ensure_backend
 
-    problem = available_backends().get(
-        sandbox, f"unknown backend (known: {', '.join(available_backends())})"
-    )
-    if problem is not None:
-        raise UserError(f"sandbox backend '{sandbox}' cannot be used here: {problem}")
+    ensure_backend(sandbox)  # docker: starts a private engine when none answers
     resolved = effective_params(task.manifest, params)
-    effective_knobs(patch, task.manifest)  # unknown knobs / bad values: UserError now
-    limit = _max_patch_bytes()
-    if len(patch.diff.encode()) > limit:
-        raise PatchError(f"patch is {len(patch.diff.encode())} bytes, above the limit of {limit}")
-    if patch.kind == "diff":
-        try:
-            shutil.rmtree(preview_apply(patch, task), ignore_errors=True)
-        except NotEditableError:
-            pass  # a rule, not bad input: the cascade records it as REJECTED
     started_at, t0 = now(), time.monotonic()
-    experiment = Experiment(
-        task, patch, backend=sandbox, params=resolved, progress=progress,
-        bootstrap_seed=seed if seed is not None else 0,
-    )  # fmt: skip
-    result = experiment.run(create_sandbox)
+    refused = patch_refusal(patch, task)
+    if refused is not None:
+        result = ExperimentResult(
+            task=task.name, patch_id=patch.hash, verdict=Verdict.REJECTED,
+            reasons=[f"patch refused: {refused}"],
+            evidence=Evidence(stage_reached="apply", rule_violations=[refused]),
+        )  # fmt: skip
+    else:
+        experiment = Experiment(
+            task, patch, backend=sandbox, params=resolved, progress=progress,
+            bootstrap_seed=seed if seed is not None else 0,
+        )  # fmt: skip
+        result = experiment.run(create_sandbox)
     record = ExperimentRecord(
         run_id=run_id,
         task=task.name,

@@ -8,17 +8,14 @@ from typing import Any
 
 import typer
 
-from infra_agent.errors import UserError
 from infra_agent.experiments.arms import (
-    ArmSet,
+    arm_set,
     effective_params,
     load_harness,
-    preload_modules,
     sandbox_spec,
-    worker_guard,
 )
 from infra_agent.experiments.cli import parse_params
-from infra_agent.sandboxes import available_backends, create_sandbox
+from infra_agent.sandboxes import create_sandbox, ensure_backend
 from infra_agent.tasks.diagnose import Diagnosis, generic_diagnosis
 from infra_agent.tasks.patch import effective_knobs
 from infra_agent.tasks.registry import find_task
@@ -31,13 +28,11 @@ def run_diagnosis(
     """Reproduce and localize `task_name`'s symptom on its unmodified workspace."""
     task = find_task(task_name)
     manifest = task.manifest
-    problem = available_backends().get(sandbox, "unknown backend")
-    if problem is not None:
-        raise UserError(f"sandbox backend '{sandbox}' cannot be used here: {problem}")
+    ensure_backend(sandbox)  # docker: starts a private engine when none answers
     resolved = effective_params(manifest, params)
     started = time.monotonic()
     harness = load_harness(task, resolved)
-    arms = ArmSet(manifest.budget.call_timeout_s, preload_modules(task), worker_guard(task))
+    arms = arm_set(task)
     arm = None
     try:
         with workspace_folder(task) as folder:

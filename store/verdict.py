@@ -75,7 +75,8 @@ class PerformanceEvidence(_Record):
     baseline_median: float
     candidate_median: float
     speedup: float
-    """Improvement factor oriented so that > 1 is better (baseline/candidate for times)."""
+    """Improvement factor oriented so that > 1 is better (baseline/candidate for times and
+    errors); what it is called is `gain`."""
     ci_low: float
     """95% confidence interval of `speedup`."""
     ci_high: float
@@ -85,6 +86,12 @@ class PerformanceEvidence(_Record):
     candidate_samples: list[float] = Field(default_factory=list)
     noise: list[str] = Field(default_factory=list)
     """Noise flags from the benchmark instrument (e.g. 'high_iqr', 'drift')."""
+    min_effect: float | None = None
+    """The task's minimum effect (relative) the decision used; None in records made before it
+    was kept here."""
+    gain: str = "speedup"
+    """What the factor is: 'speedup' (time, throughput), 'error ratio' (accuracy tasks: baseline
+    error / candidate error), 'rate ratio' (rare events: baseline rate / candidate rate)."""
     method: str = ""
     """How it was measured (interleaving, bootstrap, repetitions)."""
 
@@ -146,7 +153,7 @@ class ExperimentResult(_Record):
         perf = self.evidence.performance
         if perf is not None:
             lines.append(
-                f"speedup {perf.speedup:.3f}x (95% CI {perf.ci_low:.3f}-{perf.ci_high:.3f}, "
+                f"{perf.gain} {perf.speedup:.3f}x (95% CI {perf.ci_low:.3f}-{perf.ci_high:.3g}, "
                 f"n={perf.n_samples}/arm); {perf.metric} baseline {perf.baseline_median:.4g} {perf.unit}"
                 f" -> candidate {perf.candidate_median:.4g} {perf.unit}"
             )

@@ -36,6 +36,25 @@ class Metric(BaseModel):
     """Unit for people, e.g. 'ms', 'tok/s', 'corruptions/10k'."""
     higher_is_better: bool
     """Direction: True for throughput-like metrics, False for times and error rates."""
+    events: str | None = None
+    """A rate metric (rare events, e.g. corrupted requests): the sample key counting events.
+    Verdicts then pool the counts of all samples (experiments.rates) instead of comparing
+    per-sample medians, and sampling stops once the difference is shown."""
+    trials: str | None = None
+    """For a rate metric: the sample key counting the trials (requests) the events are out of."""
+    per: float = 10_000.0
+    """For a rate metric: rates are events per this many trials."""
+    target: float | None = None
+    """For a rate metric: the rate (per `per` trials) a fix must be shown below, 95% upper
+    bound, to count as IMPROVED (the public case: under 3 per 10k)."""
+
+    @model_validator(mode="after")
+    def _rate(self) -> Metric:
+        if (self.events is None) != (self.trials is None):
+            raise ValueError("a rate metric names both 'events' and 'trials'")
+        if self.events is not None and self.higher_is_better:
+            raise ValueError("a rate metric counts bad events: higher_is_better must be false")
+        return self
 
 
 class Constraint(BaseModel):
@@ -181,7 +200,15 @@ class TaskManifest(BaseModel):
     min_effect: float = 0.02
     """Relative change below which a difference counts as NO_CHANGE even if significant."""
     allow: list[str] = Field(default_factory=list)
-    """Static-rule groups this task's code legitimately needs (e.g. 'threading', 'ctypes')."""
+    """Static-rule groups this task's code legitimately needs (e.g. 'threading', 'ctypes'), and
+    'background' where threads may outlive a call and work between calls."""
+    inplace: bool = False
+    """The task's functions write into their arguments: a call that changes its inputs is then
+    allowed (otherwise it is INCORRECT)."""
+    invariants: dict[str, str] = Field(default_factory=dict)
+    """Properties the harness checks on every correctness pass, name -> what must hold (e.g.
+    'a step returns only after its transfer completed'). A candidate that breaks one is
+    INCORRECT; the baseline may break one (the bug a task asks to fix), which is recorded."""
     harness: str = "harness.py"
     """Harness module file, relative to the task folder."""
     harness_class: str = "TaskHarness"

@@ -45,6 +45,11 @@ def axpy(a, xs, ys):
     return out  # filled in later: an in-process harness would see it complete
 """
 
+THREAD_HANDOFF_INDIRECT = THREAD_HANDOFF.replace("import threading\n", "import queue\n").replace(
+    "threading.Thread(target=work)",  # threading, reached through queue's attribute
+    'getattr(queue.threading, "Thread")(target=work)',
+)
+
 CHILD_PROCESS = """
 import subprocess
 import sys
@@ -209,6 +214,7 @@ def assert_caught(result, *verdicts: Verdict) -> None:
     ("source", "group"),
     [
         (THREAD_HANDOFF, "threads"),
+        (THREAD_HANDOFF_INDIRECT, "threads"),
         (CHILD_PROCESS, "processes"),
         (NETWORK.format(port=9), "network"),
         (WRITE_OUTSIDE.format(path="/tmp/escaped.txt"), "harness"),
@@ -220,6 +226,7 @@ def assert_caught(result, *verdicts: Verdict) -> None:
     ],
     ids=[
         "thread",
+        "thread-indirect",
         "child",
         "network",
         "write",
@@ -252,6 +259,16 @@ def test_background_thread_is_caught(pytask, backend: str) -> None:
     assert result.evidence.stage_reached != "static"
     assert_caught(result)
     assert "thread" in " ".join(result.reasons)
+
+
+def test_thread_reached_indirectly_is_caught_at_run_time(
+    pytask, backend: str, no_static_rules: None
+) -> None:
+    """Behind the static rules, the process watch sees the thread however the code reached
+    threading (deterministic: the thread is alive, asleep, when the call returns)."""
+    result = run(pytask(), THREAD_HANDOFF_INDIRECT, backend)
+    assert_caught(result, Verdict.REJECTED)
+    assert "thread(s) running" in " ".join(result.reasons)
 
 
 def test_child_process_left_running_is_caught(pytask, backend: str, no_static_rules: None) -> None:
@@ -407,11 +424,34 @@ def test_identity_cache_is_rejected_by_the_state_rule() -> None:
     assert any("rule 'state'" in r for r in result.reasons), result.reasons
 
 
+IDENTITY_CACHE_SLOW_MISS = '''"""A projection remembered per input object; a miss costs 5 ms more than baseline."""
+
+import time
+
+import torch
+
+_CACHE = {}
+
+
+def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    key = (id(x), id(w))
+    if key not in _CACHE:
+        time.sleep(0.005)
+        _CACHE[key] = (x.unsqueeze(2) * w.unsqueeze(0)).sum(dim=1)
+    return _CACHE[key]
+'''
+
+
 @pytest.mark.slow
-def test_cache_keyed_on_input_identity_goes_stale(backend: str, no_static_rules: None) -> None:
-    """Behind the state rule: fresh input tensors may reuse a freed tensor's id, so the cache
-    answers a new input with an old output."""
+def test_cache_keyed_on_input_identity_never_answers_a_new_input(
+    backend: str, no_static_rules: None
+) -> None:
+    """Behind the state rule: every put is a fresh object, so an identity cache either misses
+    (and the candidate pays its 5 ms: REGRESSED) or answers a new input with an old output
+    (INCORRECT); only a hit on the same content, the hole, could make it IMPROVED.
+    False-failure probability per run: below 1e-6 (every miss costs 5 ms against baseline's
+    ~0.1 ms call: each of the >= 10 pairs is slower, far outside any noise)."""
     task = find_task("example-matmul")
-    patch = patch_for(task, "projection.py", IDENTITY_CACHE)
+    patch = patch_for(task, "projection.py", IDENTITY_CACHE_SLOW_MISS)
     result = run_experiment(task, patch, sandbox=backend, params=SMALL).result
-    assert_caught(result, Verdict.INCORRECT)
+    assert_caught(result, Verdict.INCORRECT, Verdict.REGRESSED)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from infra_agent.sandboxes import create_sandbox
 from infra_agent.store import open_store
 from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.manifest import Constraint
-from infra_agent.tasks.patch import PatchError, knob_patch, load_patch, parse_diff
+from infra_agent.tasks.patch import knob_patch, load_patch, parse_diff
 from infra_agent.tasks.registry import find_task
 
 FAST = "def axpy(a, xs, ys):\n    return [a * x + y for x, y in zip(xs, ys)]\n"
@@ -183,23 +184,37 @@ def test_sign_test_must_agree_with_the_bootstrap(pytask) -> None:
     assert decide(synthetic(base[:5], [b / 2 for b in base[:5]]), manifest)[0] == Verdict.IMPROVED
 
 
-def test_bad_input_raises_and_records_nothing(pytask, make_patch, tmp_path: Path) -> None:
+def test_bad_invocation_raises_and_records_nothing(pytask, make_patch, tmp_path: Path) -> None:
     task = pytask()
     store = open_store(tmp_path / "runs.db")
     good = make_patch(task, "kernel.py", FAST)
     with pytest.raises(UserError, match="no parameter 'bogus'"):
         run_experiment(task, good, params={"bogus": 1}, store=store)
-    with pytest.raises(UserError, match="unknown knob 'size'"):
-        run_experiment(task, knob_patch({"size": 3}), store=store)
-    with pytest.raises(PatchError, match="does not exist"):
-        run_experiment(
-            task, parse_diff(good.diff.replace("kernel.py", "helpers/gone.py")), store=store
-        )
-    with pytest.raises(PatchError, match="does not apply cleanly"):
-        run_experiment(task, parse_diff(good.diff.replace("out = []", "out = [0]")), store=store)
-    with pytest.raises(UserError, match="unknown backend"):
+    with pytest.raises(UserError, match="unknown sandbox backend 'vm'"):
         run_experiment(task, good, sandbox="vm", store=store)
     assert store.experiments() == [] and store.get_patch(good.hash) is None
+
+
+def test_refused_patches_are_rejected_and_recorded(pytask, make_patch, tmp_path: Path) -> None:
+    """A patch the task cannot take is an outcome of the proposal, not a bad invocation: a
+    REJECTED experiment at the apply stage, stored with its reason (and printed as one JSON
+    document by `experiment --json`)."""
+    task = pytask()
+    store = open_store(tmp_path / "runs.db")
+    good = make_patch(task, "kernel.py", FAST)
+    refused = {
+        "unknown knob 'size'": knob_patch({"size": 3}),
+        "does not exist": parse_diff(good.diff.replace("kernel.py", "helpers/gone.py")),
+        "does not apply cleanly": parse_diff(good.diff.replace("out = []", "out = [0]")),
+    }
+    for why, patch in refused.items():
+        record = run_experiment(task, patch, store=store)
+        assert record.result.verdict == Verdict.REJECTED, record.result.render()
+        assert record.result.evidence.stage_reached == "apply"
+        assert why in record.result.reasons[0]
+        assert store.get_experiment(record.id) is not None
+        assert store.get_patch(patch.hash) is not None
+    assert len(store.experiments()) == 3
 
 
 def test_non_editable_file_is_rejected_and_recorded(pytask, tmp_path: Path) -> None:
@@ -245,6 +260,48 @@ def test_cli_json_and_store(pytask, make_patch, tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "not found" in bad.stderr and bad.stdout == ""
     assert len(open_store(db).experiments()) == 1
+    # A patch the task refuses is an outcome: one JSON document, recorded.
+    stale = tmp_path / "stale.diff"
+    stale.write_text(patch_file.read_text().replace("out = []", "out = [0]"))
+    refused = subprocess.run([*argv[:-3], "--patch", str(stale), "--json"], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 0, refused.stderr
+    report = json.loads(refused.stdout)
+    assert report["verdict"] == "REJECTED" and "does not apply" in report["reasons"][0]
+    assert report["experiment_id"] in [e.id for e in open_store(db).experiments()]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("dockerd") is None, reason="needs root and dockerd"
+)
+def test_cli_docker_starts_its_own_engine(pytask, make_patch, tmp_path: Path) -> None:
+    """`--sandbox docker` with no engine answering starts a private dockerd for the run and
+    stops it afterwards (no dockerd, containerd or engine folder left)."""
+    task = pytask()
+    patch_file = tmp_path / "fast.diff"
+    patch_file.write_text(make_patch(task, "kernel.py", FAST).diff)
+    nowhere = f"unix://{tmp_path}/no-engine.sock"
+    argv, env = cli(["--db", str(tmp_path / "runs.db"), "experiment", "--task", str(task.root),
+                     "--patch", str(patch_file), "--sandbox", "docker", "--json"],
+                    {"DOCKER_HOST": nowhere})  # fmt: skip
+    before = _engine_folders()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["sandbox"]["backend"] == "docker" and report["verdict"] in (
+        "IMPROVED",
+        "NO_CHANGE",
+    )
+    assert _engine_folders() == before  # the private engine's folder was removed with it
+
+
+def _engine_folders() -> set[str]:
+    import tempfile
+
+    from infra_agent.sandboxes.workspace import PREFIX
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-engine-*")}
 
 
 def _processes_under(folder: Path) -> list[int]:

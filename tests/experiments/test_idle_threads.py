@@ -1,5 +1,6 @@
-"""Threads started after warm-up: an idle compute pool grown by a knob is tolerated, a thread
-that keeps computing after its call returned is not (measured through /proc, not by name)."""
+"""Threads started by candidate code (at import, warm-up or later): an idle compute pool grown by
+a knob is tolerated, a thread that keeps computing after its call returned is not (measured
+through /proc, not by name)."""
 
 from __future__ import annotations
 
@@ -95,15 +96,17 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory):  # -> Iterator[Sandbox]
 
 @pytest.fixture
 def worker(sandbox):  # -> Iterator[RpcWorker]: warm with a one-thread pool
-    w = RpcWorker(sandbox, call_timeout_s=30, preload=["torch"])
+    # the guard is on between calls too: threads may write only in the workspace, as in a task
+    w = RpcWorker(
+        sandbox, call_timeout_s=30, preload=["torch"], guard={"writable": [str(sandbox.root)]}
+    )
     w.call("pool:grow", 1)
-    w.mark_warm()
     yield w
     w.close()
 
 
 def test_idle_pool_threads_grown_after_warm_up_are_tolerated(worker: RpcWorker) -> None:
-    warm = set(worker.watch.warm_tids or ())
+    warm = set(worker.watch.start_tids or ())
     for _ in range(3):
         worker.call("pool:grow", 3)
     assert worker.watch.tolerated, "set_num_threads(3) should have started pool threads"
@@ -169,3 +172,70 @@ def test_thread_burning_after_return_is_rejected(pytask, make_patch, backend: st
     ).result
     assert result.verdict == Verdict.REJECTED, result.render()
     assert "background thread" in " ".join(result.reasons)
+
+
+# -- threads born before the first call: at import, and a pool started at warm-up ------------
+
+SLOW_AXPY = (Path(__file__).parent / "pytask" / "workspace" / "kernel.py").read_text()
+"""The test task's own kernel: the cheats below do exactly the baseline's work."""
+
+SPIN_FROM_IMPORT = (
+    """
+import threading
+
+
+def _spin():
+    while True:  # burns a core while the other arm is measured
+        pass
+
+
+threading.Thread(target=_spin, daemon=True).start()
+"""
+    + SLOW_AXPY
+)
+
+BURSTS_FROM_IMPORT = (
+    """
+import threading
+import time
+
+import torch
+
+
+def _bursts():
+    while True:
+        time.sleep(0.02)  # asleep whenever it is looked at right after a call...
+        end = time.monotonic() + 0.1
+        while time.monotonic() < end:  # ...and busy in between
+            pass
+
+
+threading.Thread(target=_bursts, daemon=True).start()
+"""
+    + SLOW_AXPY
+)
+
+
+@pytest.mark.parametrize("source", [SPIN_FROM_IMPORT, BURSTS_FROM_IMPORT], ids=["spin", "bursts"])
+def test_threads_started_at_import_are_watched(pytask, make_patch, backend: str, source) -> None:
+    """Judged IMPROVED 2.44x on docker when the watch started after warm-up: a thread born at
+    import burned CPU while the baseline was measured. The watch now starts before any candidate
+    code is imported. Deterministic: the spinner is always runnable (never settles); the bursts
+    run 100 ms of every 120 ms, so the CPU between calls (or at return) exceeds the 3 ms limit in
+    the first gaps already, whatever the machine's load."""
+    task = pytask(allow=["threads"])
+    (task.workspace / "uses_torch.py").write_text("import torch\n")  # pool threads tolerated
+    result = run_experiment(task, make_patch(task, "kernel.py", source), sandbox=backend).result
+    assert result.verdict == Verdict.REJECTED, result.render()
+    reasons = " ".join(result.reasons)
+    assert "background thread" in reasons or "thread(s) running" in reasons, reasons
+    assert result.evidence.stage_reached in ("prepare", "correctness")
+
+
+def test_background_work_is_allowed_when_the_task_says_so(pytask, make_patch) -> None:
+    """`allow = ["background"]`: threads may outlive calls and work between them, so the same
+    spinner is measured instead of rejected (the task owns that choice)."""
+    task = pytask(allow=["threads", "background"])
+    result = run_experiment(task, make_patch(task, "kernel.py", SPIN_FROM_IMPORT)).result
+    assert result.verdict not in (Verdict.REJECTED, Verdict.FAILED), result.render()
+    assert result.evidence.extra["process_watch"]["candidate"]["background_allowed"] is True  # type: ignore[index]

@@ -244,7 +244,7 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
 
     knobs = kit.knob_patch_record({"max_batch": 32})
     ids["knobs"] = submit_proposal(
-        store, task=task, patch=knobs, experiment=kit.experiment_for(task, knobs, speedup=1.08),
+        store, task=task, patch=knobs, experiment=kit.experiment_for(task, knobs, speedup=1.3),
         rationale="knobs: bigger batches", run_id=None,
     ).id  # fmt: skip
 

@@ -28,10 +28,11 @@ class TaskHarness(Harness):
 
     def _timed(self, arm: Arm, kv: torch.Tensor, transfer: bool) -> tuple[Any, float]:
         return arm.worker.timed_call(
-            "engine:run_steps", kv, transfer=transfer, timeout_s=60, **self._kwargs()
+            "scheduler:run_steps", kv, transfer=transfer, timeout_s=60, **self._kwargs()
         )
 
-    def _verify(self, received: Any, kv: torch.Tensor) -> str | None:
+    def _verify(self, result: Any, kv: torch.Tensor) -> str | None:
+        received = result.get("received") if isinstance(result, dict) else None
         if not isinstance(received, torch.Tensor) or received.shape != kv.shape:
             return f"expected the received KV {tuple(kv.shape)}, got {getattr(received, 'shape', received)!r}"
         bad = int((received != kv).any(dim=-1).sum())
@@ -39,15 +40,29 @@ class TaskHarness(Harness):
             f"{bad} of {kv.shape[0] * kv.shape[1]} KV chunks did not arrive intact" if bad else None
         )
 
+    def _late(self, result: Any, kv: torch.Tensor) -> str | None:
+        """The invariant: no step returned before its transfer completed (the scheduler, outside
+        the editable code, compares what arrived with the step's pages as the step returns)."""
+        late = result.get("late_steps") if isinstance(result, dict) else None
+        if not isinstance(late, list):
+            return "the scheduler's report is missing"
+        if not late:
+            return None
+        return (
+            f"{len(late)} of {kv.shape[0]} steps returned before their KV transfer completed "
+            f"(steps {late[:6]}); the scheduler reuses a step's pages once it returns"
+        )
+
     def check(self, arm: Arm, seed: int) -> CheckResult:
         kv = make_kv(self.params, seed)
-        received = arm.worker.call("engine:run_steps", kv, timeout_s=60, **self._kwargs())
-        problem = self._verify(received, kv)
+        result = arm.worker.call("scheduler:run_steps", kv, timeout_s=60, **self._kwargs())
+        problem = self._verify(result, kv)
         return CheckResult(
             passed=problem is None,
             max_abs_err=None if problem else 0.0,
             tolerance="exact (every KV chunk received bit for bit)",
             detail=problem,
+            invariants={"transfer-before-return": self._late(result, kv)},
         )
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
@@ -56,9 +71,9 @@ class TaskHarness(Harness):
         kv = make_kv(self.params, seed)
         with_t, without = [], []
         for transfer in (True, False, False, True):
-            received, seconds = self._timed(arm, kv, transfer)
+            result, seconds = self._timed(arm, kv, transfer)
             if transfer:
-                problem = self._verify(received, kv)
+                problem = self._verify(result, kv) or self._late(result, kv)
                 if problem:
                     raise IncorrectOutput(problem)
             (with_t if transfer else without).append(seconds)
@@ -88,7 +103,7 @@ class TaskHarness(Harness):
 
         def long_run() -> None:
             try:
-                arm.worker.call("engine:run_steps", long_kv, timeout_s=120, **self._kwargs())
+                arm.worker.call("scheduler:run_steps", long_kv, timeout_s=120, **self._kwargs())
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 

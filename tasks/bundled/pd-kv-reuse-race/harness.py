@@ -17,6 +17,9 @@ from infra_agent.tasks.harness import (
     seeded_prompts,
 )
 
+FORCED_SEED_SALT = 0x5717
+"""Separates the forced-stall run's requests from the functional check's."""
+
 LOAD_KEYS = (
     "concurrency", "pages", "slot_elems", "writers", "write_us", "stall_prob", "stall_min_ms",
     "stall_max_ms", "timeout_ms", "decode_steps", "step_us",
@@ -62,14 +65,29 @@ class TaskHarness(Harness):
 
     def check(self, arm: Arm, seed: int) -> CheckResult:
         """Functional check without stalls and with a generous timeout (no aborts, so no reuse
-        race even on a starved machine): every output right."""
+        race even on a starved machine): every output right. Then the invariant, with the race
+        forced: many transfers stall past the timeout and are aborted, and decoding takes long
+        enough that a late write lands in the next owner's slots while it decodes; every request
+        must still decode from its own KV."""
         n = self.params["check_requests"]
         found = self.run(arm, n, seed, stall_prob=0.0, timeout_ms=60_000.0)
         ok = found["corruptions"] == 0
+        p = self.params
+        forced = self.run(
+            arm, p["forced_requests"], seed ^ FORCED_SEED_SALT,
+            stall_prob=p["forced_stall_prob"], decode_steps=p["forced_decode_steps"],
+        )  # fmt: skip
+        k, m = forced["corruptions"], forced["requests"]
         return CheckResult(
             passed=ok,
             tolerance="exact: every request's output is its own KV's checksum",
             detail=None if ok else f"{found['corruptions']} of {n} outputs wrong without any load",
+            invariants={
+                "reads-own-kv": None
+                if k == 0
+                else f"{k} of {m} requests decoded another request's KV with transfer stalls "
+                f"forced ({forced['aborts']} aborts; first: {forced['corrupted'][:5]})"
+            },
         )
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
@@ -77,8 +95,9 @@ class TaskHarness(Harness):
         found = self.run(arm, n, seed)
         k = found["corruptions"]
         return {
-            "corruption_ucb_per_10k": 1e4 * poisson_upper(k) / n,
             "corruptions_per_10k": 1e4 * k / n,
+            "corruptions": float(k),
+            "requests": float(n),
             "requests_per_s": n / found["seconds"],
         }
 
