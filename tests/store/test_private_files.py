@@ -53,3 +53,18 @@ def test_reopening_an_open_store_keeps_its_locks(tmp_path: Path) -> None:
     store.put_run(RunRecord(task="t", objective="latency", policy="search"))
     assert _runs_seen_by_another_process(db) == 2
     store.close()
+
+
+def test_the_eval_store_keeps_the_run_store_file_private(tmp_path: Path) -> None:
+    """Evals share the run store's file; opening it first must not create it readable."""
+    from infra_agent.store.evals import EvalStore
+
+    old = os.umask(0)
+    try:
+        db = tmp_path / "data" / "runs.db"
+        db.parent.mkdir(mode=0o700)
+        evals = EvalStore(db)
+        evals.conn.close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
