@@ -88,13 +88,12 @@ def propose(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
         text = f"model request failed (attempt {err.attempt}, {err.kind})"
         ctx.log.harness(text, error=err.message, name="model")
     update: dict[str, Any] = {"phase": "propose", "pending": [], "usage": usage}
-    if turn.message is None:
+    if (message := turn.message) is None:
         update["model_failures"] = failures = state.model_failures + 1
         if failures >= ctx.config.max_model_failures:
             update["stop_reason"] = f"model unavailable: {failures} requests failed after retries"
         return _timed(update, state, started)
     usage.turns += 1
-    message = turn.message
     ctx.log.message(
         message, prompt_tokens=turn.prompt_tokens, completion_tokens=turn.completion_tokens,
         cached_prompt_tokens=turn.cached_prompt_tokens, reasoning_tokens=turn.reasoning_tokens,
@@ -326,7 +325,11 @@ def apply(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
         proposal = ctx.store.get_proposal(pid)
         if proposal is not None and proposal.status is ProposalStatus.APPROVED:
             ctx.on_event(f"applying {pid}")
-            proposal = apply_approved(ctx.store, pid, reviewer=f"infra-agent run {state.run_id}")
+            try:
+                proposal = apply_approved(ctx.store, pid, reviewer=f"infra-agent run {state.run_id}")  # fmt: skip
+            except UserError as exc:  # e.g. the stored patch was edited after approval
+                ctx.log.harness(f"proposal {pid} not applied", error=str(exc), name="apply")
+                continue
         applied[pid] = where = proposal.applied_to if proposal is not None else "?"
         ctx.log.harness(f"applied proposal {pid}: {where}", name="apply")
     return {"phase": "done", "applied": applied}

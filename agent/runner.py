@@ -1,9 +1,11 @@
 """Start, resume and finish agent runs: the graph wired to a store, a policy and a checkpointer.
 
-The checkpoint file sits next to the run store (`<db>.checkpoints.sqlite`); the LangGraph thread
-id is the run id. A run that crashed or was interrupted continues from its last checkpoint
-(`resume_run`); a run waiting at the review interrupt continues once its proposal is decided
-(`resume_after_review`, called by the review UI from any process).
+The checkpoint file sits next to the run store (`<db>.checkpoints.sqlite`, private like the
+store); the LangGraph thread id is the run id. Checkpoints are redacted as they are written
+(`checkpoint_serde`), and a finished run's checkpoints are deleted: only the run store keeps it.
+A run that crashed or was interrupted continues from its last checkpoint (`resume_run`); a run
+waiting at the review interrupt continues once its proposal is decided (`resume_after_review`,
+called by the review UI from any process).
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 from pydantic import BaseModel, Field
 
+from infra_agent.agent.checkpoint_serde import RedactingSerializer
 from infra_agent.agent.configuration import AgentContext, DeferredPolicy, RunConfig, build_policy
 from infra_agent.agent.graph import best_improved, builder
 from infra_agent.agent.runlog import RunLog
@@ -29,6 +31,7 @@ from infra_agent.config import Settings, load_settings
 from infra_agent.errors import UserError
 from infra_agent.experiments import run_experiment, task_fingerprint
 from infra_agent.experiments.executors import Executor, create_executor
+from infra_agent.private import private_sqlite
 from infra_agent.sandboxes.host import capture_environment
 from infra_agent.store import RunStore, open_store
 from infra_agent.store.records import ProposalStatus, RiskLevel, RunRecord, RunStatus
@@ -57,12 +60,20 @@ def compiled_graph(
     store_path: Path,
 ) -> Iterator[CompiledStateGraph[AgentState, AgentContext, AgentState, AgentState]]:
     """The agent graph with its SQLite checkpointer next to the run store."""
-    conn = sqlite3.connect(str(checkpoint_path(store_path)), check_same_thread=False, timeout=30)
+    path = private_sqlite(checkpoint_path(store_path))
+    conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA secure_delete=ON")  # a pruned checkpoint's pages are zeroed
     try:
-        saver = SqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=_STATE_TYPES))
+        saver = SqliteSaver(conn, serde=RedactingSerializer(allowed_msgpack_modules=_STATE_TYPES))
         yield builder.compile(checkpointer=saver)
     finally:
         conn.close()
+
+
+def prune_checkpoints(saver: SqliteSaver, run_id: str) -> None:
+    """Delete a finished run's checkpoints (the run store keeps the run) and their WAL frames."""
+    saver.delete_thread(run_id)
+    saver.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 class ProposalSummary(BaseModel):
@@ -174,6 +185,8 @@ def _drive(
             if context.executor is not None:
                 context.executor.shutdown()
         snapshot = graph.get_state(thread)
+        if not snapshot.next and isinstance(graph.checkpointer, SqliteSaver):
+            prune_checkpoints(graph.checkpointer, run.id)
     values = snapshot.values if isinstance(snapshot.values, dict) else {}
     state = AgentState(**{k: v for k, v in values.items() if k in AgentState.__dataclass_fields__})
     if snapshot.interrupts:
@@ -298,6 +311,8 @@ def resume_run(
         run = store.get_run(run_id)
         if run is None:
             raise UserError(f"no run '{run_id}' in {store_path}")
+        if run.status == RunStatus.FINISHED:
+            raise UserError(f"run {run_id} already finished ({run.summary or 'finished'})")
         with compiled_graph(store_path) as graph:
             snapshot = graph.get_state({"configurable": {"thread_id": run_id}})
         if not snapshot.values and not snapshot.next:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from infra_agent.private import private_sqlite
 from infra_agent.store.records import new_id, now
 
 AttemptStatus = Literal["pending", "running", "finished", "failed", "not_applicable"]
@@ -102,7 +103,7 @@ class EvalStore:
 
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
-        uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+        uri = f"file:{path}?mode=ro" if readonly else f"file:{private_sqlite(path)}"
         self.conn = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None)
         if not readonly:
             self.conn.executescript(_SCHEMA)

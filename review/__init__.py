@@ -4,7 +4,8 @@
   documented there, and `default_policy.toml` is the bundled policy (`[review] policy = FILE` in
   infra-agent.toml replaces it).
 - `queue.py`: `submit_proposal` (the agent's entry), `decide` (compare-and-set, bound to the
-  patch hash, refused on stale evidence), `reverify`, `review_outcome` (what the agent reads).
+  patch hash recomputed from the stored bytes, refused on stale evidence), `review_outcome`
+  (what the agent reads); `reverify.py`: a fresh experiment on the bytes stored now.
 - `apply.py`: after a decision, resume the waiting agent run or apply the approved patch (git
   branch `infra-agent/<proposal-id>`, or the deployment's argument file).
 - `web/`: `infra-agent review serve` (token login, CSRF, server-rendered pages); `cli.py`: the

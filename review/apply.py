@@ -9,15 +9,23 @@
   git copy of the task's workspace under the data folder; knob changes are merged into the
   deployment's argument file (TOML, table `[server_args]`). The APPLY decision is audited and
   the proposal becomes `applied`.
+
+What is applied is what was verified: the patch's hash is recomputed from the stored bytes and
+must be the approved one, and the commit is not a second reading of the diff (`git apply
+--cached` could read it differently): the diff is applied to a copy of the task's workspace the
+way the experiment applied it (`tasks.patch.apply_patch`, same baseline: the task's fingerprint
+must be unchanged), and the files it touched are committed with exactly those bytes.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +33,25 @@ import tomllib
 
 from infra_agent.config import default_data_dir
 from infra_agent.errors import UserError
-from infra_agent.review.queue import get_proposal, resolve_task
+from infra_agent.experiments import task_fingerprint
+from infra_agent.private import PRIVATE_UMASK, make_tree_private, private_dir, write_private
+from infra_agent.review.queue import (
+    changed_patch,
+    get_proposal,
+    resolve_task,
+    stored_patch,
+)
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
     DecisionAction,
     DecisionRecord,
-    PatchKind,
-    PatchRecord,
     ProposalRecord,
     ProposalStatus,
     RunStatus,
 )
+from infra_agent.tasks.manifest import Task
+from infra_agent.tasks.patch import Patch
+from infra_agent.tasks.tree import preview_apply
 
 BRANCH_PREFIX = "infra-agent/"
 _GIT_ENV = {
@@ -48,21 +64,65 @@ _GIT_ENV = {
 
 
 def _git(
-    repo: Path, *args: str, env: dict[str, str] | None = None, stdin: str | None = None
+    repo: Path, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None
 ) -> str:
     full_env = {**os.environ, **_GIT_ENV, **(env or {})}
     result = subprocess.run(
-        ["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True, env=full_env
-    )
+        ["git", "-C", str(repo), *args], input=stdin, capture_output=True, env=full_env,
+        umask=PRIVATE_UMASK,
+    )  # fmt: skip
+    out, err = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
     if result.returncode != 0:
-        first = (result.stderr.strip() or result.stdout.strip() or "failed").splitlines()[0]
+        first = (err.strip() or out.strip() or "failed").splitlines()[0]
         raise UserError(f"git {args[0]} in {repo}: {first}")
-    return result.stdout.strip()
+    return out.strip()
 
 
-def commit_on_branch(repo: Path, diff: str, branch: str, message: str) -> str:
-    """Commit `diff` on top of HEAD as new branch `branch`, without touching the checkout
-    (private index, `git apply --cached`). Returns the commit id."""
+@dataclass(frozen=True)
+class VerifiedFile:
+    """One file a verified patch touched: its bytes before (the measured baseline) and after
+    (as the experiment applied the patch); None where the file does not exist."""
+
+    path: str
+    before: bytes | None
+    after: bytes | None
+    mode: str
+    """git file mode of `after`: 100644 or 100755."""
+
+
+def verified_files(patch: Patch, task: Task) -> list[VerifiedFile]:
+    """The files `patch` touches in `task`'s workspace, applied as an experiment applies it."""
+    scratch = preview_apply(patch, task)
+    try:
+        files = []
+        for rel in patch.files:
+            old, new = task.workspace / rel, scratch / "ws" / rel
+            executable = new.is_file() and bool(new.stat().st_mode & stat.S_IXUSR)
+            files.append(
+                VerifiedFile(
+                    rel,
+                    old.read_bytes() if old.is_file() else None,
+                    new.read_bytes() if new.is_file() else None,
+                    "100755" if executable else "100644",
+                )
+            )
+        return files
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _blob(repo: Path, commit: str, path: str) -> bytes | None:
+    result = subprocess.run(
+        ["git", "-C", str(repo), "cat-file", "blob", f"{commit}:{path}"],
+        capture_output=True, env={**os.environ, **_GIT_ENV},
+    )  # fmt: skip
+    return result.stdout if result.returncode == 0 else None
+
+
+def commit_on_branch(repo: Path, files: list[VerifiedFile], branch: str, message: str) -> str:
+    """Commit the verified bytes of `files` on top of HEAD as new branch `branch`, without
+    touching the checkout (private index). Refused when HEAD's version of a file is not the
+    baseline that was measured. Returns the commit id."""
     if _git(repo, "rev-parse", "--is-inside-work-tree") != "true":
         raise UserError(f"{repo} is not a git work tree")
     if (
@@ -74,10 +134,21 @@ def commit_on_branch(repo: Path, diff: str, branch: str, message: str) -> str:
     ):
         raise UserError(f"branch {branch} already exists in {repo}")
     base = _git(repo, "rev-parse", "HEAD")
+    for f in files:
+        if _blob(repo, base, f.path) != f.before:
+            raise UserError(
+                f"{f.path} at HEAD of {repo} is not the baseline the experiment measured; "
+                "apply to a checkout of that baseline (or without --repo)"
+            )
     with tempfile.TemporaryDirectory(prefix="infra-agent-apply-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         _git(repo, "read-tree", base, env=env)
-        _git(repo, "apply", "--cached", "--whitespace=nowarn", "-", env=env, stdin=diff)
+        for f in files:
+            if f.after is None:
+                _git(repo, "update-index", "--force-remove", "--", f.path, env=env)
+                continue
+            blob = _git(repo, "hash-object", "-w", "--no-filters", "--stdin", stdin=f.after)
+            _git(repo, "update-index", "--add", "--cacheinfo", f"{f.mode},{blob},{f.path}", env=env)
         tree = _git(repo, "write-tree", env=env)
     commit = _git(repo, "commit-tree", tree, "-p", base, "-m", message)
     _git(repo, "branch", branch, commit)
@@ -88,9 +159,8 @@ def workspace_copy(task_root: Path, name: str, data_dir: Path | None = None) -> 
     """A git repository holding the task's current workspace on branch `baseline` (created or
     refreshed): approved diffs become branches here when no repository is given."""
     source = task_root / "workspace"
-    repo = (data_dir or default_data_dir()) / "workspaces" / name
+    repo = private_dir((data_dir or default_data_dir()) / "workspaces" / name)
     if not (repo / ".git").is_dir():
-        repo.mkdir(parents=True, exist_ok=True)
         _git(repo, "init", "-q", "-b", "baseline")
     for child in repo.iterdir():
         if child.name != ".git":
@@ -98,6 +168,7 @@ def workspace_copy(task_root: Path, name: str, data_dir: Path | None = None) -> 
     shutil.copytree(
         source, repo, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )
+    make_tree_private(repo)  # copytree kept the task's modes
     _git(repo, "add", "-A")
     if _git(repo, "status", "--porcelain"):
         _git(repo, "commit", "-q", "-m", f"baseline workspace of task {name}")
@@ -133,10 +204,7 @@ def merge_knobs(path: Path, knobs: dict[str, Any]) -> None:
         else:
             raise UserError(f"knob {key}: value {value!r} cannot go in an argument file")
         lines.append(f'"{key}" = {text}')
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
+    write_private(path, "\n".join(lines) + "\n")
 
 
 def apply_approved(
@@ -154,12 +222,11 @@ def apply_approved(
         raise UserError(
             f"proposal {proposal.id} is {proposal.status.value}; only approved proposals are applied"
         )
-    patch: PatchRecord | None = store.get_patch(proposal.patch_id)
-    if patch is None or patch.id != proposal.patch_hash:
-        raise UserError(
-            f"patch {proposal.patch_hash[:12]} of {proposal.id} is missing from the run store"
-        )
-    if patch.kind == PatchKind.KNOBS:
+    patch = stored_patch(store, proposal)
+    changed = changed_patch(proposal, patch)
+    if changed is not None:
+        raise UserError(f"refusing to apply {proposal.id}: {changed}")
+    if patch.kind == "knobs":
         target = (
             args_file
             or (data_dir or default_data_dir()) / "deployments" / proposal.task / "server_args.toml"
@@ -167,16 +234,22 @@ def apply_approved(
         merge_knobs(target, patch.knobs)
         where = f"argument file {target}"
     else:
-        if repo is None:
-            task = resolve_task(proposal)
-            if task is None:
-                raise UserError(
-                    f"task '{proposal.task}' cannot be found; give a repository to apply {proposal.id} to"
-                )
-            repo = workspace_copy(task.root, task.name, data_dir)
+        task = resolve_task(proposal)
+        if task is None:
+            raise UserError(
+                f"task '{proposal.task}' cannot be found, so the verified workspace cannot be "
+                f"rebuilt to apply {proposal.id}"
+            )
+        if proposal.target_fingerprint and task_fingerprint(task) != proposal.target_fingerprint:
+            raise UserError(
+                f"refusing to apply {proposal.id}: task {task.name} changed since its patch was "
+                "verified, so the measured workspace cannot be rebuilt"
+            )
+        files = verified_files(patch, task)
+        repo = repo or workspace_copy(task.root, task.name, data_dir)
         branch = BRANCH_PREFIX + proposal.id
-        message = f"{proposal.rationale.splitlines()[0] if proposal.rationale else 'infra-agent change'}\n\nproposal {proposal.id}, patch {patch.id}, approved in review"
-        commit = commit_on_branch(repo, patch.diff, branch, message)
+        message = f"{proposal.rationale.splitlines()[0] if proposal.rationale else 'infra-agent change'}\n\nproposal {proposal.id}, patch {patch.hash}, approved in review"
+        commit = commit_on_branch(repo, files, branch, message)
         where = f"git branch {branch} ({commit[:12]}) in {repo}"
     with store.transaction():
         if not store.set_proposal_status(

@@ -16,8 +16,17 @@ from infra_agent.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit, status_console
 from infra_agent.review.apply import after_decision, apply_approved
-from infra_agent.review.queue import decide, get_proposal, list_queue, reverify, staleness
+from infra_agent.review.queue import (
+    decide,
+    get_proposal,
+    list_queue,
+    proven_gain,
+    resolve_task,
+    staleness,
+)
+from infra_agent.review.reverify import reverify
 from infra_agent.review.risk import load_policy
+from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
     DecisionRecord,
     ExperimentRecord,
@@ -26,6 +35,7 @@ from infra_agent.store.records import (
     ProposalStatus,
     RiskLevel,
 )
+from infra_agent.tasks.manifest import Task
 
 app = typer.Typer(
     help="The reviewer approval queue: list, show, approve, reject, request changes, serve the web UI.",
@@ -91,8 +101,13 @@ def _resolve_hash(proposal: ProposalRecord, given: str | None) -> str:
     return given  # decide() refuses it with the reason
 
 
-def _gain(p: ProposalRecord) -> str:
-    return f"{p.expected_gain:.3f}x" if p.expected_gain is not None else "—"
+def _gain(store: RunStore, p: ProposalRecord) -> str:
+    """The proven gain (the CI's low end), with the point estimate beside it."""
+    proven = proven_gain(store, p)
+    if proven is None:
+        return "—"
+    point = f" (point {p.expected_gain:.3f}x)" if p.expected_gain not in (None, proven) else ""
+    return f"{proven:.3f}x{point}"
 
 
 @app.command("list")
@@ -111,26 +126,39 @@ def list_proposals(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List proposals, largest expected gain first."""
+    """List proposals, largest proven gain (the low end of the speedup's CI) first."""
     try:
         status_filter = None if status == "all" else ProposalStatus(status)
         risk_filter = RiskLevel(risk) if risk else None
     except ValueError as exc:
         raise UserError(f"bad filter: {exc}") from None
-    proposals = list_queue(
-        current().store(readonly=True), status=status_filter, task=task, risk=risk_filter
-    )
+    store = current().store(readonly=True)
+    proposals = list_queue(store, status=status_filter, task=task, risk=risk_filter)
 
     def render(console: Console) -> None:
         if not proposals:
             console.print(f"no proposals ({status})")
             return
-        table = Table("proposal", "task", "gain", "risk", "status", "rationale")
+        table = Table("proposal", "task", "proven gain", "risk", "status", "rationale")
         for p in proposals:
-            table.add_row(p.id, p.task, _gain(p), p.risk.value, p.status.value, p.rationale[:60])
+            table.add_row(
+                p.id, p.task, _gain(store, p), p.risk.value, p.status.value, _short(p.rationale)
+            )
         console.print(table)
 
     emit(proposals, render, as_json=as_json)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """`text` cut to `limit` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _task_or_none(proposal: ProposalRecord) -> Task | None:
+    try:
+        return resolve_task(proposal)
+    except Exception:  # a broken task folder must not hide the proposal
+        return None
 
 
 @app.command("show")
@@ -154,7 +182,7 @@ def show(proposal_id: str, as_json: JsonOpt = False) -> None:
     def render(console: Console) -> None:
         p = proposal
         console.print(
-            f"[bold]{p.id}[/] {p.task}  {p.status.value}  {p.risk.value} risk  gain {_gain(p)}  patch {p.patch_hash}"
+            f"[bold]{p.id}[/] {p.task}  {p.status.value}  {p.risk.value} risk  proven gain {_gain(store, p)}  patch {p.patch_hash}"
         )
         if detail.stale_reason:
             console.print(f"[yellow]stale:[/] {detail.stale_reason}")
@@ -164,8 +192,13 @@ def show(proposal_id: str, as_json: JsonOpt = False) -> None:
             console.print(f"risk: {reason}", markup=False)
         if p.rationale:
             console.print(f"rationale: {p.rationale}", markup=False)
-        if detail.patch is not None:
-            console.print(detail.patch.diff or detail.patch.knobs, markup=False, highlight=False)
+        if detail.patch is not None and detail.patch.diff:
+            console.print(detail.patch.diff, markup=False, highlight=False)
+        elif detail.patch is not None:
+            from infra_agent.review.web.views import knob_rows  # the web package loads FastAPI
+
+            for row in knob_rows(detail.patch, _task_or_none(p)):
+                console.print(f"knob {row.name}: {row.baseline} -> {row.proposed}", markup=False)
         for d in detail.decisions:
             console.print(
                 f"{d.created_at:%Y-%m-%d %H:%M:%S} {d.reviewer} {d.action.value} {d.patch_hash[:12]} {d.comment}",

@@ -2,8 +2,10 @@
 
 A proposal binds a patch (by content hash) to the experiments that back it. A decision names the
 patch hash the reviewer looked at; the queue refuses it if that is no longer the proposal's
-patch, and refuses an approval whose evidence is stale (measured on another patch, or the target
-changed since: its fingerprint differs) until it has been re-verified. Decisions are compare-and-
+patch, and refuses an approval whose evidence is stale (measured on another patch, the stored
+patch's bytes no longer hash to the patch measured, or the target changed since: its fingerprint
+differs) until it has been re-verified. The hash is always recomputed from the stored bytes,
+never taken from the id a row was filed under. Decisions are compare-and-
 set on the proposal's status inside one transaction with their audit entry (`DecisionRecord`,
 append-only), so of two concurrent decisions exactly one lands and the other is told who won.
 
@@ -15,12 +17,12 @@ append-only), so of two concurrent decisions exactly one lands and the other is 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel
 
 from infra_agent.errors import UserError
-from infra_agent.experiments import run_experiment, task_fingerprint
+from infra_agent.experiments import task_fingerprint
 from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
@@ -39,6 +41,8 @@ from infra_agent.tasks.registry import find_task
 
 POLICY_REVIEWER = "policy"
 """Reviewer name on decisions the risk policy took by itself."""
+MAX_COMMENT_CHARS = 8000
+"""Longest reviewer comment (characters): it goes into the agent's conversation."""
 
 _HUMAN_ACTIONS = {
     DecisionAction.APPROVE: ProposalStatus.APPROVED,
@@ -109,13 +113,37 @@ def resolve_task(proposal: ProposalRecord) -> Task | None:
         return None
 
 
+def stored_patch(store: RunStore, proposal: ProposalRecord) -> Patch:
+    """The proposal's patch as stored now (UserError if it is missing); compare its `hash`, not
+    the row's id, with `proposal.patch_hash`."""
+    record = store.get_patch(proposal.patch_id)
+    if record is None:
+        raise UserError(
+            f"patch {proposal.patch_id[:12]} of {proposal.id} is missing from the run store"
+        )
+    return Patch.from_record(record)
+
+
+def changed_patch(proposal: ProposalRecord, patch: Patch) -> str | None:
+    """Why `patch` is not the patch the proposal's evidence was measured on, or None."""
+    if patch.hash == proposal.patch_hash:
+        return None
+    return (
+        f"the stored patch's bytes hash to {patch.hash[:12]}, not to the measured "
+        f"{proposal.patch_hash[:12]}: it was changed after it was verified"
+    )
+
+
 def staleness(store: RunStore, proposal: ProposalRecord, task: Task | None = None) -> str | None:
     """Why the proposal's evidence cannot support an approval now, or None if it is current."""
     if not proposal.experiment_ids:
         return "no experiment backs this proposal; re-verify it"
-    patch = store.get_patch(proposal.patch_id)
-    if patch is None or patch.id != proposal.patch_hash:
-        return f"the stored patch no longer has hash {proposal.patch_hash[:12]}; re-verify it"
+    try:
+        changed = changed_patch(proposal, stored_patch(store, proposal))
+    except UserError as exc:
+        return f"{exc}; re-verify it"
+    if changed is not None:
+        return f"{changed}; re-verify it"
     for exp_id in proposal.experiment_ids:
         exp = store.get_experiment(exp_id)
         if exp is None:
@@ -140,7 +168,7 @@ def staleness(store: RunStore, proposal: ProposalRecord, task: Task | None = Non
 # -- submitting ------------------------------------------------------------------------------
 
 
-def _as_policy(policy: RiskPolicy | Path | None) -> RiskPolicy:
+def configured_policy(policy: RiskPolicy | Path | None) -> RiskPolicy:
     """The given policy, else the configured one (`[review] policy`), else the bundled default."""
     if isinstance(policy, RiskPolicy):
         return policy
@@ -188,7 +216,7 @@ def submit_proposal(
             f"experiment {experiment.id} measured patch {experiment.patch_id[:12]}, "
             f"not the proposed patch {record.id[:12]}"
         )
-    assessment = assess(record, experiment.result, _as_policy(policy))
+    assessment = assess(record, experiment.result, configured_policy(policy))
     proposal = ProposalRecord(
         run_id=run_id,
         task=task.name,
@@ -251,7 +279,7 @@ def get_proposal(store: RunStore, proposal_id: str) -> ProposalRecord:
     return proposal
 
 
-def _already_decided(store: RunStore, proposal: ProposalRecord) -> ReviewConflict:
+def already_decided(store: RunStore, proposal: ProposalRecord) -> ReviewConflict:
     last = next(
         (d for d in reversed(store.decisions(proposal.id)) if d.action != DecisionAction.REVERIFY),
         None,
@@ -292,9 +320,14 @@ def decide(
         raise UserError("a decision needs a reviewer name")
     if action == DecisionAction.REQUEST_CHANGES and not comment.strip():
         raise UserError("request-changes needs a comment telling the agent what to change")
+    if len(comment) > MAX_COMMENT_CHARS:
+        raise UserError(
+            f"the comment has {len(comment):,} characters; at most {MAX_COMMENT_CHARS:,} go to "
+            "the agent: shorten it"
+        )
     proposal = get_proposal(store, proposal_id)
     if proposal.status != ProposalStatus.PENDING:
-        raise _already_decided(store, proposal)
+        raise already_decided(store, proposal)
     if patch_hash != proposal.patch_hash:
         raise StaleProposal(
             f"you reviewed patch {patch_hash[:12]}, but proposal {proposal.id} carries "
@@ -312,7 +345,7 @@ def decide(
         if not store.set_proposal_status(
             proposal.id, ProposalStatus.PENDING, _HUMAN_ACTIONS[action]
         ):
-            raise _already_decided(store, get_proposal(store, proposal.id))
+            raise already_decided(store, get_proposal(store, proposal.id))
         store.add_decision(
             DecisionRecord(
                 proposal_id=proposal.id,
@@ -353,79 +386,25 @@ def list_queue(
     task: str | None = None,
     risk: RiskLevel | None = None,
 ) -> list[ProposalRecord]:
-    """Proposals matching the filters, largest expected gain first (unmeasured last)."""
+    """Proposals matching the filters, largest proven gain first (the low end of the latest
+    experiment's confidence interval: a noisy 16x whose CI starts at 2.8 ranks as 2.8; without a
+    performance stage, the expected gain; unmeasured last)."""
     found = [
         p
         for p in store.proposals(status=status)
         if (task is None or p.task == task) and (risk is None or p.risk == risk)
     ]
-    return sorted(
-        found, key=lambda p: (p.expected_gain is None, -(p.expected_gain or 0.0), p.created_at)
-    )
+    gains = {p.id: proven_gain(store, p) for p in found}
+    return sorted(found, key=lambda p: (gains[p.id] is None, -(gains[p.id] or 0.0), p.created_at))
 
 
-# -- re-verifying ------------------------------------------------------------------------------
-
-
-def _patch_from_record(record: PatchRecord) -> Patch:
-    return Patch(
-        kind=record.kind.value,
-        diff=record.diff,
-        knobs=record.knobs,
-        author=record.author,
-        rationale=record.rationale,
-    )
-
-
-def reverify(
-    store: RunStore,
-    proposal_id: str,
-    *,
-    reviewer: str,
-    sandbox: str = "local",
-    params: dict[str, Any] | None = None,
-    policy: RiskPolicy | Path | None = None,
-) -> ProposalRecord:
-    """Run the proposal's patch through a fresh experiment against the current target and attach
-    it as the proposal's evidence (risk re-assessed; never auto-approved: a human asked)."""
-    proposal = get_proposal(store, proposal_id)
-    if proposal.status != ProposalStatus.PENDING:
-        raise _already_decided(store, proposal)
-    task = resolve_task(proposal)
-    if task is None:
-        raise UserError(f"task '{proposal.task}' cannot be found; cannot re-verify {proposal.id}")
-    record = store.get_patch(proposal.patch_id)
-    if record is None:
-        raise UserError(
-            f"patch {proposal.patch_id[:12]} of {proposal.id} is missing from the run store"
+def proven_gain(store: RunStore, proposal: ProposalRecord) -> float | None:
+    """What the latest experiment proves: its speedup CI's low end, else the expected gain."""
+    try:
+        latest = (
+            store.get_experiment(proposal.experiment_ids[-1]) if proposal.experiment_ids else None
         )
-    patch = _patch_from_record(record)
-    if patch.hash != proposal.patch_hash:
-        raise StaleProposal(
-            f"stored patch hashes to {patch.hash[:12]}, not {proposal.patch_hash[:12]}"
-        )
-    experiment: ExperimentRecord = run_experiment(
-        task, patch, sandbox=sandbox, params=params, store=store, run_id=proposal.run_id
-    )
-    if store.get_experiment(experiment.id) is None:
-        store.put_experiment(experiment)
-    assessment = assess(record, experiment.result, _as_policy(policy))
-    with store.transaction():
-        current = get_proposal(store, proposal.id)
-        if current.status != ProposalStatus.PENDING:
-            raise _already_decided(store, current)
-        current.experiment_ids = [*current.experiment_ids, experiment.id]
-        current.target_fingerprint = experiment.target_fingerprint or task_fingerprint(task)
-        current.expected_gain = expected_gain(experiment.result)
-        current.risk, current.risk_reasons = assessment.level, assessment.reasons
-        store.put_proposal(current)
-        store.add_decision(
-            DecisionRecord(
-                proposal_id=current.id,
-                reviewer=reviewer,
-                action=DecisionAction.REVERIFY,
-                patch_hash=current.patch_hash,
-                comment=f"experiment {experiment.id}: {experiment.result.verdict.value}",
-            )
-        )
-    return get_proposal(store, proposal.id)
+    except UserError:  # an unreadable record (StoreError) ranks by what the proposal says
+        latest = None
+    perf = latest.result.evidence.performance if latest is not None else None
+    return perf.ci_low if perf is not None else proposal.expected_gain

@@ -4,7 +4,9 @@ A proposal's risk comes from what its patch touches and from the flags its exper
 
     knob change of an allow-listed argument  <  source patch (e.g. scheduling)  <  kernel or
     memory-management patch;  `suspicious` forces HIGH; accuracy-near-threshold and health
-    warnings raise the level by one.
+    warnings raise the level by one; a patch that adds a secret-like literal (what the run
+    store's redaction would remove: `TOKEN = "..."`, an `sk-...` key) is HIGH, because patches
+    are kept byte-exact and so hold it raw.
 
 The policy is a TOML file of rules, read top to bottom. Each touched file (or knob) takes the
 FIRST rule whose globs match it; the strictest outcome over all touched items decides
@@ -32,6 +34,8 @@ the `noisy` flag, or whose 95% interval's low end lies within twice the task's m
 
 from __future__ import annotations
 
+import json
+import re
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
@@ -40,6 +44,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra_agent.errors import UserError
+from infra_agent.redact import redact_text
 from infra_agent.store.records import PatchKind, PatchRecord, RiskLevel
 from infra_agent.store.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.tasks.patch import glob_regex
@@ -151,6 +156,34 @@ def _bump(level: RiskLevel) -> RiskLevel:
     return level if level == RiskLevel.FORBIDDEN else _ORDER[min(_ORDER.index(level) + 1, 2)]
 
 
+def secret_like_lines(patch: PatchRecord, limit: int = 3) -> list[str]:
+    """Up to `limit` lines the patch adds that hold a secret-like literal (what `redact_text`
+    would change), as `file:line: text` with the literal redacted."""
+    if patch.kind == PatchKind.KNOBS:
+        raw = json.dumps(patch.knobs, sort_keys=True, default=str)
+        text = redact_text(raw)
+        return [f"knobs: {text[:160]}"] if text != raw else []
+    found: list[str] = []
+    path, line_no = "?", 0
+    for line in patch.diff.splitlines():
+        hunk = _HUNK_START.match(line)
+        if line.startswith("+++ "):
+            path = line[4:].split("\t")[0].removeprefix("b/")
+        elif hunk is not None:
+            line_no = int(hunk.group(1))
+        elif line.startswith("+"):
+            text = redact_text(line[1:])
+            if text != line[1:]:
+                found.append(f"{path}:{line_no}: {text.strip()[:160]}")
+            line_no += 1
+        elif line.startswith(" ") or not line:
+            line_no += 1
+    return found[:limit]
+
+
+_HUNK_START = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)")
+
+
 DEFAULT_MIN_EFFECT = 0.02
 """The manifest's default minimum effect, for evidence recorded before it was kept there."""
 
@@ -207,6 +240,13 @@ def assess(
         if flag in result.flags:
             level = _bump(level)
             reasons.append(f"flag {flag.value}: risk raised one level")
+    secrets = secret_like_lines(patch)
+    if secrets:
+        level = _raise(level, RiskLevel.HIGH)
+        reasons.append(
+            "adds a secret-like literal (text the run store's redaction removes; patches are "
+            "kept byte-exact, so the store holds it raw): " + "; ".join(secrets)
+        )
     if action == PolicyAction.AUTO_APPROVE:
         blocking = [f.value for f in result.flags if f in policy.blocking_flags]
         if result.verdict != Verdict.IMPROVED:

@@ -19,6 +19,7 @@ from typing import TypeVar
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from infra_agent.errors import StoreError
+from infra_agent.private import private_sqlite
 from infra_agent.redact import redact_text
 from infra_agent.store.records import (
     STORE_SCHEMA_VERSION,
@@ -75,7 +76,7 @@ class SQLiteRunStore:
         self._local = threading.local()
         self._lock = threading.RLock()
         if not readonly:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_sqlite(self.path)  # 0600 before SQLite creates it (and its -wal/-shm)
         elif not self.path.exists():
             raise StoreError(f"run store {self.path}: not found")
         try:

@@ -52,9 +52,10 @@ class Patch(BaseModel):
 
     @property
     def hash(self) -> str:
-        """sha256 hex of the canonical content (provenance excluded: same change, same hash)."""
+        """sha256 hex of the content (provenance excluded: same change, same hash). A diff is
+        hashed byte for byte: line endings are content too (`git apply` keeps a carriage return)."""
         if self.kind == "diff":
-            canonical = "diff\n" + self.diff.replace("\r\n", "\n")
+            canonical = "diff\n" + self.diff
         else:
             canonical = "knobs\n" + json.dumps(self.knobs, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()
@@ -65,6 +66,18 @@ class Patch(BaseModel):
         if self.kind != "diff":
             return []
         return sorted({p for f in parse_files(self.diff) for p in f.paths()})
+
+    @classmethod
+    def from_record(cls, record: PatchRecord) -> Patch:
+        """The patch a stored record holds. Its `hash` is computed from these bytes, so a record
+        edited in place no longer hashes to the id it was filed under."""
+        return cls(
+            kind=record.kind.value,
+            diff=record.diff,
+            knobs=record.knobs,
+            author=record.author,
+            rationale=record.rationale,
+        )
 
     def to_record(self) -> PatchRecord:
         return PatchRecord(
@@ -139,7 +152,55 @@ def parse_files(text: str) -> list[FileChange]:
         raise PatchError("not a unified diff (no '--- a/FILE' / '+++ b/FILE' headers found)")
     if not any(line.startswith("@@ ") for line in lines):
         raise PatchError("unified diff has no hunks ('@@ ... @@' lines)")
+    _check_hunk_counts(lines)
     return changes
+
+
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def _check_hunk_counts(lines: list[str]) -> None:
+    """Refuse a hunk whose body disagrees with its header's line counts. `git apply` follows the
+    counts: lines past them are skipped silently, so the change applied (and measured) would not
+    be the change a reviewer reads."""
+    i = 0
+    while i < len(lines):
+        match = _HUNK.match(lines[i])
+        if match is None:
+            i += 1
+            continue
+        header, i = i + 1, i + 1
+        old, new = int(match.group(1) or 1), int(match.group(2) or 1)
+        while old > 0 or new > 0:
+            line = lines[i] if i < len(lines) else None
+            tag = None if line is None else line[:1]
+            if tag in (" ", ""):  # context (an empty line is context with its space stripped)
+                old, new = old - 1, new - 1
+            elif tag in ("-", "+"):
+                old, new = (old - 1, new) if tag == "-" else (old, new - 1)
+            elif tag != "\\":  # '\ No newline at end of file' counts nowhere
+                raise PatchError(
+                    f"hunk at patch line {header} has fewer lines than its header counts"
+                )
+            if old < 0 or new < 0:
+                raise PatchError(
+                    f"hunk at patch line {header} has more {'removed' if old < 0 else 'added'} "
+                    "lines than its header counts"
+                )
+            i += 1
+        while i < len(lines) and not lines[i].startswith(("@@ ", "diff ")):
+            line = lines[i]
+            if line == "-- ":  # `git format-patch` signature: the rest is not patch text
+                return
+            header_pair = line.startswith("--- ") and lines[i + 1 : i + 2] != []
+            if header_pair and lines[i + 1].startswith("+++ "):
+                break
+            if line[:1] in ("+", "-", " "):
+                raise PatchError(
+                    f"patch line {i + 1} looks like part of the hunk at line {header}, but the "
+                    "hunk header's line counts end before it (git would skip it silently)"
+                )
+            i += 1
 
 
 def glob_regex(pattern: str) -> re.Pattern[str]:

@@ -16,6 +16,7 @@ MYPY_TARGETS = [
     "infra_agent.errors",
     "infra_agent.output",
     "infra_agent.context",
+    "infra_agent.private",
     "infra_agent.redact",
     "infra_agent.store",
     "infra_agent.evals",

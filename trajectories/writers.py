@@ -15,13 +15,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from infra_agent.private import private_dir
 from infra_agent.trajectories.formats import FORMATS, ExportFormat
 
 
 @contextmanager
 def atomic_file(path: Path) -> Iterator[IO[bytes]]:
-    """A binary file that appears at `path` (replacing it) only if the block finishes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """A binary file that appears at `path` (replacing it) only if the block finishes; private
+    (0600, from mkstemp; folders it creates 0700)."""
+    private_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -4,8 +4,10 @@
     serve(app_settings, host="127.0.0.1", port=0)   # prints the login URL, blocks until Ctrl-C
 
 Pages are server-rendered Jinja2 templates with a few lines of plain JavaScript. Every request
-needs a reviewer session (started by the token URL); every POST needs the session's CSRF token;
-requests whose Host or Origin is not this server are refused (DNS rebinding, cross-site posts).
+needs a reviewer session (started by the token URL, opened directly); every POST needs the
+session's CSRF token; requests whose Host or Origin is not this server are refused (DNS
+rebinding, cross-site posts), and so are oversized URLs and bodies (see `guards`). Every
+refusal and error is the same short HTML page, echoing nothing long.
 """
 
 from __future__ import annotations
@@ -18,18 +20,36 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from fastapi import FastAPI, Form, Request
-from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException
 
 from infra_agent.errors import UserError
 from infra_agent.review.apply import Resumer, after_decision, apply_approved
-from infra_agent.review.queue import ReviewConflict, StaleProposal, decide, list_queue, reverify
+from infra_agent.review.queue import (
+    MAX_COMMENT_CHARS,
+    ReviewConflict,
+    StaleProposal,
+    decide,
+    list_queue,
+)
+from infra_agent.review.reverify import reverify
 from infra_agent.review.risk import RiskPolicy
 from infra_agent.review.web.auth import SESSION_COOKIE, ReviewerAuth, Session
+from infra_agent.review.web.guards import (
+    LOOPBACK_NAMES,
+    MAX_HEAD_BYTES,
+    Refused,
+    check_host_and_origin,
+    check_login_source,
+    check_size,
+    shown,
+)
 from infra_agent.review.web.views import diff_css, fmt, latest_result, proposal_view, raw_json
 from infra_agent.store import RunStore, open_store
 from infra_agent.store.records import DecisionAction, ProposalStatus, RiskLevel
@@ -37,22 +57,13 @@ from infra_agent.store.records import now as utc_now
 
 ASSETS = Path(__file__).parents[1]
 """review/: holds templates/ and static/ (package data of infra_agent.review)."""
-LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # own posts carry their Origin; nothing leaks out
     "Cache-Control": "no-store",
 }
-
-
-class Refused(Exception):
-    """A request the server will not serve: rendered as a short page with this status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -98,19 +109,8 @@ class ReviewServer:
         threading.Thread(target=run, name=f"review-{what}-{proposal_id}", daemon=True).start()
 
 
-def _check_origin(request: Request, server: ReviewServer) -> None:
-    host = request.headers.get("host", "")
-    if server.loopback_only and urlsplit(f"//{host}").hostname not in {
-        n.strip("[]") for n in LOOPBACK_NAMES
-    }:
-        raise Refused(403, f"host '{host}' is not this review server")
-    origin = request.headers.get("origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != host:
-        raise Refused(403, "cross-origin request refused")
-
-
 def _session(request: Request, server: ReviewServer) -> Session:
-    _check_origin(request, server)
+    check_host_and_origin(request, loopback_only=server.loopback_only)
     session = server.auth.session(request.cookies.get(SESSION_COOKIE))
     if session is None:
         raise Refused(
@@ -125,7 +125,11 @@ def create_app(server: ReviewServer) -> FastAPI:
     app = FastAPI(title="infra-agent review", docs_url=None, redoc_url=None, openapi_url=None)
     templates = Jinja2Templates(directory=str(ASSETS / "templates"))
     templates.env.globals.update(
-        fmt=fmt, raw_json=raw_json, RiskLevel=RiskLevel, ProposalStatus=ProposalStatus
+        fmt=fmt,
+        raw_json=raw_json,
+        RiskLevel=RiskLevel,
+        ProposalStatus=ProposalStatus,
+        max_comment=MAX_COMMENT_CHARS,
     )
     app.mount("/static", StaticFiles(directory=str(ASSETS / "static")), name="static")
     css = diff_css()
@@ -144,26 +148,16 @@ def create_app(server: ReviewServer) -> FastAPI:
             request, name, {"session": session, "flashes": flashes, **context}, status_code=status
         )
 
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        response: Response = await call_next(request)
-        for key, value in SECURITY_HEADERS.items():
-            response.headers.setdefault(key, value)
-        return response
+    def refusal(request: Request, status: int, message: str) -> HTMLResponse:
+        return page(request, "refused.html", status=status, message=shown(message, 600))
 
-    @app.middleware("http")
-    async def token_login(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        token = request.query_params.get("token")
-        if token is None or request.method != "GET":
-            response: Response = await call_next(request)
-            return response
-        try:
-            _check_origin(request, server)
-        except Refused as exc:
-            return PlainTextResponse(str(exc), status_code=exc.status)
+    def login(request: Request, token: str) -> Response:
+        """Exchange the token for a session cookie and drop it from the URL."""
+        check_host_and_origin(request, loopback_only=server.loopback_only)
+        check_login_source(request)
         reviewer = server.auth.reviewer_for_token(token)
         if reviewer is None:
-            return PlainTextResponse("invalid token", status_code=401)
+            raise Refused(401, "invalid token: open the URL printed when the server started")
         rest = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "token"])
         target = request.url.path + (f"?{rest}" if rest else "")
         redirect = RedirectResponse(target if target != "/" else "/proposals", status_code=303)
@@ -176,19 +170,46 @@ def create_app(server: ReviewServer) -> FastAPI:
         )
         return redirect
 
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        """Size limits and the token login before anything else; security headers on all."""
+        response: Response
+        try:
+            check_size(request)
+            token = request.query_params.get("token")
+            if token is not None and request.method == "GET":
+                response = login(request, token)
+            else:
+                response = await call_next(request)
+        except Refused as exc:
+            response = refusal(request, exc.status, str(exc))
+        for key, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(key, value)
+        return response
+
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> HTMLResponse:
-        return page(request, "refused.html", status=exc.status, message=str(exc))
+        return refusal(request, exc.status, str(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> HTMLResponse:
+        where = shown(request.url.path)
+        message = {
+            404: f"no page at {where}",
+            405: f"{request.method} is not allowed on {where}",
+        }.get(exc.status_code, f"{exc.status_code}: {exc.detail}")
+        return refusal(request, exc.status_code, message)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> HTMLResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())) or "request"
+        return refusal(request, 400, f"bad request: {where}: {first.get('msg', 'invalid')}")
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> HTMLResponse:
         # A bug in a view must still show the reviewer something useful, not a bare 500.
-        return page(
-            request,
-            "refused.html",
-            status=500,
-            message=f"the page failed: {type(exc).__name__}: {exc}",
-        )
+        return refusal(request, 500, f"the page failed: {type(exc).__name__}: {exc}")
 
     @app.get("/")
     def index(request: Request) -> RedirectResponse:
@@ -228,7 +249,7 @@ def create_app(server: ReviewServer) -> FastAPI:
     ) -> HTMLResponse:
         proposal = server.store.get_proposal(proposal_id)
         if proposal is None:
-            raise Refused(404, f"proposal '{proposal_id}' not found")
+            raise Refused(404, f"proposal '{shown(proposal_id)}' not found")
         view = proposal_view(server.store, proposal)
         job = server.jobs.get(proposal_id)
         return page(
@@ -279,9 +300,13 @@ def create_app(server: ReviewServer) -> FastAPI:
                 comment=comment.strip(),
             )
         except (ReviewConflict, StaleProposal) as exc:
-            return proposal_page(request, session, proposal_id, status=409, error=str(exc))
+            return proposal_page(
+                request, session, proposal_id, status=409, error=shown(str(exc), 600)
+            )
         except UserError as exc:
-            return proposal_page(request, session, proposal_id, status=400, error=str(exc))
+            return proposal_page(
+                request, session, proposal_id, status=400, error=shown(str(exc), 600)
+            )
         session.flashes.append(
             (
                 "ok",
@@ -315,7 +340,9 @@ def create_app(server: ReviewServer) -> FastAPI:
                 data_dir=server.data_dir,
             )
         except UserError as exc:
-            return proposal_page(request, session, proposal_id, status=409, error=str(exc))
+            return proposal_page(
+                request, session, proposal_id, status=409, error=shown(str(exc), 600)
+            )
         session.flashes.append(("ok", f"applied to {done.applied_to}"))
         return RedirectResponse(f"/proposals/{proposal_id}", status_code=303)
 
@@ -324,7 +351,7 @@ def create_app(server: ReviewServer) -> FastAPI:
         session = _post(request, csrf_token)
         proposal = server.store.get_proposal(proposal_id)
         if proposal is None:
-            raise Refused(404, f"proposal '{proposal_id}' not found")
+            raise Refused(404, f"proposal '{shown(proposal_id)}' not found")
         if proposal.status != ProposalStatus.PENDING:
             return proposal_page(
                 request,
@@ -380,7 +407,7 @@ def serve(server: ReviewServer, sock: socket.socket, *, announce: Callable[[int]
 
     config = uvicorn.Config(
         create_app(server), log_level="warning", access_log=False, lifespan="off",
-        timeout_graceful_shutdown=3,
+        timeout_graceful_shutdown=3, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )  # fmt: skip
     uv = uvicorn.Server(config)
     announce(sock.getsockname()[1])

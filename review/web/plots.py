@@ -23,11 +23,18 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _ticks(low: float, high: float, count: int = 4) -> list[float]:
-    if high <= low:
-        return [low]
-    step = (high - low) / count
-    return [low + i * step for i in range(count + 1)]
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """About `count` round tick values (steps of 1, 2, 2.5 or 5 x 10^k) covering [low, high]."""
+    if not high > low:
+        high = low + (abs(low) or 1.0)
+    raw = (high - low) / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    first = math.floor(low / step + 1e-9) * step
+    ticks = [first]
+    while ticks[-1] < high - 1e-9 * step:
+        ticks.append(first + len(ticks) * step)
+    return [round(t, 12) for t in ticks]
 
 
 def _frame(title: str, body: list[str], x_label: str, y_label: str) -> str:
@@ -50,9 +57,13 @@ def samples_svg(
     values = [v for v in baseline + candidate if math.isfinite(v)]
     if not values:
         return None
-    low, high = min(values), max(values)
-    pad = (high - low) * 0.08 or abs(high) * 0.05 or 1.0
-    low, high = low - pad, high + pad
+    # The y axis spans round ticks around the data; times and rates never go below zero.
+    pad = (max(values) - min(values)) * 0.05 or abs(max(values)) * 0.05 or 1.0
+    low, high = min(values) - pad, max(values) + pad
+    if min(values) >= 0:
+        low = max(low, 0.0)
+    y_ticks = nice_ticks(low, high)
+    low, high = y_ticks[0], y_ticks[-1]
     n = max(len(baseline), len(candidate), 2)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
@@ -63,12 +74,17 @@ def samples_svg(
         return TOP + plot_h * (1 - (v - low) / (high - low))
 
     body: list[str] = []
-    for tick in _ticks(low, high):
+    for tick in y_ticks:
         body.append(
             f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#eee"/>'
         )
         body.append(
-            f'<text x="{LEFT - 4}" y="{y(tick) + 3:.1f}" text-anchor="end" class="tick">{_fmt(tick)}</text>'
+            f'<text x="{LEFT - 4}" y="{y(tick) + 3:.1f}" text-anchor="end" class="tick y-tick">{_fmt(tick)}</text>'
+        )
+    x_ticks = {1, *(int(t) for t in nice_ticks(1, n, count=6) if 1 <= t <= n and t == int(t))}
+    for number in sorted(x_ticks):
+        body.append(
+            f'<text x="{x(number - 1):.1f}" y="{HEIGHT - BOTTOM + 13}" text-anchor="middle" class="tick x-tick">{number}</text>'
         )
     for arm, series in (("baseline", baseline), ("candidate", candidate)):
         finite = sorted(v for v in series if math.isfinite(v))
@@ -98,7 +114,7 @@ def samples_svg(
     return _frame(
         f"{metric} per sample, both arms (dashed: medians)",
         body,
-        "sample (measurement order)",
+        "sample number (measurement order)",
         f"{metric} ({unit})",
     )
 

@@ -18,8 +18,9 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer
 
 from infra_agent.errors import StoreError
-from infra_agent.review.queue import staleness
+from infra_agent.review.queue import resolve_task, staleness
 from infra_agent.review.web.plots import growth_svg, samples_svg
+from infra_agent.review.web.trajectory import StepView, step_views
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
     DecisionRecord,
@@ -29,10 +30,10 @@ from infra_agent.store.records import (
     RunRecord,
     StepRecord,
 )
-from infra_agent.store.verdict import ExperimentResult
+from infra_agent.store.verdict import CorrectnessEvidence, ExperimentResult
+from infra_agent.tasks.manifest import Task, Tolerance
 
 DIFF_FORMATTER = HtmlFormatter(cssclass="highlight", wrapcode=True)
-MAX_STEP_CHARS = 4000
 
 
 def fmt(value: Any) -> str:
@@ -61,6 +62,36 @@ class Row:
     change: str = ""
 
 
+def f64_rule(corr: CorrectnessEvidence, tol: Tolerance | None) -> str | None:
+    """Why the candidate's error against float64 passed, in words; None without both errors."""
+    base, cand = corr.baseline_err_f64, corr.candidate_err_f64
+    if base is None or cand is None:
+        return None
+    ratio = f"{cand / base:.3g}x baseline's error vs float64" if base else "baseline's error is 0"
+    if cand <= base:
+        return f"{ratio}: at least as accurate as baseline"
+    if tol is None:
+        return (
+            f"{ratio}: worse than baseline; the task's float64 rule cannot be read (task not found)"
+        )
+    allowed = base * tol.f64_factor
+    if cand <= allowed:
+        return (
+            f"{ratio}, within the allowed {tol.f64_factor:g}x (task tolerance f64_factor; limit "
+            f"{fmt(allowed)})"
+        )
+    if cand <= tol.f64_floor:
+        return (
+            f"{ratio}, above the allowed {tol.f64_factor:g}x (limit {fmt(allowed)}), but below "
+            f"the task's precision floor {fmt(tol.f64_floor)} (f64_floor): errors that small count "
+            "as equal"
+        )
+    return (
+        f"{ratio}: above both the allowed {tol.f64_factor:g}x ({fmt(allowed)}) and the floor "
+        f"{fmt(tol.f64_floor)}: this should not have passed"
+    )
+
+
 @dataclass
 class AccuracySection:
     name: str
@@ -84,6 +115,8 @@ class ExperimentView:
     metrics: list[tuple[str, str]] = field(default_factory=list)
     unknown: list[tuple[str, str]] = field(default_factory=list)
     """Evidence of a shape the page does not know: (name, raw JSON)."""
+    f64_rule: str | None = None
+    """Why the error against float64 passed (which tolerance applied), in words."""
 
     @property
     def result(self) -> ExperimentResult | None:
@@ -91,12 +124,11 @@ class ExperimentView:
 
 
 @dataclass
-class StepView:
-    seq: int
-    role: str
-    content: str
-    tool_calls: list[str]
-    error: str | None
+class KnobRow:
+    name: str
+    baseline: str
+    """The value the experiment's baseline ran with (the task's default), or why unknown."""
+    proposed: str
 
 
 @dataclass
@@ -110,6 +142,7 @@ class ProposalView:
     run: RunRecord | None
     steps: list[StepView]
     later_steps: int
+    knobs: list[KnobRow] = field(default_factory=list)
 
     @property
     def latest(self) -> ExperimentView | None:
@@ -238,7 +271,9 @@ def latest_result(store: RunStore, proposal: ProposalRecord) -> ExperimentResult
     return record.result if record is not None else None
 
 
-def experiment_view(store: RunStore, experiment_id: str) -> ExperimentView:
+def experiment_view(
+    store: RunStore, experiment_id: str, tolerance: Tolerance | None = None
+) -> ExperimentView:
     try:
         record = store.get_experiment(experiment_id)
     except StoreError:
@@ -264,6 +299,8 @@ def experiment_view(store: RunStore, experiment_id: str) -> ExperimentView:
                 raw_json(ev.model_dump(mode="json")),
             )
         )
+    if ev.correctness is not None:
+        view.f64_rule = f64_rule(ev.correctness, tolerance)
     view.health = [(k, fmt(v)) for k, v in ev.health.items()]
     view.metrics = [(k, fmt(v)) for k, v in ev.metrics.items()]
     for name, value in ev.extra.items():
@@ -283,16 +320,18 @@ def experiment_view(store: RunStore, experiment_id: str) -> ExperimentView:
     return view
 
 
-def _step_view(step: StepRecord) -> StepView:
-    content = (
-        step.content
-        if len(step.content) <= MAX_STEP_CHARS
-        else step.content[:MAX_STEP_CHARS] + " …(truncated)"
-    )
-    calls = [f"{c.name}({c.arguments[:300]})" for c in step.tool_calls]
-    return StepView(
-        seq=step.seq, role=step.role, content=content, tool_calls=calls, error=step.error
-    )
+def knob_rows(patch: PatchRecord, task: Task | None) -> list[KnobRow]:
+    """Old -> new for a knob change: the task's default (what baseline ran with) and the value
+    proposed."""
+    rows = []
+    for name, value in patch.knobs.items():
+        knob = task.manifest.knobs.get(name) if task is not None else None
+        if knob is not None:
+            baseline = str(knob.default)
+        else:
+            baseline = "(task not found)" if task is None else "(not a knob of this task)"
+        rows.append(KnobRow(name=name, baseline=baseline, proposed=str(value)))
+    return rows
 
 
 def proposal_view(store: RunStore, proposal: ProposalRecord) -> ProposalView:
@@ -308,24 +347,30 @@ def proposal_view(store: RunStore, proposal: ProposalRecord) -> ProposalView:
     except Exception as exc:  # staleness must not break the page; approval re-checks anyway
         stale = f"could not check the evidence ({type(exc).__name__}: {exc})"
     run = store.get_run(proposal.run_id) if proposal.run_id else None
-    steps: list[StepView] = []
+    shown: list[StepRecord] = []
     later = 0
     if run is not None:
         for step in store.steps(run.id):
             if step.created_at <= proposal.created_at:
-                steps.append(_step_view(step))
+                shown.append(step)
             else:
                 later += 1
+    try:
+        task = resolve_task(proposal)
+    except Exception:  # a broken task folder must not hide the proposal
+        task = None
+    tolerance = task.manifest.tolerance if task is not None else None
     return ProposalView(
         proposal=proposal,
         patch=patch,
         diff_html=diff_html,
-        experiments=[experiment_view(store, e) for e in proposal.experiment_ids],
+        experiments=[experiment_view(store, e, tolerance) for e in proposal.experiment_ids],
         stale_reason=stale,
         decisions=store.decisions(proposal.id),
         run=run,
-        steps=steps,
+        steps=step_views(shown),
         later_steps=later,
+        knobs=knob_rows(patch, task) if patch is not None and patch.knobs else [],
     )
 
 

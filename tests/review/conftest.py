@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import random
+import re
+import shutil
+import sqlite3
 import subprocess
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -135,6 +140,30 @@ def experiment_for(task: Task, patch: PatchRecord, **kw: object) -> ExperimentRe
     )
 
 
+def matmul_copy(root: Path, name: str) -> Path:
+    """The bundled example-matmul task under another name, with a small measuring budget (its
+    speedup is several-fold, so a few samples per arm decide it)."""
+    from infra_agent.tasks.registry import find_task
+
+    shutil.copytree(find_task("example-matmul").root, root / name)
+    toml = (root / name / "task.toml").read_text()
+    toml = toml.replace('name = "example-matmul"', f'name = "{name}"')
+    toml = re.sub(r"min_samples = \d+", "min_samples = 4", toml)
+    toml = re.sub(r"max_samples = \d+", "max_samples = 6", toml)
+    toml = re.sub(r"measure_budget_s = [\d.]+", "measure_budget_s = 2.0", toml)
+    (root / name / "task.toml").write_text(toml)
+    return root / name
+
+
+def edit_stored_patch(db: Path, patch_id: str, edit: Callable[[str], str]) -> None:
+    """Edit a stored patch's diff in place, its id kept (as someone with the database file could)."""
+    with sqlite3.connect(db) as conn:
+        (body,) = conn.execute("SELECT body FROM patches WHERE id=?", (patch_id,)).fetchone()
+        record = json.loads(body)
+        record["diff"] = edit(record["diff"])
+        conn.execute("UPDATE patches SET body=? WHERE id=?", (json.dumps(record), patch_id))
+
+
 @pytest.fixture
 def task(tmp_path: Path) -> Task:
     return make_task(tmp_path / "toy-sched")
@@ -160,6 +189,8 @@ def kit() -> SimpleNamespace:
         knob_patch_record=knob_patch_record,
         measured_result=measured_result,
         experiment_for=experiment_for,
+        matmul_copy=matmul_copy,
+        edit_stored_patch=edit_stored_patch,
         git=git,
         SCHED_DIFF=SCHED_DIFF,
     )

@@ -66,7 +66,7 @@ def test_patch_that_no_longer_applies_leaves_proposal_approved(store, task, kit,
     kit.git(repo, "add", "-A")
     kit.git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-q", "-m", "init")
     proposal = _approved(store, task, kit)
-    with pytest.raises(UserError, match="git apply"):
+    with pytest.raises(UserError, match="not the baseline the experiment measured"):
         apply_approved(store, proposal.id, reviewer="ana", repo=repo)
     assert store.get_proposal(proposal.id).status == ProposalStatus.APPROVED
 

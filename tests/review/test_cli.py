@@ -97,3 +97,25 @@ def test_unknown_proposal_is_one_line_error(tmp_path, kit) -> None:  # type: ign
     assert result.returncode == 2
     assert result.stderr.strip() == "error: proposal 'prop-nope' not found"
     assert result.stdout == ""
+
+
+def test_show_knob_change_as_baseline_to_proposed_and_list_marks_cuts(tmp_path, kit) -> None:  # type: ignore[no-untyped-def]
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    task = kit.make_task(tmp_path / "toy")
+    patch = kit.knob_patch_record({"max_batch": 32})
+    proposal = submit_proposal(
+        store,
+        task=task,
+        patch=patch,
+        experiment=kit.experiment_for(task, patch),
+        rationale="bigger batches " + "w" * 100,
+        run_id=None,
+    )
+    store.close()
+    code, out = _cli("--db", str(db), "review", "show", proposal.id)
+    assert code == 0, out
+    assert "knob max_batch: 8 -> 32" in out  # the task's default, then the proposed value
+    code, out = _cli("--db", str(db), "review", "list", "--status", "all")
+    assert code == 0, out
+    assert "…" in out and "w" * 100 not in out.replace("\n", "").replace(" ", "")

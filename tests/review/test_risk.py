@@ -171,6 +171,27 @@ def test_accuracy_gain_without_performance_stage(kit) -> None:
     assert expected_gain(result) == pytest.approx(4.0)
 
 
+def test_a_patch_adding_a_secret_like_literal_is_high_risk_and_stored_as_is(
+    store, task, kit
+) -> None:
+    secret = "ghs8Kd0qPz91LmXcR2"
+    diff = kit.SCHED_DIFF.replace(
+        "+    # Slicing avoids a Python-level loop per request.\n",
+        f'+    # Slicing avoids a Python-level loop per request.\n+    TOKEN = "{secret}"\n',
+    ).replace("@@ -2,9 +2,5 @@", "@@ -2,9 +2,6 @@")
+    patch = kit.diff_patch(diff)
+    proposal = submit_proposal(
+        store, task=task, patch=patch, experiment=kit.experiment_for(task, patch),
+        rationale="", run_id=None,
+    )  # fmt: skip
+    assert proposal.risk == RiskLevel.HIGH
+    [reason] = [r for r in proposal.risk_reasons if "secret-like literal" in r]
+    assert 'scheduler.py:6: TOKEN = "[REDACTED]"' in reason and secret not in reason
+    assert secret in store.get_patch(patch.id).diff  # byte-exact: its hash is its identity
+    plain = kit.diff_patch()
+    assert not any("secret" in r for r in assess(plain, kit.measured_result("t", plain.id)).reasons)
+
+
 def test_the_incident_win_is_queued_for_a_person_not_applied(store, task, kit, tmp_path) -> None:
     """The path that applied `schedule-conservativeness=0.5` to the deployment: the agent's
     submission of `IMPROVED (noisy) 1.556x [1.177, 2.441]` under a policy that blocks no flag

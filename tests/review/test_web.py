@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,6 +33,7 @@ from infra_agent.store.records import (
     StepRecord,
     ToolCall,
 )
+from infra_agent.store.verdict import Flag
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -42,6 +42,9 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "review"
 TOKEN = "test-token-0123456789"
+REASONING = "The loop is the cost; reading the file shows whether queue supports slicing."
+LONG_ARGS = json.dumps({"path": "scheduler.py", "start_line": 1, "note": "x" * 300})
+TOOL_ERROR = "search_files: regex '(' is invalid (missing ), unterminated subpattern at position 0)"
 
 pytestmark = [
     pytest.mark.browser,
@@ -70,21 +73,6 @@ class Served:
     task_root: Path
     stale_task_root: Path
     agent: AgentRun
-
-
-def _matmul_copy(root: Path, name: str) -> Path:
-    """The bundled example-matmul task under another name, with a small measuring budget (its
-    speedup is several-fold, so a few samples per arm decide it)."""
-    from infra_agent.tasks.registry import find_task
-
-    shutil.copytree(find_task("example-matmul").root, root / name)
-    toml = (root / name / "task.toml").read_text()
-    toml = toml.replace('name = "example-matmul"', f'name = "{name}"')
-    toml = re.sub(r"min_samples = \d+", "min_samples = 4", toml)
-    toml = re.sub(r"max_samples = \d+", "max_samples = 6", toml)
-    toml = re.sub(r"measure_budget_s = [\d.]+", "measure_budget_s = 2.0", toml)
-    (root / name / "task.toml").write_text(toml)
-    return root / name
 
 
 def _start_agent_run(root: Path) -> AgentRun:
@@ -129,6 +117,11 @@ def _start_agent_run(root: Path) -> AgentRun:
 def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]:
     store = open_store(root / "runs.db")
     task = kit.make_task(root / "toy-sched")
+    toml = task.root / "task.toml"  # a precision floor, so a 2.09x error can pass (and say why)
+    toml.write_text(toml.read_text() + "[tolerance]\nf64_floor = 1e-6\n")
+    from infra_agent.tasks.manifest import load_task
+
+    task = load_task(task.root)
     ids: dict[str, str] = {}
 
     run = RunRecord(
@@ -161,6 +154,25 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
             content="IMPROVED 1.3x",
         )
     )
+    # Two calls in one reply (one with long arguments), reasoning, and a tool that fails.
+    store.add_step(
+        StepRecord(
+            run_id=run.id, role="assistant", content="", reasoning_content=REASONING,
+            tool_calls=[ToolCall(id="c2", name="read_file", arguments=LONG_ARGS),
+                        ToolCall(id="c3", name="search_files", arguments='{"regex": "("}')],
+        )
+    )  # fmt: skip
+    store.add_step(
+        StepRecord(
+            run_id=run.id, role="tool", name="read_file", tool_call_id="c2", content="1  def next_batch",
+        )
+    )  # fmt: skip
+    store.add_step(
+        StepRecord(
+            run_id=run.id, role="tool", name="search_files", tool_call_id="c3",
+            content=f"error: {TOOL_ERROR}", error=TOOL_ERROR,
+        )
+    )  # fmt: skip
 
     def propose(
         key: str,
@@ -170,10 +182,12 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
         speedup: float,
         extra: dict[str, object] | None = None,
         on=task,
+        tweak: Callable[[ExperimentRecord], None] = lambda exp: None,
     ) -> None:
         patch = kit.diff_patch(diff)
         exp: ExperimentRecord = kit.experiment_for(on, patch, speedup=speedup)
         exp.result.evidence.extra.update(extra or {})
+        tweak(exp)
         ids[key] = submit_proposal(
             store,
             task=on,
@@ -190,7 +204,7 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
         ]
     }
     accuracy = {
-        "verdict": "PASS", "first_divergence": "layer3.attn_out", "reasons": ["candidate within 1.5x of baseline vs float64"],
+        "verdict": "PASS", "first_divergence": "layer3.attn_out", "reasons": ["first divergence at layer3.attn_out, within the probe tolerance"],
         "probes": [{"name": "layer3.attn_out", "diff": {"rel_diff": 2e-6, "max_abs": 3e-5}, "blame": "candidate"}],
     }  # fmt: skip
     propose(
@@ -203,11 +217,30 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
             "accuracy": accuracy,
             "vendor_blob": {"odd": [1, {"x": None}], "html": "<img src=x onerror=alert(1)>"},
         },
+        tweak=lambda exp: setattr(exp.result.evidence.correctness, "candidate_err_f64", 2.09e-7),
     )
     propose("reject", kit.SCHED_DIFF.replace("Slicing", "Slices"), run_id=None, speedup=1.12)
     propose("changes", kit.SCHED_DIFF.replace("Slicing", "A slice"), run_id=None, speedup=1.05)
     propose("race", kit.SCHED_DIFF.replace("Slicing", "Slice it"), run_id=None, speedup=1.02)
     propose("refusals", kit.SCHED_DIFF.replace("Slicing", "Cut"), run_id=None, speedup=1.01)
+    propose("tampered", kit.SCHED_DIFF.replace("Slicing", "Slices it"), run_id=None, speedup=1.03)
+
+    def noisy(exp: ExperimentRecord) -> None:
+        """The highest point estimate, a wide CI, noise flags, and times near zero."""
+        perf = exp.result.evidence.performance
+        perf.speedup, perf.ci_low, perf.ci_high = 3.0, 1.02, 5.5
+        perf.noise = ["high_iqr", "drift"]
+        perf.baseline_samples = [0.3 + 0.12 * i for i in range(24)]
+        perf.candidate_samples = [0.02 + 0.04 * i for i in range(24)]
+        exp.result.flags = [Flag.NOISY]
+
+    propose(
+        "noisy",
+        kit.SCHED_DIFF.replace("Slicing", "Sliced up"),
+        run_id=None,
+        speedup=3.0,
+        tweak=noisy,
+    )
 
     knobs = kit.knob_patch_record({"max_batch": 32})
     ids["knobs"] = submit_proposal(
@@ -219,7 +252,7 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
     # upstream, and re-verification runs a real experiment on it.
     from infra_agent.tasks.manifest import load_task
 
-    stale_task = load_task(_matmul_copy(root, "matmul-copy"))
+    stale_task = load_task(kit.matmul_copy(root, "matmul-copy"))
     reference = (stale_task.root / "reference.patch").read_text()
     propose("stale", reference, run_id=None, speedup=1.4, on=stale_task)
     projection = stale_task.workspace / "projection.py"
@@ -227,7 +260,13 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
 
     propose("malformed", kit.SCHED_DIFF.replace("Slicing", "Sliced"), run_id=None, speedup=1.01)
     bad_exp = store.get_proposal(ids["malformed"]).experiment_ids[0]
+    tampered = store.get_proposal(ids["tampered"]).patch_id
     store.close()
+    kit.edit_stored_patch(  # edited in place after it was measured: its id kept
+        root / "runs.db",
+        tampered,
+        lambda d: d.replace("queue[:max_batch]", "queue[:max_batch + 1]"),
+    )
     with sqlite3.connect(root / "runs.db") as conn:  # evidence written by a future/buggy version
         conn.execute(
             "UPDATE experiments SET body=? WHERE id=?",
@@ -314,6 +353,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                 "diff_patch",
                 "knob_patch_record",
                 "experiment_for",
+                "matmul_copy",
+                "edit_stored_patch",
                 "SCHED_DIFF",
             )
         }
@@ -381,9 +422,13 @@ def test_queue_then_proposal_evidence_then_approve_applies(page, server: Served)
     # The background agent run may already have queued its own (several-fold) proposal: the
     # order is checked among the seeded ones.
     ids = [i for i in shown if i in server.ids.values()]
-    assert ids[0] == server.ids["stale"] and ids.index(server.ids["main"]) < ids.index(
-        server.ids["reject"]
-    )  # by gain
+    # By the CI's low end, not the point estimate: the noisy 3.0x (CI 1.02-5.5) ranks below 1.31x.
+    assert ids[0] == server.ids["stale"]
+    assert ids.index(server.ids["main"]) < ids.index(server.ids["reject"])
+    assert ids.index(server.ids["main"]) < ids.index(server.ids["noisy"])
+    noisy_row = page.inner_text(f"tr[data-proposal='{server.ids['noisy']}']")
+    assert "noisy" in noisy_row and "noise: high_iqr, drift" in noisy_row
+    assert "1.020x" in noisy_row and "point 3.000x" in noisy_row
     page.click(f"a[href='/proposals/{server.ids['main']}']")
     page.wait_for_selector("#diff")
     assert (
@@ -396,12 +441,25 @@ def test_queue_then_proposal_evidence_then_approve_applies(page, server: Served)
         and "95% CI 1.260–1.360" in comparison
     )
     assert page.locator("#samples-plot svg circle").count() == 48 + 2  # 24 samples per arm + legend
+    assert page.locator("#samples-plot .x-tick").count() >= 3
     assert "layer3.attn_out" in page.inner_text("#accuracy")
+    rule = page.inner_text("#f64-rule")  # which tolerance let a worse error pass, and why
+    assert "2.09x baseline's error vs float64, above the allowed 1.5x" in rule
+    assert "precision floor 1.000e-06" in rule
     assert page.locator("figure.growth svg polyline").count() == 1
     assert '"odd"' in page.inner_text("#other-evidence")  # unknown evidence shown raw
     assert "<img src=x onerror=alert(1)>" in page.inner_text("#other-evidence")  # as text
     assert page.locator("#other-evidence img").count() == 0
-    assert "slicing should be faster" in page.inner_text("#trajectory")
+    trajectory = page.text_content("#trajectory") or ""  # closed steps included
+    assert "slicing should be faster" in trajectory and REASONING in trajectory
+    two_calls = page.locator("#step-3 summary code.call-summary")
+    assert two_calls.count() == 2  # one line each, never run together
+    assert "more characters not shown" in two_calls.nth(0).inner_text()  # a cut says so
+    assert json.loads(page.inner_text("#call-3-0 pre")) == json.loads(LONG_ARGS)  # whole below
+    assert trajectory.count(TOOL_ERROR) == 1  # a tool's error is shown once
+    assert page.get_attribute("#step-5 .answers a", "href") == "#call-3-1"
+    page.click("#call-3-1 a")  # from the call to its result
+    assert page.url.endswith("#step-5") and page.is_visible("#step-5 pre")
     _no_horizontal_scroll(page)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "proposal.png"), full_page=True)
@@ -458,6 +516,8 @@ def test_sign_out_ends_the_browser_session(page, server: Served) -> None:  # typ
 def test_stale_proposal_refused_until_reverified(page, server: Served) -> None:  # type: ignore[no-untyped-def]
     page.goto(f"{server.base}/proposals/{server.ids['stale']}")
     assert "target changed" in page.inner_text("#stale")
+    assert "Approve is disabled" in page.inner_text("#stale") and page.is_disabled("#approve")
+    page.evaluate("document.getElementById('approve').disabled = false")  # the server refuses too
     page.click("#approve")
     page.wait_for_selector("#error")
     assert "cannot approve" in page.inner_text("#error") and "target changed" in page.inner_text(
@@ -483,7 +543,7 @@ def test_stale_proposal_refused_until_reverified(page, server: Served) -> None: 
 def test_auto_approved_knob_change_is_applied_to_argument_file(page, server: Served) -> None:  # type: ignore[no-untyped-def]
     page.goto(f"{server.base}/proposals?status=approved")
     page.click(f"a[href='/proposals/{server.ids['knobs']}']")
-    assert "max_batch" in page.inner_text("#knobs") and "32" in page.inner_text("#knobs")
+    assert "max_batch" in page.inner_text("#knobs") and "8 → 32" in page.inner_text("#knobs")
     assert "policy" in page.inner_text("#audit")  # auto-approved by the risk policy, audited
     page.click("#apply")
     page.wait_for_selector("#applied")
@@ -534,6 +594,10 @@ def test_requests_without_token_or_csrf_change_nothing(server: Served) -> None:
     rebound = client.get(f"/proposals/{pid}", headers={"host": "attacker.example"})
     assert rebound.status_code == 403
     assert client.get(f"/proposals/{pid}/decide").status_code == 405  # no state change by GET
+    null_origin = client.post(
+        f"/proposals/{pid}/decide", data={**form, "csrf_token": csrf}, headers={"origin": "null"}
+    )
+    assert null_origin.status_code == 403 and "cross-origin" in null_origin.text
     assert _status(server, "refusals") == ProposalStatus.PENDING
     assert _decisions(server, "refusals") == []
 
@@ -625,3 +689,115 @@ def test_agent_run_waiting_for_review_resumes_and_applies(page, server: Served) 
         check=True,
     ).stdout
     assert "return x @ w" in shown
+
+
+def test_edited_diff_is_stale_and_cannot_be_approved(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{server.base}/proposals/{server.ids['tampered']}")
+    assert "changed after it was verified" in page.inner_text("#stale")
+    assert page.is_disabled("#approve")
+    assert "queue[:max_batch + 1]" in page.inner_text("#diff")  # what is stored now is shown
+    page.evaluate("document.getElementById('approve').disabled = false")
+    page.click("#approve")
+    assert "hash to" in page.inner_text("#error")
+    assert _status(server, "tampered") == ProposalStatus.PENDING
+
+
+def test_a_token_link_from_another_site_does_not_sign_in(server: Served, browser) -> None:  # type: ignore[no-untyped-def]
+    context = browser.new_context()
+    page = context.new_page()
+    link = f"{server.base}/proposals?token={TOKEN}"
+    context.route(
+        "http://evil.example/**",
+        lambda route: route.fulfill(
+            content_type="text/html", body=f'<a id="go" href="{link}">review queue</a>'
+        ),
+    )
+    page.goto("http://evil.example/")
+    with page.expect_navigation():
+        page.click("#go")
+    assert "followed from another site" in page.inner_text("#refusal")
+    assert not [c for c in context.cookies() if c["name"] == "infra_agent_review"]
+    response = page.goto(f"{server.base}/proposals")
+    assert response is not None and response.status == 401
+    response = page.goto(link)  # the same link opened directly signs in
+    assert response is not None and response.status == 200 and page.url.endswith("/proposals")
+    context.close()
+    for headers in ({"sec-fetch-site": "same-site"}, {"referer": "http://127.0.0.1:1/x"}):
+        plain = httpx.get(link, headers=headers, follow_redirects=False, timeout=30)
+        assert plain.status_code == 403, headers
+
+
+def test_long_urls_and_unknown_pages_get_the_short_html_refusal(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    import http.client
+
+    host, port = server.base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)  # httpx refuses such URLs
+    conn.request("GET", f"/proposals?task={'x' * 200_000}")
+    long = conn.getresponse()
+    text = long.read().decode()
+    conn.close()
+    assert long.status == 414 and "text/html" in long.getheader("content-type", "")
+    assert len(text) < 5000 and "characters refused (at most 8,192)" in text
+    response = page.goto(f"{server.base}/proposals/{'p' * 6000}")  # an id is never echoed whole
+    assert response is not None and response.status == 404
+    refusal = page.inner_text("#refusal")
+    assert len(refusal) < 300 and "more characters not shown" in refusal
+    response = page.goto(f"{server.base}/proposals/{'p' * 60_000}")
+    assert response is not None and response.status == 414
+    assert len(page.inner_text("#refusal")) < 300
+    for path, status in (("/nowhere", 404), (f"/proposals/{server.ids['refusals']}/decide", 405)):
+        response = page.goto(server.base + path)
+        assert response is not None and response.status == status
+        assert response.headers["content-type"].startswith("text/html")
+        assert page.locator("#refusal").count() == 1
+
+
+def test_oversized_and_chunked_bodies_are_refused(server: Served) -> None:
+    import http.client
+
+    pid = server.ids["refusals"]
+    client, csrf = _signed_in(server)
+    cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
+    host, port = server.base.removeprefix("http://").split(":")
+    form = f"action=request_changes&csrf_token={csrf}&comment=".encode()
+    # A 3 MiB body is announced, its first bytes sent: the refusal comes before the rest is read.
+    # A chunked body has no length to check, so it is refused whole.
+    for framing, status in (("content-length", 413), ("transfer-encoding", 411)):
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.putrequest("POST", f"/proposals/{pid}/decide")
+        conn.putheader("cookie", cookie)
+        conn.putheader("content-type", "application/x-www-form-urlencoded")
+        if framing == "content-length":
+            conn.putheader("content-length", str(3 * 1024 * 1024))
+            conn.endheaders(form + b"z" * 1024)
+        else:
+            conn.putheader("transfer-encoding", "chunked")
+            conn.endheaders(b"%x\r\n%s\r\n0\r\n\r\n" % (len(form), form))
+        response = conn.getresponse()
+        text = response.read().decode()
+        conn.close()
+        assert response.status == status and "text/html" in response.getheader("content-type", "")
+        assert "refused" in text and len(text) < 5000
+    assert _status(server, "refusals") == ProposalStatus.PENDING
+    assert _decisions(server, "refusals") == []
+
+
+def test_request_changes_comment_is_capped(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    from infra_agent.review.queue import MAX_COMMENT_CHARS
+
+    page.goto(f"{server.base}/proposals/{server.ids['refusals']}")
+    assert page.get_attribute("#comment", "maxlength") == str(MAX_COMMENT_CHARS)
+    page.evaluate("document.getElementById('comment').removeAttribute('maxlength')")
+    page.fill("#comment", "y" * 1_000_000)  # a form that skips the browser's limit
+    page.click("#request-changes")
+    assert "1,000,000 characters; at most 8,000 go to the agent" in page.inner_text("#error")
+    assert _status(server, "refusals") == ProposalStatus.PENDING
+
+
+def test_per_sample_plot_axis_of_times_near_zero(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{server.base}/proposals/{server.ids['noisy']}")
+    y_ticks = [float(t) for t in page.locator("#samples-plot .y-tick").all_text_contents()]
+    assert min(y_ticks) == 0.0 and len(y_ticks) >= 3  # times: the axis stops at zero
+    x_ticks = [int(t) for t in page.locator("#samples-plot .x-tick").all_text_contents()]
+    assert x_ticks[0] == 1 and x_ticks[-1] <= 24 and len(x_ticks) >= 3
+    assert "noise: high_iqr, drift" in page.inner_text("#measurement")

@@ -147,3 +147,34 @@ def test_load_patch_limits_and_formats(task: Task, tmp_path: Path) -> None:
 def test_bad_knob_values(task: Task, tmp_path: Path, knobs: dict, reason: str) -> None:
     with pytest.raises(UserError, match=reason):
         apply_patch(knob_patch(knobs), task, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("diff", "why"),
+    [
+        (GOOD + "+    return x + 3\n", "header's line counts end before it"),  # git skips it
+        (GOOD.replace("@@ -1,2 +1,2 @@", "@@ -1,3 +1,2 @@"), "fewer lines than its header"),
+        (
+            "--- a/kernel.py\n+++ b/kernel.py\n@@ -1,2 +1,1 @@\n def f(x):\n"
+            "+    return x + 2\n-    return x + 1\n",
+            "more added lines",
+        ),
+    ],
+)
+def test_hunk_whose_body_disagrees_with_its_counts_is_refused(diff: str, why: str) -> None:
+    # `git apply` follows the counts, so what it applies would not be what a reviewer reads.
+    with pytest.raises(PatchError, match=why):
+        parse_diff(diff)
+
+
+def test_hunk_counts_accept_no_newline_markers_and_a_signature() -> None:
+    no_newline = GOOD.replace(
+        "+    return x + 2\n", "+    return x + 2\n\\ No newline at end of file\n"
+    )
+    parse_diff(no_newline)
+    parse_diff(GOOD + "-- \n2.39.2\n\n")
+
+
+def test_line_endings_are_part_of_a_diffs_hash() -> None:
+    # A CRLF copy applies differently (git keeps the carriage returns), so it is another patch.
+    assert parse_diff(GOOD).hash != parse_diff(GOOD.replace("\n", "\r\n")).hash

@@ -194,3 +194,27 @@ def test_instruments_run_the_models_code_in_a_sandbox_and_report_with_statistics
         ctx,
     )  # fmt: skip
     assert escape.error and "failed" in escape.error  # no network in the sandbox
+
+
+def test_a_saved_skeleton_is_private_whatever_the_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A learned skeleton's example comes from a run, so it is kept like the run store."""
+    import os
+    import stat
+
+    from infra_agent.tools.skeletons import load_skeletons, save_skeleton, skeleton_from_proposal
+
+    monkeypatch.setenv("INFRA_AGENT_HOME", str(tmp_path / "home"))
+    skeleton = skeleton_from_proposal(
+        "merge-once", "Merge once", "--- a/x.py\n+++ b/x.py\n", "merge once", "run-1", 1.5
+    )
+    folder = tmp_path / "home" / "skeletons"
+    old = os.umask(0)
+    try:
+        path = save_skeleton(skeleton, folder)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert "merge-once" in {s.name for s in load_skeletons()}

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from infra_agent.config import default_data_dir
 from infra_agent.errors import UserError
+from infra_agent.private import write_private
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
 
@@ -98,7 +99,6 @@ def knob_advice(skeletons: list[Skeleton]) -> dict[str, list[Any]]:
 def save_skeleton(skeleton: Skeleton, folder: Path | None = None) -> Path:
     """Write a skeleton learned from a reviewed run (refuses to overwrite an existing name)."""
     folder = folder or user_dir()
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{skeleton.name}.toml"
     if path.exists() or skeleton.name in {s.name for s in load_skeletons()}:
         raise UserError(f"a skeleton named '{skeleton.name}' already exists")
@@ -110,7 +110,7 @@ def save_skeleton(skeleton: Skeleton, folder: Path | None = None) -> Path:
     if skeleton.knob_advice:
         lines.append("\n[knob_advice]")
         lines.extend(f"{k} = {_toml_value(v)}" for k, v in skeleton.knob_advice.items())
-    path.write_text("\n".join(lines) + "\n")
+    write_private(path, "\n".join(lines) + "\n")  # its example comes from a run
     return path
 
 
