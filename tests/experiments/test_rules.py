@@ -11,6 +11,7 @@ from infra_agent.experiments.cascade import preview_apply
 from infra_agent.experiments.rules import new_violations, scan_source
 from infra_agent.tasks.patch import parse_diff
 from infra_agent.tasks.registry import find_task
+from infra_agent.tasks.tree import workspace_tree
 
 BUNDLED = Path(__file__).parents[2] / "tasks" / "bundled"
 
@@ -155,13 +156,16 @@ def test_state_can_be_allowed() -> None:
 
 @pytest.mark.parametrize("name", [p.name for p in sorted(BUNDLED.iterdir()) if p.is_dir()])
 def test_bundled_patches_pass_the_rules(name: str) -> None:
-    """Every bundled task's own patches (reference fix, wrong fix) pass the static stage."""
+    """Every bundled task's own patches (reference fix, wrong fix) pass the static stage, applied
+    to the tree the agent sees (an installed package's with the task's fault injected). The fault
+    itself (inject.patch) makes the baseline: it is not a candidate."""
     task = find_task(name)
-    for patch_file in sorted(task.root.glob("*.patch")):
+    tree = workspace_tree(task)
+    for patch_file in sorted(p for p in task.root.glob("*.patch") if p.name != "inject.patch"):
         patch = parse_diff(patch_file.read_text())
         scratch = preview_apply(patch, task)
         try:
-            before = {r: _read(task.workspace / r) for r in patch.files}
+            before = {r: tree.read_text(r) if tree.is_file(r) else None for r in patch.files}
             after = {r: _read(scratch / "ws" / r) for r in patch.files}
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

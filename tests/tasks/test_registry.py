@@ -94,6 +94,9 @@ def test_every_bundled_task_is_tracked_by_git() -> None:
         prefix = f"{task.name}/"
         for needed in ("task.toml", task.manifest.harness):
             assert prefix + needed in files, f"{prefix}{needed} is not tracked by git"
+        if task.manifest.workspace.package is not None:  # an installed package is the code
+            assert not any(f.startswith(prefix + "workspace/") for f in files), task.name
+            continue
         assert any(f.startswith(prefix + "workspace/") for f in files), (
             f"{task.name}: no workspace/ file is tracked by git"
         )
