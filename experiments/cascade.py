@@ -105,13 +105,14 @@ class Experiment:
 
     def __init__(
         self, task: Task, patch: Patch, *, backend: str, params: dict[str, Any],
-        progress: Progress | None, bootstrap_seed: int,
+        progress: Progress | None, bootstrap_seed: int, detect: float | None = None,
     ) -> None:  # fmt: skip
         self.task, self.patch, self.backend = task, patch, backend
         self.manifest = task.manifest
         self.params = params
         self.progress = progress or (lambda _msg: None)
         self.bootstrap_seed = bootstrap_seed
+        self.detect = detect
         self.evidence = Evidence()
         self.flags: list[Flag] = []
         self.reasons: list[str] = []
@@ -225,7 +226,7 @@ class Experiment:
         try:
             m = measure(
                 harness, base, cand, self.manifest, self.seeds, deadline=self.deadline,
-                bootstrap_seed=self.bootstrap_seed, progress=self.progress,
+                bootstrap_seed=self.bootstrap_seed, progress=self.progress, detect=self.detect,
             )  # fmt: skip
         except ArmError as exc:
             raise _failure(exc.arm, exc.error) from exc
@@ -369,12 +370,15 @@ def run_experiment(
     run_id: str | None = None,
     progress: Progress | None = None,
     seed: int | None = None,
+    detect: float | None = None,
 ) -> ExperimentRecord:
     """Run one experiment and return its record (also stored when `store` is given).
 
     Bad input (unknown parameter or knob, a patch that is not a diff, does not apply, is too
-    large or targets a missing file) raises UserError before anything runs or is recorded.
-    `seed` only fixes the statistics' bootstrap; input seeds always come from os.urandom."""
+    large or targets a missing file, a `detect` that is not a fraction in (0, 10)) raises
+    UserError before anything runs or is recorded. `seed` only fixes the statistics' bootstrap;
+    input seeds always come from os.urandom. `detect` asks for a finer resolution than the
+    task's (0.05: see a 5% change); the verdict says when the budget could not reach it."""
     from infra_agent.sandboxes import available_backends, create_sandbox
 
     problem = available_backends().get(
@@ -382,6 +386,8 @@ def run_experiment(
     )
     if problem is not None:
         raise UserError(f"sandbox backend '{sandbox}' cannot be used here: {problem}")
+    if detect is not None and not 0.0 < detect < 10.0:
+        raise UserError(f"detect must be a relative change in (0, 10), e.g. 0.05; got {detect}")
     resolved = effective_params(task.manifest, params)
     effective_knobs(patch, task.manifest)  # unknown knobs / bad values: UserError now
     limit = _max_patch_bytes()
@@ -395,7 +401,7 @@ def run_experiment(
     started_at, t0 = now(), time.monotonic()
     experiment = Experiment(
         task, patch, backend=sandbox, params=resolved, progress=progress,
-        bootstrap_seed=seed if seed is not None else 0,
+        bootstrap_seed=seed if seed is not None else 0, detect=detect,
     )  # fmt: skip
     result = experiment.run(create_sandbox)
     record = ExperimentRecord(

@@ -2,18 +2,24 @@
 
 Samples come in rounds of four in ABBA / BAAB order on two fresh seeds, so each arm runs each
 input once and slow drift of the machine hits both arms alike. Pairs (same seed) feed a paired
-bootstrap of the ratio of medians (`feedback.bench.compare_samples`). Sampling stops once the 95%
-interval of the speedup is narrower than `target_ci_width` (relative) with at least `min_samples`
-per arm, or at `max_samples`, or when `measure_budget_s` is spent.
+bootstrap of the ratio of medians (`feedback.bench.compare_samples`). After a calibration of
+`CALIBRATION_PAIRS` pairs the experiment states the noise it measured and the smallest change it
+can detect at its budget (`experiments/power.py`), and whether that is as fine as asked: the
+task's `target_ci_width`, or a finer `detect` of the caller. Sampling stops once the interval is
+that precise with at least `min_samples` per arm, or at `max_samples`, or when
+`measure_budget_s` is spent; a NO_CHANGE that stopped short of the precision asked for is
+flagged `underpowered` and says what it could and could not see.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from infra_agent.experiments import power
 from infra_agent.experiments.arms import SeedSource
 from infra_agent.experiments.verdict import Flag, PerformanceEvidence, Verdict
 from infra_agent.feedback.bench import Comparison, compare_samples
@@ -34,6 +40,10 @@ class ExperimentTimeout(Exception):
     """The whole experiment ran past `budget.experiment_timeout_s`."""
 
 
+CALIBRATION_PAIRS = 4
+"""Pairs measured before an experiment states what it can detect (two ABBA rounds)."""
+
+
 @dataclass
 class Measurement:
     comparison: Comparison
@@ -41,6 +51,10 @@ class Measurement:
     """Metric name -> samples, in measurement order."""
     candidate: dict[str, list[float]] = field(default_factory=dict)
     rounds: int = 0
+    wanted: float = math.inf
+    """The detectable effect asked for (a speedup, e.g. 1.10)."""
+    plan: power.Plan | None = None
+    """What the calibration said the budget can resolve."""
 
 
 def _take(harness: Harness, arm: Arm, seed: int, metric: str) -> dict[str, float]:
@@ -54,6 +68,20 @@ def _take(harness: Harness, arm: Arm, seed: int, metric: str) -> dict[str, float
     return {k: float(v) for k, v in sample.items()}
 
 
+def wanted_effect(manifest: TaskManifest, detect: float | None = None) -> float:
+    """The detectable effect an experiment aims for: 1 + `detect` when a caller asks for one,
+    else what the task's `target_ci_width` resolves."""
+    if detect is not None:
+        return 1.0 + detect
+    width = power.se_of_width(manifest.budget.target_ci_width)
+    return power.detectable_effect(width, manifest.min_effect)
+
+
+def _ratios(base: list[float], cand: list[float], higher_is_better: bool) -> list[float]:
+    pairs = zip(base, cand, strict=False)
+    return [c / b for b, c in pairs] if higher_is_better else [b / c for b, c in pairs]
+
+
 def measure(
     harness: Harness,
     baseline: Arm,
@@ -64,11 +92,15 @@ def measure(
     deadline: float,
     bootstrap_seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    detect: float | None = None,
 ) -> Measurement:
-    """Sample both arms until the interval is tight enough or a budget runs out."""
+    """Sample both arms until the interval resolves the wanted effect or a budget runs out."""
     budget, metric = manifest.budget, manifest.metric.name
+    wanted = wanted_effect(manifest, detect)
+    se_goal = power.se_for_effect(wanted, manifest.min_effect)
     base: dict[str, list[float]] = {}
     cand: dict[str, list[float]] = {}
+    plan: power.Plan | None = None
     started = time.monotonic()
     rounds = 0
     while True:
@@ -84,6 +116,15 @@ def measure(
                 target.setdefault(key, []).append(value)
         rounds += 1
         n = min(len(base[metric]), len(cand[metric]))
+        spent = time.monotonic() - started
+        if plan is None and n >= min(CALIBRATION_PAIRS, max(budget.max_samples, 2)):
+            ratios = _ratios(base[metric][:n], cand[metric][:n], manifest.metric.higher_is_better)
+            plan = power.plan(
+                power.Noise.of(ratios, spent), wanted=wanted, min_effect=manifest.min_effect,
+                max_pairs=budget.max_samples, seconds_left=budget.measure_budget_s - spent, taken=n,
+            )  # fmt: skip
+            if progress is not None:
+                progress(plan.render())
         if n < max(budget.min_samples, 2):
             continue
         comparison = compare_samples(
@@ -94,18 +135,16 @@ def measure(
             seed=bootstrap_seed,
             equivalence=manifest.min_effect,
         )
-        width = (comparison.ci_high - comparison.ci_low) / comparison.speedup
-        spent = time.monotonic() - started
+        se = power.se_of_interval(comparison.ci_low, comparison.ci_high)
         if progress is not None:
+            seen = power.detectable_effect(se, manifest.min_effect)
             progress(
-                f"performance: n={n}/arm, speedup {comparison.speedup:.3f}x, CI width {width:.1%}"
+                f"performance: n={n}/arm, speedup {comparison.speedup:.3f}x "
+                f"(95% CI {comparison.ci_low:.3f}-{comparison.ci_high:.3f}), "
+                f"detects {seen - 1:.1%}, asked {wanted - 1:.1%}"
             )
-        if (
-            width < budget.target_ci_width
-            or n >= budget.max_samples
-            or spent > budget.measure_budget_s
-        ):
-            return Measurement(comparison, base, cand, rounds)
+        if se <= se_goal or n >= budget.max_samples or spent > budget.measure_budget_s:
+            return Measurement(comparison, base, cand, rounds, wanted, plan)
 
 
 def sign_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
@@ -129,10 +168,7 @@ def sign_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float,
 def pair_ratios(m: Measurement, manifest: TaskManifest) -> list[float]:
     """Per-pair speedups (same seed, measured next to each other), > 1 is better."""
     name = manifest.metric.name
-    pairs = zip(m.baseline[name], m.candidate[name], strict=False)
-    if manifest.metric.higher_is_better:
-        return [c / b for b, c in pairs]
-    return [b / c for b, c in pairs]
+    return _ratios(m.baseline[name], m.candidate[name], manifest.metric.higher_is_better)
 
 
 def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
@@ -150,6 +186,12 @@ def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
         baseline_samples=m.baseline[metric.name],
         candidate_samples=m.candidate[metric.name],
         noise=c.noise,
+        pair_noise=_pair_noise(pair_ratios(m, manifest)),
+        detectable_effect=power.detectable_effect(
+            power.se_of_interval(c.ci_low, c.ci_high), manifest.min_effect
+        ),
+        wanted_effect=m.wanted if math.isfinite(m.wanted) else None,
+        calibration=m.plan.render() if m.plan is not None else "",
         method=(
             f"interleaved ABBA rounds on fresh seeds ({m.rounds} rounds); {c.method}; "
             "a decision also needs the sign test's 95% interval of per-pair speedups to agree"
@@ -251,7 +293,68 @@ def decide(
                 f"constraint {constraint.metric} not shown broken: ratio {ratio:.3f} "
                 f"(95% CI {ratio_low:.3f}-{ratio_high:.3f}) against the allowed {constraint.max_ratio:g}"
             )
-    return verdict, reasons, flags, medians
+    # What the measurement could see (and its companion metric) right after the main reason.
+    flags_seen, reasons_seen = resolution(m, manifest, verdict)
+    reasons[1:1] = reasons_seen + companion(m, manifest, medians)
+    return verdict, reasons, flags + flags_seen, medians
+
+
+def companion(m: Measurement, manifest: TaskManifest, metrics: dict[str, float]) -> list[str]:
+    """The metric's companion compared like the metric (paired bootstrap), in words; its
+    speedup and interval are added to `metrics`. Nothing when the harness did not report it."""
+    name = manifest.metric.companion
+    b, k = m.baseline.get(name or ""), m.candidate.get(name or "")
+    if name is None or not b or not k:
+        return []
+    n = min(len(b), len(k))
+    comp = compare_samples(
+        b[:n], k[:n], higher_is_better=manifest.metric.higher_is_better, paired=True
+    )
+    metrics.update(
+        {
+            f"{name}_speedup": comp.speedup,
+            f"{name}_ci_low": comp.ci_low,
+            f"{name}_ci_high": comp.ci_high,
+        }
+    )
+    return [
+        f"beside it (does not decide): {name} {comp.speedup:.3f}x (95% CI {comp.ci_low:.3f}-"
+        f"{comp.ci_high:.3f}), median {comp.baseline_median:.4g} -> {comp.candidate_median:.4g}"
+    ]
+
+
+def _pair_noise(ratios: list[float]) -> float | None:
+    """sd of the log per-pair speedups (None with fewer than 2 pairs)."""
+    return statistics.stdev(math.log(r) for r in ratios) if len(ratios) >= 2 else None
+
+
+def resolution(
+    m: Measurement, manifest: TaskManifest, verdict: Verdict
+) -> tuple[list[Flag], list[str]]:
+    """What the measurement could see, in words; a NO_CHANGE that could not see the effect asked
+    for is flagged `underpowered` and says so first."""
+    c = m.comparison
+    seen = power.detectable_effect(power.se_of_interval(c.ci_low, c.ci_high), manifest.min_effect)
+    noise = _pair_noise(pair_ratios(m, manifest))
+    said = f"per-pair noise {noise:.1%}, " if noise is not None else ""
+    line = (
+        f"resolution: this measurement detects changes of {seen - 1:.1%} or more "
+        f"(80% power; {said}n={min(c.n_baseline, c.n_candidate)}/arm)"
+    )
+    if not math.isfinite(m.wanted) or seen <= m.wanted * (1 + 1e-9):
+        return [], [line + (f"; asked {m.wanted - 1:.1%}" if math.isfinite(m.wanted) else "")]
+    if verdict is not Verdict.NO_CHANGE:
+        return [], [line + f"; asked {m.wanted - 1:.1%}, and the effect was large enough anyway"]
+    goal = power.se_for_effect(m.wanted, manifest.min_effect)
+    needed = None if noise is None else power.pairs_for(noise, goal)
+    more = f"about {needed} samples/arm would" if needed else "no sample count can"
+    return [Flag.UNDERPOWERED], [
+        f"underpowered: NO_CHANGE only rules out changes of {seen - 1:.1%} or more; "
+        f"{m.wanted - 1:.1%} was asked for, which this budget cannot resolve at the noise "
+        f"measured ({more}: raise the budget's max_samples / measure_budget_s, or measure on a "
+        f"quieter machine)",
+        line,
+    ]
 
 
 def _median(values: list[float]) -> float:

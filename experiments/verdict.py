@@ -39,6 +39,9 @@ class Flag(str, Enum):
     """The output-health guard fired more often than on baseline (serving targets)."""
     DIFFERENT_NODES = "different_nodes"
     """Baseline and candidate were measured on different machines."""
+    UNDERPOWERED = "underpowered"
+    """NO_CHANGE from a measurement that could not resolve the effect asked for (budget or
+    noise): it rules out only larger changes."""
 
 
 class CorrectnessEvidence(BaseModel):
@@ -79,6 +82,14 @@ class PerformanceEvidence(BaseModel):
     """Noise flags from the benchmark instrument (e.g. 'high_iqr', 'drift')."""
     method: str = ""
     """How it was measured (interleaving, bootstrap, repetitions)."""
+    pair_noise: float | None = None
+    """sd of the log per-pair speedups: the noise one pair of samples carries (0.03 = 3%)."""
+    detectable_effect: float | None = None
+    """Smallest speedup this measurement finds IMPROVED with 80% probability (e.g. 1.07)."""
+    wanted_effect: float | None = None
+    """The detectable effect asked for (the task's precision, or the caller's `detect`)."""
+    calibration: str = ""
+    """What the experiment said after its calibration, before the bulk of the samples."""
 
 
 class SandboxEvidence(BaseModel):
@@ -134,6 +145,8 @@ class ExperimentResult(BaseModel):
                 f"n={perf.n_samples}/arm); {perf.metric} baseline {perf.baseline_median:.4g} {perf.unit}"
                 f" -> candidate {perf.candidate_median:.4g} {perf.unit}"
             )
+            if perf.calibration:
+                lines.append(perf.calibration)
         corr = self.evidence.correctness
         if corr is not None:
             acc = f"correctness {'pass' if corr.passed else 'FAIL'} ({corr.checks} checks"

@@ -33,6 +33,10 @@ class Metric(BaseModel):
     """Unit for people, e.g. 'ms', 'tok/s', 'corruptions/10k'."""
     higher_is_better: bool
     """Direction: True for throughput-like metrics, False for times and error rates."""
+    companion: str | None = None
+    """Another sample key of the same direction, shown beside this one with its own interval;
+    it does not decide (serving: output tokens per server CPU-second, which contention from
+    other work on the machine moves less than wall-clock throughput)."""
 
 
 class Constraint(BaseModel):
