@@ -78,6 +78,10 @@ class WorkloadResult(BaseModel):
     duration_s: float
     """From the first request sent to the last response finished."""
     load: LoadSpec
+    client_cpu_s: float | None = None
+    """CPU seconds this load generator's thread used (it shares the cores with the server)."""
+    server_cpu_s: float | None = None
+    """CPU seconds the server's processes used during the run (set by whoever can read them)."""
 
 
 def _payload(
@@ -236,7 +240,10 @@ async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadRes
 
 def run_workload(url: str, sessions: list[Session], load: LoadSpec | None = None) -> WorkloadResult:
     """Drive `sessions` against the server at `url` and return every request's record."""
-    return asyncio.run(_run(url, sessions, load or LoadSpec()))
+    started = time.thread_time()
+    result = asyncio.run(_run(url, sessions, load or LoadSpec()))
+    result.client_cpu_s = time.thread_time() - started
+    return result
 
 
 __all__ = ["LoadSpec", "RequestRecord", "WorkloadResult", "run_workload", "Turn", "Session"]
