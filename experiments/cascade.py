@@ -375,7 +375,7 @@ def run_experiment(
     """Run one experiment and return its record (also stored when `store` is given).
 
     Bad input (unknown parameter or knob, a patch that is not a diff, does not apply, is too
-    large or targets a missing file, a `detect` that is not a fraction in (0, 10)) raises
+    large or targets a missing file, a `detect` outside (min_effect, 10)) raises
     UserError before anything runs or is recorded. `seed` only fixes the statistics' bootstrap;
     input seeds always come from os.urandom. `detect` asks for a finer resolution than the
     task's (0.05: see a 5% change); the verdict says when the budget could not reach it."""
@@ -388,6 +388,11 @@ def run_experiment(
         raise UserError(f"sandbox backend '{sandbox}' cannot be used here: {problem}")
     if detect is not None and not 0.0 < detect < 10.0:
         raise UserError(f"detect must be a relative change in (0, 10), e.g. 0.05; got {detect}")
+    if detect is not None and detect <= task.manifest.min_effect:
+        raise UserError(
+            f"detect {detect:g} is not above the task's min_effect {task.manifest.min_effect:g}: "
+            "a change that small is NO_CHANGE by the task's rule, whatever the budget"
+        )
     resolved = effective_params(task.manifest, params)
     effective_knobs(patch, task.manifest)  # unknown knobs / bad values: UserError now
     limit = _max_patch_bytes()

@@ -129,6 +129,8 @@ def register(app: typer.Typer) -> None:
         with err_console.status(f"experiment on {found.name}: starting") as status:
 
             def progress(message: str) -> None:
+                if message.startswith("calibration:"):  # what it can detect: keep it on screen
+                    err_console.print(message)
                 status.update(f"experiment on {found.name}: {message}")
 
             try:

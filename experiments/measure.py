@@ -347,12 +347,17 @@ def resolution(
         return [], [line + f"; asked {m.wanted - 1:.1%}, and the effect was large enough anyway"]
     goal = power.se_for_effect(m.wanted, manifest.min_effect)
     needed = None if noise is None else power.pairs_for(noise, goal)
-    more = f"about {needed} samples/arm would" if needed else "no sample count can"
+    more = (
+        f"about {needed} samples/arm would: raise the budget's max_samples / measure_budget_s, "
+        "or measure on a quieter machine"
+        if needed
+        else f"no sample count can: it is at or below the task's minimum effect of "
+        f"{manifest.min_effect:.0%}"
+    )
     return [Flag.UNDERPOWERED], [
         f"underpowered: NO_CHANGE only rules out changes of {seen - 1:.1%} or more; "
         f"{m.wanted - 1:.1%} was asked for, which this budget cannot resolve at the noise "
-        f"measured ({more}: raise the budget's max_samples / measure_budget_s, or measure on a "
-        f"quieter machine)",
+        f"measured ({more})",
         line,
     ]
 

@@ -128,8 +128,10 @@ class Plan:
         if self.needed is None:
             more = "no sample count reaches it (it is at or below the task's minimum effect)"
         else:
-            minutes = self.needed * self.noise.seconds_per_pair / 60
-            more = f"that needs about {self.needed} samples/arm (~{minutes:.0f} min of measuring)"
+            more = (
+                f"that needs about {self.needed} samples/arm "
+                f"(~{_duration(self.needed * self.noise.seconds_per_pair)} of measuring)"
+            )
         return head + f"; asked for {self.wanted - 1:.1%}, finer than this budget allows: {more}"
 
 
@@ -153,3 +155,7 @@ def plan(
         needed=noise.pairs_for(se_for_effect(wanted, min_effect)),
         reachable=detectable_effect(noise.se(pairs), min_effect),
     )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"

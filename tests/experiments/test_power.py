@@ -124,15 +124,15 @@ def test_noisier_measurement_takes_more_samples() -> None:
 
 
 def test_a_finer_request_than_the_budget_allows_is_said_not_silent() -> None:
-    m, said, manifest = _run(1.0, 0.05, detect=0.02, min_samples=6, max_samples=8)
+    m, said, manifest = _run(1.0, 0.05, detect=0.06, min_samples=6, max_samples=8)
     calibration = next(line for line in said if line.startswith("calibration:"))
     assert "finer than this budget allows" in calibration and "samples/arm" in calibration
     verdict, reasons, flags, _ = decide(m, manifest)
     assert verdict is Verdict.NO_CHANGE and Flag.UNDERPOWERED in flags
     assert reasons[1].startswith("underpowered: NO_CHANGE only rules out changes of"), reasons
-    assert "2.0% was asked for" in reasons[1]
+    assert "6.0% was asked for" in reasons[1] and "raise the budget's max_samples" in reasons[1]
     # A large effect is still seen at the same budget, and then nothing is flagged.
-    m, _, manifest = _run(1.5, 0.05, detect=0.02, min_samples=6, max_samples=8)
+    m, _, manifest = _run(1.5, 0.05, detect=0.06, min_samples=6, max_samples=8)
     verdict, reasons, flags, _ = decide(m, manifest)
     assert verdict is Verdict.IMPROVED and Flag.UNDERPOWERED not in flags
 
@@ -148,3 +148,20 @@ def test_wanted_effect_and_bad_detect(pytask, make_patch) -> None:
     for bad in (0.0, -0.1, 10.0):
         with pytest.raises(UserError, match="detect must be a relative change"):
             run_experiment(task, patch, detect=bad)
+    with pytest.raises(UserError, match="not above the task's min_effect 0.05"):
+        run_experiment(task, patch, detect=0.05)
+
+
+def test_cli_refuses_a_detect_below_the_minimum_effect(pytask, make_patch, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    task = pytask()
+    patch = tmp_path / "p.diff"
+    patch.write_text(
+        make_patch(task, "kernel.py", (task.workspace / "kernel.py").read_text() + "\n").diff
+    )
+    argv = [sys.executable, "-m", "infra_agent.cli", "--db", str(tmp_path / "runs.db"),
+            "experiment", "--task", str(task.root), "--patch", str(patch), "--detect", "0.01"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not above the task's min_effect" in done.stderr, done.stderr
