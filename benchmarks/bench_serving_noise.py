@@ -65,6 +65,8 @@ class Outcome:
     lag_ms: list[float] = field(default_factory=list)
     """Per request: latency seen by the client minus the server's own e2e_latency."""
     latency_ms: list[float] = field(default_factory=list)
+    loop_lag_p99_ms: list[float] = field(default_factory=list)
+    """Per sample: p99 of how late the client's event loop woke."""
 
 
 def busy(n: int) -> list[subprocess.Popen[bytes]]:
@@ -108,6 +110,7 @@ def sample(
     for k, v in used.items():
         out.cpu[k] = out.cpu.get(k, 0.0) + v
     out.client_cpu += result.client_cpu_s or 0.0
+    out.loop_lag_p99_ms.append(result.client_loop_lag_s.get("p99", 0.0) * 1e3)
     for r in result.records:
         if "e2e_latency" in r.meta:
             out.lag_ms.append((r.latency_s - float(r.meta["e2e_latency"])) * 1e3)
@@ -158,7 +161,8 @@ def report(cond: Condition, out: Outcome) -> str:
         f"{'':<16} cores used while measured: {cpu}; client {out.client_cpu / wall:.2f}; "
         f"idle arm {out.idle_arm_cpu / wall:.2f}\n"
         f"{'':<16} client latency - server e2e latency: p50 {lag[49]:.0f} ms, p99 {lag[98]:.0f} ms "
-        f"(request latency p50 {statistics.median(out.latency_ms):.0f} ms)"
+        f"(request latency p50 {statistics.median(out.latency_ms):.0f} ms); client event loop "
+        f"wakes late by {statistics.median(out.loop_lag_p99_ms):.0f} ms at p99 (median sample)"
     )
 
 

@@ -56,6 +56,9 @@ class RunMetrics(BaseModel):
     """CPU seconds the load generator used."""
     server_cpu_s: float | None = None
     """CPU seconds the server's processes used during the run."""
+    client_loop_lag_ms: dict[str, float] = {}
+    """p50/p99 of how late the load generator's event loop woke: its TTFT and inter-token
+    timestamps can be late by as much."""
 
     @property
     def output_tokens_per_cpu_s(self) -> float | None:
@@ -78,6 +81,8 @@ class RunMetrics(BaseModel):
         for name in ("server_cpu_s", "client_cpu_s"):
             if (value := getattr(self, name)) is not None:
                 out[name] = value
+        for key, value in self.client_loop_lag_ms.items():
+            out[f"client_loop_lag_{key}_ms"] = value
         for name, pct in (
             ("ttft", self.ttft_ms),
             ("tpot", self.tpot_ms),
@@ -153,4 +158,5 @@ def summarize(result: WorkloadResult, slo: SLO | None = None) -> RunMetrics:
         spec_accept_length_mean=float(np.mean(accept)) if accept else None,
         client_cpu_s=result.client_cpu_s,
         server_cpu_s=result.server_cpu_s,
+        client_loop_lag_ms={k: v * 1e3 for k, v in result.client_loop_lag_s.items()},
     )
