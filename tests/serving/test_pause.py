@@ -2,6 +2,8 @@
 server whose child spins like an idle SGLang scheduler (fast; the real server is exercised in
 test_sglang_server.py)."""
 
+import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -19,7 +21,9 @@ SPINNING_SERVER = textwrap.dedent(
     args = sys.argv[1:]
     port = int(args[args.index("--port") + 1])
     model = args[args.index("--model-path") + 1]
-    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # Like SGLang's scheduler: dies with its parent (PR_SET_PDEATHSIG), spins while idle.
+    spin = "import ctypes, signal; ctypes.CDLL(None).prctl(1, signal.SIGKILL); exec('while 1: pass')"
+    child = subprocess.Popen([sys.executable, "-c", spin])
     print(f"child {child.pid}", flush=True)
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -34,14 +38,17 @@ SPINNING_SERVER = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def server(tmp_path: Path):  # type: ignore[no-untyped-def]
+def spinning(tmp_path: Path) -> DeploymentSpec:
     script = tmp_path / "spinning_server.py"
     script.write_text(SPINNING_SERVER)
-    spec = DeploymentSpec(
+    return DeploymentSpec(
         model="/nonexistent-model", launch="command", command=[sys.executable, str(script)], gpus=1
     )
-    srv = Server.start(spec, tmp_path)
+
+
+@pytest.fixture
+def server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    srv = Server.start(spinning(tmp_path), tmp_path)
     yield srv
     srv.stop()
 
@@ -77,8 +84,6 @@ def test_stopping_a_paused_server_leaves_nothing(server: Server) -> None:
 
 
 def test_cpu_seconds_counts_reaped_children(tmp_path: Path) -> None:
-    import subprocess
-
     # The parent's own time plus what its finished, reaped child used.
     proc = subprocess.Popen(
         [sys.executable, "-c",
@@ -94,3 +99,38 @@ def test_cpu_seconds_counts_reaped_children(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_an_owner_stopped_while_its_server_is_paused_leaves_nothing(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The experiment process is stopped, interrupted or killed while the idle arm's server is
+    paused: the server and its children still end (cleanup continues and terminates them;
+    on SIGKILL, PR_SET_PDEATHSIG reaches stopped processes too)."""
+    owner = tmp_path / "owner.py"
+    owner.write_text(
+        textwrap.dedent(
+            f"""
+            import time
+            from pathlib import Path
+            from infra_agent.serving.deployment import DeploymentSpec
+            from infra_agent.serving.server import Server
+            spec = DeploymentSpec.model_validate_json({spinning(tmp_path).model_dump_json()!r})
+            server = Server.start(spec, Path({str(tmp_path)!r}))
+            server.pause()
+            print(" ".join(str(p) for p in server.processes()), flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(owner)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    tree = {int(p) for p in proc.stdout.readline().split()}
+    assert len(tree) >= 2 and all(proctree._stat(p)[0] in "Tt" for p in tree)  # type: ignore[index]
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(proctree.alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(proctree.alive(p) for p in tree)
