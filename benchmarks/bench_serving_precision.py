@@ -130,6 +130,24 @@ def table(rows: list[dict[str, Any]]) -> str:
                 + (f"{statistics.median(comp):.3f}".ljust(10) if comp else " " * 10)
                 + f"{statistics.median(r['minutes'] for r in group):.1f} (max {max(r['minutes'] for r in group):.1f})"
             )  # fmt: skip
+            inside = sum(0.9 <= r["ci_low"] and r["ci_high"] <= 1.1 for r in measured)
+            loads = [float(r[k].split()[0]) for r in group for k in ("load_start", "load_end")]
+            stages = (
+                {
+                    k: statistics.median(
+                        r["stages_s"].get(k, 0.0) for r in group if "stages_s" in r
+                    )
+                    for k in ("prepare", "performance", "health")
+                }
+                if any("stages_s" in r for r in group)
+                else {}
+            )
+            out.append(
+                f"{'':<19} interval within [0.9, 1.1]: {inside}/{len(measured)}; samples/arm median "
+                f"{statistics.median(r['n'] for r in measured) if measured else 0:.0f}; 1-min load "
+                f"{min(loads):.1f}-{max(loads):.1f}; median stage s "
+                + ", ".join(f"{k} {v:.0f}" for k, v in stages.items())
+            )  # fmt: skip
     detection = {
         s: sum(r["verdict"] == Verdict.IMPROVED.value for r in rows if r["setting"] == s and r["kind"] == "effect")
         for s in SETTINGS
