@@ -85,7 +85,7 @@ def one(task: Task, kind: str, setting: str, seed: int, effect: dict[str, Any]) 
     record = run_experiment(task, knob_patch(knobs, author="bench"), seed=seed)
     r, perf = record.result, record.result.evidence.performance
     row: dict[str, Any] = {
-        "setting": setting, "kind": kind, "verdict": r.verdict.value, "flags": [f.value for f in r.flags],
+        "setting": setting, "kind": kind, "knobs": knobs, "verdict": r.verdict.value, "flags": [f.value for f in r.flags],
         "minutes": record.duration_s / 60, "load_start": started_load, "load_end": load(),
         "stages_s": r.evidence.durations_s,
     }  # fmt: skip
@@ -181,6 +181,10 @@ def main() -> None:
     parser.add_argument(
         "--calibrate", type=int, metavar="PAIRS", help="establish the effect's size"
     )
+    parser.add_argument(
+        "--effect", type=json.loads, default=EFFECT, metavar="JSON",
+        help=f"knobs of the moderate effect (default {json.dumps(EFFECT)})",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.report:
         print(table([json.loads(line) for line in args.report.read_text().splitlines() if line]))
