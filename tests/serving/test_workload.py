@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from infra_agent.serving.datasets import random_sessions
+from infra_agent.serving.stress import StressSpec, run_stress
 from infra_agent.serving.workload import LoadSpec, run_workload
 
 
@@ -81,3 +82,13 @@ def test_http_errors_and_broken_streams_are_failed_requests(url: str) -> None:
     assert [by_size[i].error[:8] for i in (0, 1)] == ["HTTP 500"] * 2
     # A stream that breaks off is a failed request (never a success with a short output).
     assert all(by_size[i].error and not by_size[i].success for i in (2, 3)), result.records
+
+
+def test_stress_replays_a_probe_under_background_load_on_the_same_client(url: str) -> None:
+    spec = StressSpec(repeats=12, probe_concurrency=3, background_concurrency=2, prompt_len=8,
+                      output_len=10, background_input_len=8, background_output_len=6, vocab_size=64)  # fmt: skip
+    report = run_stress(url, spec)
+    assert report.completed == 12 and report.distinct_answers == 1
+    assert report.background_requests >= 2
+    # Identical answers: every anomaly is one the output health guard found.
+    assert report.anomalies == report.unhealthy
