@@ -47,7 +47,8 @@ from infra_agent.tasks.patch import knob_patch
 from infra_agent.tasks.registry import find_task
 
 EFFECT = {"stream-interval": 2}
-"""The moderate effect: see the README of this benchmark's results (--calibrate)."""
+"""The moderate effect's default knobs (--effect). Its true size is not established: measure it
+with --calibrate before reading a detection rate against it."""
 SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "before": {
         "params": {"pause_idle_arm": False, "warmup_prompts": 0, "num_prompts": 128},
