@@ -32,8 +32,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -192,6 +194,8 @@ def main() -> None:
         return
     base = find_task("sglang-cpu-tiny")
     folder = Path(tempfile.mkdtemp(prefix="bench-precision-"))
+    # SIGTERM unwinds like Ctrl-C: the busy processes and the folder go (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(args.busy)]
     try:
         if args.calibrate:
