@@ -15,7 +15,8 @@ test: setup
 	.venv/bin/python -m pytest -q
 
 lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+	# ruff and mypy exactly as the tests run them (mypy needs the package by name: tests/test_lint.py)
+	.venv/bin/python -m pytest -q tests/test_lint.py
 
 clean:
 	rm -rf .venv build *.egg-info

@@ -40,23 +40,41 @@ def root(
     ] = False,
 ) -> None:
     """infra-agent: measure, hypothesize, patch, verify by experiment, hand risky wins to a human."""
-    reset(Invocation(config_path=config, overrides={"store.db": db}, debug=debug))
+    reset(
+        Invocation(
+            config_path=config,
+            overrides={"store.db": db},
+            debug=debug,
+            resume_run=_resume_after_review,
+        )
+    )
+
+
+def _resume_after_review(store_path: Path, run_id: str) -> None:
+    """The review queue resumes a waiting agent run through this (wired here: review does not
+    import the agent)."""
+    from infra_agent.agent.runner import resume_after_review
+
+    resume_after_review(store_path, run_id)
 
 
 def _register() -> None:
     # Imported here so that a broken group shows up as an error in that group only in tests,
     # and `infra-agent --help` stays fast (groups import their heavy dependencies lazily).
     from infra_agent.agent.cli import register as register_agent
+    from infra_agent.experiments.check import register as register_check
     from infra_agent.experiments.cli import register as register_experiments
     from infra_agent.feedback.cli import app as feedback_app
     from infra_agent.review.cli import app as review_app
     from infra_agent.store.cli import config_app, runs_app
     from infra_agent.tasks.cli import register as register_tasks
+    from infra_agent.tasks.cli import tasks_app
     from infra_agent.trajectories.cli import register as register_export
 
     register_agent(app)  # optimize
-    register_experiments(app)  # experiment
-    register_tasks(app)  # tasks, diagnose
+    register_experiments(app)  # experiment, diagnose
+    register_tasks(app)  # tasks
+    register_check(tasks_app)  # tasks check (runs experiments)
     app.add_typer(feedback_app, name="feedback")
     app.add_typer(runs_app, name="runs")
     app.add_typer(review_app, name="review")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ class Invocation:
     config_path: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     debug: bool = False
+    resume_run: Callable[[Path, str], None] | None = None
+    """Resumes the run (id) of the store (path) waiting for review, for the review queue: the CLI
+    wires in the agent's runner here, so review never imports the agent."""
     _settings: Settings | None = None
     _store: RunStore | None = None
 

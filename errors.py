@@ -13,14 +13,5 @@ class UserError(Exception):
     exit_code = 2
 
 
-class NotBuiltError(UserError):
-    """A command that exists in the CLI but whose implementation has not landed yet."""
-
-    exit_code = 3
-
-    def __init__(self, what: str) -> None:
-        super().__init__(f"{what} is not built yet")
-
-
 class StoreError(UserError):
     """The run store cannot be opened or used (unreadable file, newer schema)."""

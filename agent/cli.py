@@ -9,7 +9,9 @@ from typing import Any
 
 import typer
 
+from infra_agent.agent.policies import POLICIES
 from infra_agent.errors import UserError
+from infra_agent.store.records import ProposalStatus, RunStatus
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _BUDGET_KEYS = {
@@ -81,7 +83,7 @@ def register(app: typer.Typer) -> None:
             help="throughput | latency | accuracy (default: the task's objective).",
         ),
         policy: str = typer.Option(
-            "auto", "--policy", help="auto | llm | search | scripted (test equipment)."
+            "auto", "--policy", help=f"auto | {' | '.join(POLICIES)} (scripted: test equipment)."
         ),
         budget: str = typer.Option(
             None,
@@ -141,13 +143,11 @@ def register(app: typer.Typer) -> None:
             )
             run_id.append(resume)
         else:
-            if policy not in ("auto", "llm", "search", "scripted"):
-                raise UserError(f"--policy: '{policy}' is not one of auto, llm, search, scripted")
             if executor not in (None, "local", "ray"):
                 raise UserError(f"--executor: '{executor}' is not local or ray")
             if strategy not in ("coordinate", "random"):
                 raise UserError(f"--search-strategy: '{strategy}' is not coordinate or random")
-            chosen, reason = resolve_policy(policy, settings.llm, script)  # type: ignore[arg-type]
+            chosen, reason = resolve_policy(policy, settings.llm, script)
             the_task = find_run_task(RunConfig(task=task or settings.tasks.default))
             objective = target or the_task.manifest.objective
             m = the_task.manifest
@@ -166,7 +166,7 @@ def register(app: typer.Typer) -> None:
                 task=task or settings.tasks.default,
                 task_root=str(the_task.root),
                 objective=objective,
-                policy=chosen,  # type: ignore[arg-type]
+                policy=chosen,
                 policy_reason=reason,
                 budget=run_budget,
                 sandbox=sandbox or settings.sandbox.backend,
@@ -205,7 +205,7 @@ def register(app: typer.Typer) -> None:
             )
             sys.exit(130)
         emit(outcome, lambda console: render_outcome(outcome, console), as_json=as_json)
-        if outcome.status == "failed":
+        if outcome.status is RunStatus.FAILED:
             raise typer.Exit(1)
 
 
@@ -217,8 +217,8 @@ def list_skeletons(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """List the skeletons (bundled and learned from reviewed runs)."""
-    from infra_agent.agent.knowledge import load_skeletons
     from infra_agent.output import emit
+    from infra_agent.tools.skeletons import load_skeletons
 
     found = load_skeletons()
 
@@ -232,7 +232,7 @@ def list_skeletons(
 @skeletons_app.command("show")
 def show_skeleton(name: str = typer.Argument(..., help="Skeleton name.")) -> None:
     """Show one skeleton: when it applies, how to test it, a worked example."""
-    from infra_agent.agent.knowledge import load_skeletons
+    from infra_agent.tools.skeletons import load_skeletons
 
     for s in load_skeletons():
         if s.name == name:
@@ -250,9 +250,8 @@ def save_from_proposal(
     """Save a reviewed, proven patch as a new skeleton the agent can look up in later runs."""
     from pydantic import ValidationError
 
-    from infra_agent.agent.knowledge import save_skeleton, skeleton_from_proposal
     from infra_agent.context import current
-    from infra_agent.store.records import ProposalStatus
+    from infra_agent.tools.skeletons import save_skeleton, skeleton_from_proposal
 
     store = current().store(readonly=True)
     proposal = store.get_proposal(proposal_id)

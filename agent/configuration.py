@@ -1,19 +1,27 @@
-"""How a run is configured, and which policy drives it (`--policy auto` says why it chose)."""
+"""How a run is configured (`RunConfig`), which policy drives it (`--policy auto` says why it
+chose), and the live objects the graph's nodes use (`AgentContext`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from infra_agent.agent.state import Budget
+from infra_agent.agent.policies import POLICIES, Policy
+from infra_agent.agent.policies.base import ModelTurn, no_script
+from infra_agent.agent.runlog import RunLog
+from infra_agent.agent.state import AgentState, Budget
 from infra_agent.config import LLMSettings
 from infra_agent.errors import UserError
+from infra_agent.experiments.executors import Executor
+from infra_agent.store import RunStore
+from infra_agent.store.records import ExperimentRecord
 from infra_agent.tasks.manifest import Task
-
-PolicyName = Literal["auto", "llm", "search", "scripted"]
+from infra_agent.tools.base import ToolRegistry
+from infra_agent.tools.context import ToolContext
 
 
 class RunConfig(BaseModel):
@@ -26,8 +34,8 @@ class RunConfig(BaseModel):
     """The resolved task folder (so a resume finds the same task)."""
     objective: str = "throughput"
     """throughput | latency | accuracy."""
-    policy: Literal["llm", "search", "scripted"] = "search"
-    """The policy actually used (after `auto` was resolved)."""
+    policy: str = "search"
+    """The policy actually used (after `auto` was resolved): a name in `policies.POLICIES`."""
     policy_reason: str = ""
     """Why this policy (the sentence the CLI showed)."""
     budget: Budget = Field(default_factory=Budget)
@@ -56,76 +64,78 @@ class RunConfig(BaseModel):
     apply_to: str | None = None
     """Where approved patches are applied (default: <store dir>/applied/<run id>/)."""
 
+    @field_validator("policy")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy '{name}' (one of {', '.join(POLICIES)})")
+        return name
 
-def resolve_policy(requested: PolicyName, llm: LLMSettings, script: Path | None) -> tuple[str, str]:
-    """The policy to use and why, in a sentence. `auto` never picks `scripted`."""
-    if requested == "scripted":
-        if script is None:
-            raise UserError("--policy scripted needs --script FILE (it replays recorded replies)")
-        return "scripted", f"scripted policy (test equipment) replaying {script}"
-    if script is not None:
-        raise UserError("--script is only used with --policy scripted")
-    if requested == "llm":
-        if not llm.configured():
-            raise UserError(
-                "--policy llm needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY) or "
-                "llm.endpoint.base_url / llm.profile in infra-agent.toml"
+
+def resolve_policy(requested: str, llm: LLMSettings, script: Path | None) -> tuple[str, str]:
+    """The policy to use and why, in a sentence. `auto` takes `llm` when an endpoint is
+    configured, else `search`; it never takes `scripted` (test equipment is chosen explicitly)."""
+    if requested == "auto":
+        no_script(script)
+        if llm.configured():
+            profile = llm.active()
+            return (
+                "llm",
+                f"llm policy: an endpoint is configured ({profile.model} at {profile.base_url})",
             )
-        profile = llm.active()
-        return "llm", f"llm policy: model {profile.model} at {profile.base_url}"
-    if requested == "search":
-        return "search", "search policy (chosen with --policy search)"
-    if llm.configured():
-        profile = llm.active()
-        return (
-            "llm",
-            f"llm policy: an endpoint is configured ({profile.model} at {profile.base_url})",
+        return "search", (
+            "search policy: no LLM endpoint is configured (set OPENAI_BASE_URL or llm.profile to "
+            "use a model), so the built-in knob search runs"
         )
-    return "search", (
-        "search policy: no LLM endpoint is configured (set OPENAI_BASE_URL or llm.profile to use "
-        "a model), so the built-in knob search runs"
-    )
+    spec = POLICIES.get(requested)
+    if spec is None:
+        raise UserError(f"--policy: '{requested}' is not one of {', '.join(['auto', *POLICIES])}")
+    return spec.name, spec.check(llm, script)
 
 
 class DeferredPolicy:
     """A policy built on its first use: a run resumed only to apply a review decision never needs
     its model endpoint or script."""
 
-    def __init__(self, build: Callable[[], Any], name: str, model: str | None) -> None:
+    def __init__(self, build: Callable[[], Policy], name: str, model: str | None) -> None:
         self._build = build
-        self._policy: Any = None
+        self._policy: Policy | None = None
         self.name = name
         self.model = model
 
-    def next_turn(self, state: Any, tools: list[dict[str, Any]]) -> Any:
+    def next_turn(self, state: AgentState, tools: list[dict[str, Any]]) -> ModelTurn:
         if self._policy is None:
             self._policy = self._build()
         return self._policy.next_turn(state, tools)
 
 
-def build_policy(config: RunConfig, llm: LLMSettings, task: Task) -> Any:
-    """Construct the run's policy object from its configuration."""
-    if config.policy == "scripted":
-        from infra_agent.agent.policies.scripted import ScriptedPolicy, load_script
+def build_policy(config: RunConfig, llm: LLMSettings, task: Task) -> Policy:
+    """The run's policy object, by its registered name."""
+    return POLICIES[config.policy].build(config, llm, task)
 
-        assert config.script is not None
-        return ScriptedPolicy(load_script(Path(config.script)))
-    if config.policy == "llm":
-        from infra_agent.agent.policies.llm import LLMPolicy, OpenAIChatModel
 
-        return LLMPolicy(OpenAIChatModel(llm.active()), max_context_chars=config.max_context_chars)
-    from infra_agent.agent.knowledge import knob_advice, load_skeletons
-    from infra_agent.agent.policies.search import SearchPolicy
+@dataclass
+class AgentContext:
+    """What the nodes use but the checkpoint does not hold: live objects, rebuilt on resume."""
 
-    if not task.manifest.knobs:
-        raise UserError(
-            f"task {task.name} has no knobs, so the search policy has nothing to tune; "
-            "configure an LLM endpoint (OPENAI_BASE_URL) to let a model write patches"
+    config: RunConfig
+    task: Task
+    store: RunStore
+    policy: Policy
+    tools: ToolRegistry
+    tool_context: ToolContext
+    log: RunLog
+    run_experiment: Callable[..., ExperimentRecord]
+    """`infra_agent.experiments.run_experiment` (one experiment in this process)."""
+    executor: Executor | None = None
+    """Runs a reply's experiments as one parallel batch; None: one at a time in this process."""
+    fingerprint: str = ""
+    on_event: Callable[[str], None] = field(default=lambda text: None)
+    """Progress text for the live view (current step)."""
+
+    def budget(self, state: AgentState) -> Budget:
+        """The run's budget, extended for each revision a reviewer asked for."""
+        b, extra = self.config.budget, state.revisions
+        return b.model_copy(
+            update={"experiments": b.experiments + 2 * extra, "turns": b.turns + 10 * extra}
         )
-    return SearchPolicy(
-        task.manifest,
-        knob_advice(load_skeletons()),
-        strategy=config.search_strategy,
-        batch=config.search_batch,
-        seed=config.seed,
-    )

@@ -1,28 +1,15 @@
 """The run log: every message, tool call, tool result, experiment and decision, as it happens.
 
-Everything is redacted (API keys, tokens, secret environment values) before it reaches the store.
-"""
+The store redacts secrets (API keys, tokens, secret environment values) from every step before
+writing it."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from infra_agent.agent.state import Message
 from infra_agent.store import RunStore
-from infra_agent.store.records import StepRecord, ToolCall
-
-
-def redact(text: str) -> str:
-    try:
-        from infra_agent.trajectories.redact import redact_text
-    except ImportError:  # pragma: no cover - trajectories is part of the package
-        return re.sub(r"\bsk-[A-Za-z0-9_-]{16,}", "[REDACTED]", text)
-    return redact_text(text)
-
-
-def _redact_opt(text: str | None) -> str | None:
-    return None if text is None else redact(text)
+from infra_agent.store.records import StepRecord
 
 
 class RunLog:
@@ -42,20 +29,16 @@ class RunLog:
         cost_usd: float | None = None,
         logprobs: list[dict[str, Any]] | None = None,
     ) -> StepRecord:
-        calls = [
-            ToolCall(id=c.id, name=redact(c.name), arguments=redact(c.arguments))
-            for c in message.tool_calls
-        ]
         return self.store.add_step(
             StepRecord(
                 run_id=self.run_id,
                 role=message.role,
-                content=redact(message.content),
-                reasoning_content=_redact_opt(message.reasoning_content),
-                tool_calls=calls,
+                content=message.content,
+                reasoning_content=message.reasoning_content,
+                tool_calls=list(message.tool_calls),
                 tool_call_id=message.tool_call_id,
                 name=message.name,
-                error=_redact_opt(error),
+                error=error,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
                 cost_usd=cost_usd,
@@ -68,11 +51,5 @@ class RunLog:
     ) -> StepRecord:
         """A note from the loop itself: baseline, a decision, a budget stop, a model error."""
         return self.store.add_step(
-            StepRecord(
-                run_id=self.run_id,
-                role="harness",
-                content=redact(text),
-                name=name,
-                error=_redact_opt(error),
-            )
+            StepRecord(run_id=self.run_id, role="harness", content=text, name=name, error=error)
         )

@@ -21,22 +21,31 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 from pydantic import BaseModel, Field
 
-from infra_agent.agent.configuration import DeferredPolicy, RunConfig, build_policy
-from infra_agent.agent.graph import AgentContext, best_improved, builder
+from infra_agent.agent.configuration import AgentContext, DeferredPolicy, RunConfig, build_policy
+from infra_agent.agent.graph import best_improved, builder
 from infra_agent.agent.runlog import RunLog
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Usage
 from infra_agent.config import Settings, load_settings
 from infra_agent.errors import UserError
+from infra_agent.experiments import run_experiment, task_fingerprint
+from infra_agent.experiments.executors import Executor, create_executor
+from infra_agent.sandboxes.host import capture_environment
 from infra_agent.store import RunStore, open_store
-from infra_agent.store.records import RunRecord, RunStatus
+from infra_agent.store.records import ProposalStatus, RiskLevel, RunRecord, RunStatus
 from infra_agent.tasks.manifest import Task
+from infra_agent.tasks.registry import find_task
 from infra_agent.tools.context import ToolContext
 from infra_agent.tools.registry import default_registry
 
 _STATE_TYPES = [
     ("infra_agent.agent.state", name)
     for name in ("Message", "ExperimentOutcome", "Usage", "Budget")
-] + [("infra_agent.store.records", "ToolCall")]
+] + [
+    ("infra_agent.store.records", "ToolCall"),
+    ("infra_agent.store.records", "ProposalStatus"),
+    ("infra_agent.store.verdict", "Verdict"),
+    ("infra_agent.store.verdict", "Flag"),
+]
 
 
 def checkpoint_path(store_path: Path) -> Path:
@@ -58,8 +67,8 @@ def compiled_graph(
 
 class ProposalSummary(BaseModel):
     id: str
-    status: str
-    risk: str
+    status: ProposalStatus
+    risk: RiskLevel
     patch_id: str
     expected_gain: float | None = None
 
@@ -71,8 +80,7 @@ class RunOutcome(BaseModel):
     task: str
     policy: str
     policy_reason: str
-    status: str
-    """running | waiting_review | interrupted | finished | failed"""
+    status: RunStatus
     stop_reason: str | None = None
     experiments: list[ExperimentOutcome] = Field(default_factory=list)
     best: ExperimentOutcome | None = None
@@ -86,23 +94,7 @@ class RunOutcome(BaseModel):
 
 
 def find_run_task(config: RunConfig) -> Task:
-    from infra_agent.tasks.registry import find_task
-
     return find_task(config.task_root or config.task)
-
-
-def fingerprint(task: Task) -> str:
-    try:
-        from infra_agent.experiments import task_fingerprint
-    except ImportError:
-        from infra_agent.review.queue import current_fingerprint as task_fingerprint
-    return str(task_fingerprint(task))
-
-
-def _experiment_runner() -> Callable[..., Any]:
-    from infra_agent.experiments import run_experiment
-
-    return run_experiment
 
 
 def _context(
@@ -132,18 +124,16 @@ def _context(
         tools=default_registry(),
         tool_context=tool_context,
         log=RunLog(store, run.id),
-        run_experiment=_experiment_runner(),
+        run_experiment=run_experiment,
         executor=_executor(config),
-        fingerprint=fingerprint(task),
+        fingerprint=task_fingerprint(task),
         on_event=on_event,
     )
 
 
-def _executor(config: RunConfig) -> Any:
+def _executor(config: RunConfig) -> Executor | None:
     if config.executor is None:
         return None
-    from infra_agent.experiments.executors import create_executor
-
     options = {"parallel": config.parallel} if config.executor == "local" else {}
     return create_executor(config.executor, **options)
 
@@ -185,9 +175,24 @@ def _drive(
                 context.executor.shutdown()
         snapshot = graph.get_state(thread)
     values = snapshot.values if isinstance(snapshot.values, dict) else {}
+    state = AgentState(**{k: v for k, v in values.items() if k in AgentState.__dataclass_fields__})
     if snapshot.interrupts:
         _set_status(store, run.id, RunStatus.WAITING_REVIEW, None)
-    return outcome(store, store_path, run.id, values, config)
+    elif not snapshot.next:
+        _set_status(store, run.id, RunStatus.FINISHED, _summary(state))
+    return outcome(store, store_path, run.id, state, config)
+
+
+def _summary(state: AgentState) -> str:
+    """The finished run in a sentence: its best proven result, what was applied, why it stopped."""
+    best = best_improved(state)
+    found = (
+        f"best {best.patch_summary}: {best.speedup:.3f}x (IMPROVED)"
+        if best is not None and best.speedup
+        else "no IMPROVED configuration found"
+    )
+    applied = f"; applied {len(state.applied)} proposal(s)" if state.applied else ""
+    return f"{found}{applied}; stopped: {state.stop_reason}"
 
 
 def _set_status(store: RunStore, run_id: str, status: RunStatus, summary: str | None) -> None:
@@ -200,11 +205,10 @@ def _set_status(store: RunStore, run_id: str, status: RunStatus, summary: str | 
 
 
 def outcome(
-    store: RunStore, store_path: Path, run_id: str, values: dict[str, Any], config: RunConfig
+    store: RunStore, store_path: Path, run_id: str, state: AgentState, config: RunConfig
 ) -> RunOutcome:
     run = store.get_run(run_id)
     assert run is not None
-    state = AgentState(**{k: v for k, v in values.items() if k in AgentState.__dataclass_fields__})
     proposals = []
     for pid in state.proposals:
         p = store.get_proposal(pid)
@@ -212,8 +216,8 @@ def outcome(
             proposals.append(
                 ProposalSummary(
                     id=p.id,
-                    status=p.status.value,
-                    risk=p.risk.value,
+                    status=p.status,
+                    risk=p.risk,
                     patch_id=p.patch_id,
                     expected_gain=p.expected_gain,
                 )
@@ -233,7 +237,7 @@ def outcome(
         task=run.task,
         policy=run.policy,
         policy_reason=config.policy_reason,
-        status=run.status.value,
+        status=run.status,
         stop_reason=state.stop_reason,
         experiments=state.experiments,
         best=best_improved(state),
@@ -265,6 +269,7 @@ def start_run(
         policy=config.policy,
         model=policy.model,
         config=config.model_dump(mode="json"),
+        environment=capture_environment(config.sandbox),
     )
     store.put_run(run)
     if on_run is not None:

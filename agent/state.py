@@ -10,7 +10,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from infra_agent.store.records import ToolCall
+from infra_agent.store.records import (
+    ExperimentRecord,
+    PatchKind,
+    PatchRecord,
+    ProposalStatus,
+    ToolCall,
+)
+from infra_agent.store.verdict import Flag, Verdict
 
 
 class Message(BaseModel):
@@ -50,8 +57,8 @@ class ExperimentOutcome(BaseModel):
     """The knob assignment or the files a diff touches, in a few words."""
     knobs: dict[str, Any] = Field(default_factory=dict)
     """The patch's knob assignment (empty for a diff)."""
-    verdict: str
-    flags: list[str] = Field(default_factory=list)
+    verdict: Verdict
+    flags: list[Flag] = Field(default_factory=list)
     speedup: float | None = None
     """Oriented so > 1 is better; None when no performance stage ran."""
     ci_low: float | None = None
@@ -59,6 +66,24 @@ class ExperimentOutcome(BaseModel):
     duration_s: float = 0.0
     reused: bool = False
     """True when the same patch had already been measured in this run and was not re-run."""
+
+    @classmethod
+    def of(
+        cls, record: ExperimentRecord, patch: PatchRecord | None, *, reused: bool
+    ) -> ExperimentOutcome:
+        """The outcome of a stored experiment on `patch` (None when its body is missing)."""
+        perf = record.result.evidence.performance
+        knobs = dict(patch.knobs) if patch is not None else {}
+        if patch is not None and patch.kind is PatchKind.DIFF:
+            summary = "diff: " + (", ".join(patch.files) or "?")
+        else:
+            summary = ", ".join(f"{k}={v}" for k, v in knobs.items()) or "defaults"
+        return cls(
+            experiment_id=record.id, patch_id=record.patch_id, patch_summary=summary, knobs=knobs,
+            verdict=record.result.verdict, flags=list(record.result.flags),
+            speedup=perf.speedup if perf else None, ci_low=perf.ci_low if perf else None,
+            ci_high=perf.ci_high if perf else None, duration_s=record.duration_s, reused=reused,
+        )  # fmt: skip
 
 
 class Budget(BaseModel):
@@ -140,8 +165,8 @@ class AgentState:
     """The policy's own summary when it called finish."""
     proposals: list[str] = field(default_factory=list)
     """Ids of the proposals this run sent to the review queue."""
-    review: dict[str, str] = field(default_factory=dict)
-    """Proposal id -> status after review (approved, rejected, changes_requested, ...)."""
+    review: dict[str, ProposalStatus] = field(default_factory=dict)
+    """Proposal id -> its status after review."""
     revisions: int = 0
     """How many times a reviewer sent the run back with requested changes."""
     applied: dict[str, str] = field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -10,6 +10,10 @@ from rich.table import Table
 from rich.text import Text
 
 from infra_agent.agent.state import Budget, ExperimentOutcome, Usage
+from infra_agent.store.verdict import Verdict
+
+if TYPE_CHECKING:
+    from infra_agent.agent.runner import RunOutcome
 
 
 def _speedup(e: ExperimentOutcome) -> str:
@@ -24,11 +28,11 @@ def _speedup(e: ExperimentOutcome) -> str:
 
 
 _COLORS = {
-    "IMPROVED": "green",
-    "REGRESSED": "red",
-    "INCORRECT": "red",
-    "FAILED": "red",
-    "REJECTED": "magenta",
+    Verdict.IMPROVED: "green",
+    Verdict.REGRESSED: "red",
+    Verdict.INCORRECT: "red",
+    Verdict.FAILED: "red",
+    Verdict.REJECTED: "magenta",
 }
 
 
@@ -41,7 +45,7 @@ def experiments_table(experiments: list[ExperimentOutcome]) -> Table:
     table.add_column("time", justify="right")
     for i, e in enumerate(experiments, start=1):
         verdict = Text(
-            e.verdict + (f" ({', '.join(e.flags)})" if e.flags else ""),
+            e.verdict.value + (f" ({', '.join(f.value for f in e.flags)})" if e.flags else ""),
             style=_COLORS.get(e.verdict, ""),
         )
         table.add_row(str(i), e.patch_summary[:60], verdict, _speedup(e), f"{e.duration_s:.0f}s")
@@ -96,7 +100,7 @@ class LiveView:
                 experiments[len(self.experiments) :], start=len(self.experiments) + 1
             ):
                 self.console.print(
-                    f"  experiment {i}: {e.patch_summary}: {e.verdict} {_speedup(e)}; "
+                    f"  experiment {i}: {e.patch_summary}: {e.verdict.value} {_speedup(e)}; "
                     f"budget left: {(values.get('usage') or self.usage).left(self.budget)}",
                     highlight=False,
                 )
@@ -106,10 +110,10 @@ class LiveView:
         self._refresh()
 
 
-def render_outcome(outcome: Any, console: Console) -> None:
+def render_outcome(outcome: RunOutcome, console: Console) -> None:
     """The end of `optimize`: best proven result vs baseline, the review queue, the run id."""
     console.print(
-        f"[bold]run {outcome.run_id}[/bold]  task {outcome.task}  policy {outcome.policy}  status {outcome.status}"
+        f"[bold]run {outcome.run_id}[/bold]  task {outcome.task}  policy {outcome.policy}  status {outcome.status.value}"
     )
     console.print(outcome.policy_reason)
     if outcome.best is not None:
@@ -124,7 +128,7 @@ def render_outcome(outcome: Any, console: Console) -> None:
         console.print(experiments_table(outcome.experiments))
     for p in outcome.proposals:
         gain = f", {p.expected_gain:.3f}x" if p.expected_gain else ""
-        console.print(f"proposal {p.id}: {p.status} (risk {p.risk}{gain})")
+        console.print(f"proposal {p.id}: {p.status.value} (risk {p.risk.value}{gain})")
     for pid, where in outcome.applied.items():
         console.print(f"applied {pid} -> {where}")
     if outcome.stop_reason:

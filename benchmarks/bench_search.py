@@ -25,6 +25,7 @@ from infra_agent.agent.runner import start_run
 from infra_agent.agent.state import Budget, ExperimentOutcome
 from infra_agent.config import load_settings
 from infra_agent.experiments import run_experiment
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.patch import knob_patch
 from infra_agent.tasks.registry import find_task
 
@@ -46,7 +47,9 @@ def quick_copy(name: str, folder: Path) -> Path:
 
 def reach(experiments: list[ExperimentOutcome]) -> tuple[float, int | None]:
     """(best proven speedup, experiments needed to reach 90% of it)."""
-    wins = [(i, e.speedup or 1.0) for i, e in enumerate(experiments, 1) if e.verdict == "IMPROVED"]
+    wins = [
+        (i, e.speedup or 1.0) for i, e in enumerate(experiments, 1) if e.verdict is Verdict.IMPROVED
+    ]
     if not wins:
         return 1.0, None
     best = max(s for _, s in wins)
@@ -72,7 +75,7 @@ def main() -> None:
             outcome = start_run(config, settings)
             wall = time.perf_counter() - t0
             best, needed = reach(outcome.experiments)
-            verdicts = Counter(e.verdict for e in outcome.experiments)
+            verdicts = Counter(e.verdict.value for e in outcome.experiments)
             rows.append((strategy, best, needed, dict(verdicts), wall, outcome.best))
             print(
                 f"done: {strategy} best {best:.3f}x to-90% {needed} {dict(verdicts)} {wall:.0f} s",

@@ -43,7 +43,7 @@ from typing import Any
 import tomllib
 
 from infra_agent.experiments import run_experiment
-from infra_agent.experiments.verdict import Verdict
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.manifest import Task, load_task
 from infra_agent.tasks.patch import knob_patch
 from infra_agent.tasks.registry import find_task

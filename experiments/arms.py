@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,13 @@ from infra_agent.experiments.worker import RpcWorker
 from infra_agent.sandboxes.base import Sandbox, SandboxSpec
 from infra_agent.tasks.harness import Arm, Harness
 from infra_agent.tasks.manifest import Task, TaskManifest
+from infra_agent.tasks.patch import (
+    NotEditableError,
+    Patch,
+    PatchError,
+    effective_knobs,
+)
+from infra_agent.tasks.tree import preview_apply
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SANDBOX_ENV = {
@@ -104,12 +112,28 @@ class ArmStartError(Exception):
 
 
 def preload_modules(task: Task) -> list[str]:
-    """Heavy modules the workspace imports, loaded when a worker starts (only torch for now)."""
+    """Heavy modules the workspace imports, loaded when a worker starts (only torch for now).
+    Only python tasks have workers; a serving task's workspace is a package its server runs."""
+    if task.manifest.kind != "python" or not task.workspace.is_dir():
+        return []
     for path in task.workspace.rglob("*.py"):
         text = path.read_text(errors="replace")
         if "import torch" in text or "from torch" in text:
             return ["torch"]
     return []
+
+
+def arm_set(task: Task) -> ArmSet:
+    """The arms of one experiment on `task`, with its worker settings."""
+    from infra_agent.experiments.rules import normalize_allow
+
+    return ArmSet(
+        task.manifest.budget.call_timeout_s,
+        preload_modules(task),
+        worker_guard(task),
+        inplace=task.manifest.inplace,
+        background="background" in normalize_allow(task.manifest.allow),
+    )
 
 
 def worker_guard(task: Task) -> dict[str, list[str]]:
@@ -148,10 +172,15 @@ class ArmSet:
         call_timeout_s: float,
         preload: list[str] | None = None,
         guard: dict[str, list[str]] | None = None,
+        *,
+        inplace: bool = False,
+        background: bool = False,
     ) -> None:
         self.call_timeout_s = call_timeout_s
         self.preload = preload or []
         self.guard = guard or {}
+        self.inplace = inplace
+        self.background = background
         self.sandboxes: list[Sandbox] = []
         self.workers: list[RpcWorker] = []
 
@@ -161,7 +190,12 @@ class ArmSet:
         writable = [str(arm.sandbox.root), "/dev/null"] + (["/tmp"] if private_tmp else [])
         guard = {**self.guard, "writable": writable}
         worker = RpcWorker(
-            arm.sandbox, call_timeout_s=self.call_timeout_s, preload=self.preload, guard=guard
+            arm.sandbox,
+            call_timeout_s=self.call_timeout_s,
+            preload=self.preload,
+            guard=guard,
+            inplace=self.inplace,
+            background=self.background,
         )
         self.workers.append(worker)
         return worker
@@ -201,3 +235,33 @@ class ArmSet:
                 pass
         for sandbox in self.sandboxes:
             sandbox.cleanup()
+
+
+def patch_refusal(patch: Patch, task: Task) -> str | None:
+    """Why `task` cannot take `patch` at all (it cannot be applied to a copy), or None. A patch
+    touching a non-editable file is judged by the cascade (a rule, also REJECTED)."""
+    try:
+        effective_knobs(patch, task.manifest)
+        limit = _max_patch_bytes()
+        if len(patch.diff.encode()) > limit:
+            return f"patch is {len(patch.diff.encode())} bytes, above the limit of {limit}"
+        if patch.kind == "diff":
+            shutil.rmtree(preview_apply(patch, task), ignore_errors=True)
+    except NotEditableError:
+        return None
+    except PatchError as exc:
+        return str(exc)
+    except UserError as exc:  # a knob's value out of range or of the wrong type
+        return str(exc)
+    return None
+
+
+def _max_patch_bytes() -> int:
+    try:
+        from infra_agent.context import current
+
+        return current().settings().sandbox.max_patch_bytes
+    except UserError:
+        from infra_agent.tasks.patch import DEFAULT_MAX_PATCH_BYTES
+
+        return DEFAULT_MAX_PATCH_BYTES

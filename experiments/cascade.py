@@ -18,18 +18,19 @@ from typing import Any
 from infra_agent.errors import UserError
 from infra_agent.experiments import rules
 from infra_agent.experiments.arms import (
-    ArmSet,
     ArmStartError,
     SeedSource,
+    arm_set,
     effective_params,
     load_harness,
-    preload_modules,
+    patch_refusal,
     sandbox_spec,
-    worker_guard,
 )
 from infra_agent.experiments.measure import ArmError, ExperimentTimeout, decide, evidence, measure
 from infra_agent.experiments.procwatch import ProcessWatch
-from infra_agent.experiments.verdict import (
+from infra_agent.store.base import RunStore
+from infra_agent.store.records import ExperimentRecord, now
+from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,
     ExperimentResult,
@@ -37,18 +38,15 @@ from infra_agent.experiments.verdict import (
     SandboxEvidence,
     Verdict,
 )
-from infra_agent.store.base import RunStore
-from infra_agent.store.records import ExperimentRecord, now
 from infra_agent.tasks.harness import Arm, CandidateFailure, CheckResult, Harness, IncorrectOutput
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import (
     NotEditableError,
     Patch,
-    PatchError,
     apply_patch,
     effective_knobs,
-    preview_apply,
 )
+from infra_agent.tasks.tree import preview_apply, workspace_folder, workspace_tree
 
 Progress = Callable[[str], None]
 WARMUP_SEEDS = 2
@@ -64,15 +62,15 @@ class _Stop(Exception):
 
 
 def task_fingerprint(task: Task) -> str:
-    """sha256 of the manifest, harness and every baseline workspace file (staleness check)."""
+    """sha256 of the manifest, harness, deployment and the baseline workspace (the task folder's
+    files, or an installed package's identity with the injected fault): a staleness check."""
     digest = hashlib.sha256()
-    files = [task.root / "task.toml", task.harness_path]
-    files += sorted(
-        p for p in task.workspace.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-    )
+    files = [task.root / "task.toml", task.harness_path, task.root / "deployment.toml"]
     for path in files:
-        digest.update(str(path.relative_to(task.root)).encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
+        if path.is_file():
+            digest.update(str(path.relative_to(task.root)).encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    digest.update(workspace_tree(task).fingerprint().encode())
     return digest.hexdigest()
 
 
@@ -117,9 +115,7 @@ class Experiment:
         self.flags: list[Flag] = []
         self.reasons: list[str] = []
         self.seeds = SeedSource()
-        self.arms = ArmSet(
-            self.manifest.budget.call_timeout_s, preload_modules(task), worker_guard(task)
-        )
+        self.arms = arm_set(task)
         self.deadline = time.monotonic() + self.manifest.budget.experiment_timeout_s
         self.log_tail = ""
 
@@ -129,13 +125,14 @@ class Experiment:
         """Apply the patch to a scratch copy and read the code it adds."""
         if self.patch.kind != "diff":
             return
+        tree = workspace_tree(self.task)
         scratch = preview_apply(self.patch, self.task)
         try:
             before: dict[str, str | None] = {}
             after: dict[str, str | None] = {}
             for rel in self.patch.files:
-                old, new = self.task.workspace / rel, scratch / "ws" / rel
-                before[rel] = old.read_text(errors="replace") if old.is_file() else None
+                new = scratch / "ws" / rel
+                before[rel] = tree.read_text(rel) if tree.is_file(rel) else None
                 after[rel] = new.read_text(errors="replace") if new.is_file() else None
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -146,11 +143,13 @@ class Experiment:
 
     def open_arms(self, create: Callable[..., Any]) -> tuple[Arm, Arm]:
         spec = sandbox_spec(self.task)
-        base_sb = create(self.backend, self.task.workspace, spec)
-        base = self.arms.open(
-            "baseline", base_sb, effective_knobs(None, self.manifest), self.params
-        )
-        cand_sb = create(self.backend, self.task.workspace, spec)
+        # Both arms hold the same files (a package workspace: the injected ones and the patch's).
+        with workspace_folder(self.task, self.patch.files) as folder:
+            base_sb = create(self.backend, folder, spec)
+            base = self.arms.open(
+                "baseline", base_sb, effective_knobs(None, self.manifest), self.params
+            )
+            cand_sb = create(self.backend, folder, spec)
         knobs = apply_patch(self.patch, self.task, cand_sb.root)
         cand = self.arms.open("candidate", cand_sb, knobs, self.params)
         in_force, missing = cand_sb.isolation()
@@ -169,8 +168,6 @@ class Experiment:
         for arm in arms:
             try:
                 harness.prepare(arm)
-                if self.manifest.kind == "python":
-                    arm.worker.mark_warm()  # type: ignore[attr-defined]
             except Exception as exc:
                 raise _failure(arm.name, exc) from exc
         if self.manifest.kind == "python" and self.evidence.sandbox is not None:
@@ -189,6 +186,7 @@ class Experiment:
                 except Exception as exc:
                     raise _failure(arm.name, exc) from exc
                 results[arm.name].append(result)
+                self._invariants(arm, result)
                 if not result.passed:
                     self.evidence.correctness = _correctness(
                         results, passed=False, detail=result.detail
@@ -221,6 +219,27 @@ class Experiment:
                 self.reasons.append(
                     f"accuracy near the threshold: error vs float64 {corr.candidate_err_f64:.3g} of allowed {limit:.3g}"
                 )
+
+    def _invariants(self, arm: Arm, result: CheckResult) -> None:
+        """Every declared invariant must be reported on every pass; the candidate must hold
+        each. What each arm showed is kept in the evidence ('invariants')."""
+        declared = self.manifest.invariants
+        if not declared:
+            return
+        seen = self.evidence.extra.setdefault("invariants", {})
+        assert isinstance(seen, dict)
+        for name, what in declared.items():
+            if name not in result.invariants:
+                raise _Stop(
+                    Verdict.FAILED,
+                    f"the harness did not check the task's invariant '{name}' (task problem)",
+                )
+            broken = result.invariants[name]
+            entry = seen.setdefault(name, {"baseline": "held", "candidate": "held"})
+            if broken is not None:
+                entry[arm.name] = f"broken: {broken}"
+                if arm.name == "candidate":
+                    raise _Stop(Verdict.INCORRECT, f"invariant '{name}' ({what}) broken: {broken}")
 
     def performance(self, harness: Harness, base: Arm, cand: Arm) -> Verdict:
         try:
@@ -349,17 +368,6 @@ def _correctness(
     )
 
 
-def _max_patch_bytes() -> int:
-    try:
-        from infra_agent.context import current
-
-        return current().settings().sandbox.max_patch_bytes
-    except UserError:
-        from infra_agent.tasks.patch import DEFAULT_MAX_PATCH_BYTES
-
-        return DEFAULT_MAX_PATCH_BYTES
-
-
 def run_experiment(
     task: Task,
     patch: Patch,
@@ -374,41 +382,43 @@ def run_experiment(
 ) -> ExperimentRecord:
     """Run one experiment and return its record (also stored when `store` is given).
 
-    Bad input (unknown parameter or knob, a patch that is not a diff, does not apply, is too
-    large or targets a missing file, a `detect` outside (min_effect, 10)) raises
-    UserError before anything runs or is recorded. `seed` only fixes the statistics' bootstrap;
-    input seeds always come from os.urandom. `detect` asks for a finer resolution than the
-    task's (0.05: see a 5% change); the verdict says when the budget could not reach it."""
-    from infra_agent.sandboxes import available_backends, create_sandbox
+    A bad invocation (unknown parameter or backend, a `detect` outside (min_effect, 10) or for a
+    rate metric) raises UserError before anything runs or is recorded. A patch this task refuses
+    (it does not apply, is too large, targets a missing or non-editable file, sets an unknown knob
+    or a bad value) is an experiment too: REJECTED at the apply stage, recorded with its reason.
+    `seed` only fixes the statistics' bootstrap; input seeds always come from os.urandom.
+    `detect` asks for a finer resolution than the task's (0.05: see a 5% change); the verdict
+    says when the budget could not reach it."""
+    from infra_agent.sandboxes import create_sandbox, ensure_backend
 
-    problem = available_backends().get(
-        sandbox, f"unknown backend (known: {', '.join(available_backends())})"
-    )
-    if problem is not None:
-        raise UserError(f"sandbox backend '{sandbox}' cannot be used here: {problem}")
     if detect is not None and not 0.0 < detect < 10.0:
         raise UserError(f"detect must be a relative change in (0, 10), e.g. 0.05; got {detect}")
+    if detect is not None and task.manifest.metric.events is not None:
+        raise UserError(
+            f"detect applies to a speedup; task '{task.name}' has a rate metric, sampled until "
+            "the difference is shown (its target and budget set the precision)"
+        )
     if detect is not None and detect <= task.manifest.min_effect:
         raise UserError(
             f"detect {detect:g} is not above the task's min_effect {task.manifest.min_effect:g}: "
             "a change that small is NO_CHANGE by the task's rule, whatever the budget"
         )
+    ensure_backend(sandbox)  # docker: starts a private engine when none answers
     resolved = effective_params(task.manifest, params)
-    effective_knobs(patch, task.manifest)  # unknown knobs / bad values: UserError now
-    limit = _max_patch_bytes()
-    if len(patch.diff.encode()) > limit:
-        raise PatchError(f"patch is {len(patch.diff.encode())} bytes, above the limit of {limit}")
-    if patch.kind == "diff":
-        try:
-            shutil.rmtree(preview_apply(patch, task), ignore_errors=True)
-        except NotEditableError:
-            pass  # a rule, not bad input: the cascade records it as REJECTED
     started_at, t0 = now(), time.monotonic()
-    experiment = Experiment(
-        task, patch, backend=sandbox, params=resolved, progress=progress,
-        bootstrap_seed=seed if seed is not None else 0, detect=detect,
-    )  # fmt: skip
-    result = experiment.run(create_sandbox)
+    refused = patch_refusal(patch, task)
+    if refused is not None:
+        result = ExperimentResult(
+            task=task.name, patch_id=patch.hash, verdict=Verdict.REJECTED,
+            reasons=[f"patch refused: {refused}"],
+            evidence=Evidence(stage_reached="apply", rule_violations=[refused]),
+        )  # fmt: skip
+    else:
+        experiment = Experiment(
+            task, patch, backend=sandbox, params=resolved, progress=progress,
+            bootstrap_seed=seed if seed is not None else 0, detect=detect,
+        )  # fmt: skip
+        result = experiment.run(create_sandbox)
     record = ExperimentRecord(
         run_id=run_id,
         task=task.name,

@@ -11,14 +11,14 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import (
+from infra_agent.store.records import ExperimentRecord
+from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,
     Flag,
     SandboxEvidence,
     Verdict,
 )
-from infra_agent.store.records import ExperimentRecord
 
 
 class PerformanceSummary(BaseModel):
@@ -90,6 +90,10 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    from infra_agent.experiments.diagnose import register as register_diagnose
+
+    register_diagnose(app)
+
     @app.command()
     def experiment(
         task: str = typer.Option(..., "--task", help="Task name or folder."),
@@ -123,8 +127,10 @@ def register(app: typer.Typer) -> None:
         params = parse_params(param)
         backend = sandbox or settings.sandbox.backend
         # SIGTERM/SIGHUP end the run through the same path as Ctrl-C: sandboxes are cleaned.
+        # One this process was started ignoring stays ignored (nohup's SIGHUP).
         for signum in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, _interrupt)
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, _interrupt)
         store = current().store()
         with err_console.status(f"experiment on {found.name}: starting") as status:
 

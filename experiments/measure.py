@@ -2,12 +2,14 @@
 
 Samples come in rounds of four in ABBA / BAAB order on two fresh seeds, so each arm runs each
 input once and slow drift of the machine hits both arms alike. Pairs (same seed) feed a paired
-bootstrap of the ratio of medians (`feedback.bench.compare_samples`). After a calibration of
+bootstrap of the per-pair ratios (`feedback.bench.compare_samples`). After a calibration of
 `CALIBRATION_PAIRS` pairs the experiment states the noise it measured and the smallest change it
 can detect at its budget (`experiments/power.py`), and whether that is as fine as asked: the
 task's `target_ci_width`, or a finer `detect` of the caller. Sampling stops once the interval is
-that precise with at least `min_samples` per arm, or at `max_samples`, or when
-`measure_budget_s` is spent; a NO_CHANGE that stopped short of the precision asked for is
+that precise (for a rate metric, judged on pooled counts by `experiments/rates.py`: once the
+difference is shown either way) and every constraint is shown satisfied or broken
+(`experiments/constraints.py`), with at least `min_samples` per arm; or at `max_samples`, or
+when `measure_budget_s` is spent. A NO_CHANGE that stopped short of the precision asked for is
 flagged `underpowered` and says what it could and could not see.
 """
 
@@ -19,10 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from infra_agent.experiments import power
+from infra_agent.experiments import constraints, power, rates
 from infra_agent.experiments.arms import SeedSource
-from infra_agent.experiments.verdict import Flag, PerformanceEvidence, Verdict
 from infra_agent.feedback.bench import Comparison, compare_samples
+from infra_agent.store.verdict import Flag, PerformanceEvidence, Verdict
 from infra_agent.tasks.harness import Arm, Harness
 from infra_agent.tasks.manifest import TaskManifest
 
@@ -57,14 +59,19 @@ class Measurement:
     """What the calibration said the budget can resolve."""
 
 
-def _take(harness: Harness, arm: Arm, seed: int, metric: str) -> dict[str, float]:
+def _take(harness: Harness, arm: Arm, seed: int, manifest: TaskManifest) -> dict[str, float]:
     try:
         sample = harness.sample(arm, seed)
     except Exception as exc:
         raise ArmError(arm.name, exc) from exc
-    value = sample.get(metric)
-    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise ArmError(arm.name, ValueError(f"harness sample has no positive '{metric}': {sample}"))
+    metric = manifest.metric
+    needed = [metric.name] + [k for k in (metric.events, metric.trials) if k is not None]
+    for key in needed:
+        value = sample.get(key)
+        # a rate metric's samples may be 0 (no event); any other metric is a positive quantity
+        floor_ok = value >= 0 if metric.events is not None else value > 0  # type: ignore[operator]
+        if not isinstance(value, int | float) or not math.isfinite(value) or not floor_ok:
+            raise ArmError(arm.name, ValueError(f"harness sample has no valid '{key}': {sample}"))
     return {k: float(v) for k, v in sample.items()}
 
 
@@ -94,9 +101,11 @@ def measure(
     progress: Callable[[str], None] | None = None,
     detect: float | None = None,
 ) -> Measurement:
-    """Sample both arms until the interval resolves the wanted effect or a budget runs out."""
+    """Sample both arms until the interval resolves the wanted effect (a rate metric: until the
+    difference is shown) and every constraint is shown either way, or a budget runs out."""
     budget, metric = manifest.budget, manifest.metric.name
-    wanted = wanted_effect(manifest, detect)
+    rate = manifest.metric.events is not None
+    wanted = math.inf if rate else wanted_effect(manifest, detect)
     se_goal = power.se_for_effect(wanted, manifest.min_effect)
     base: dict[str, list[float]] = {}
     cand: dict[str, list[float]] = {}
@@ -112,12 +121,12 @@ def measure(
             if time.monotonic() > deadline:
                 raise ExperimentTimeout()
             target = base if arm is baseline else cand
-            for key, value in _take(harness, arm, seed, metric).items():
+            for key, value in _take(harness, arm, seed, manifest).items():
                 target.setdefault(key, []).append(value)
         rounds += 1
         n = min(len(base[metric]), len(cand[metric]))
         spent = time.monotonic() - started
-        if plan is None and n >= min(CALIBRATION_PAIRS, max(budget.max_samples, 2)):
+        if not rate and plan is None and n >= min(CALIBRATION_PAIRS, max(budget.max_samples, 2)):
             ratios = _ratios(base[metric][:n], cand[metric][:n], manifest.metric.higher_is_better)
             plan = power.plan(
                 power.Noise.of(ratios, spent), wanted=wanted, min_effect=manifest.min_effect,
@@ -127,24 +136,50 @@ def measure(
                 progress(plan.render())
         if n < max(budget.min_samples, 2):
             continue
-        comparison = compare_samples(
-            base[metric][:n],
-            cand[metric][:n],
-            higher_is_better=manifest.metric.higher_is_better,
-            paired=True,
-            seed=bootstrap_seed,
-            equivalence=manifest.min_effect,
-        )
-        se = power.se_of_interval(comparison.ci_low, comparison.ci_high)
-        if progress is not None:
+        if rate:  # pooled counts; sequential: stop once the difference is shown either way
+            counts = _pooled(base, cand, manifest)
+            comparison = rates.as_comparison(counts, n, manifest.min_effect)
+            done = rates.shown(counts, manifest.min_effect, manifest.metric.target) is not None
+            shown = counts.render()
+        else:
+            comparison = compare_samples(
+                base[metric][:n],
+                cand[metric][:n],
+                higher_is_better=manifest.metric.higher_is_better,
+                paired=True,
+                seed=bootstrap_seed,
+                equivalence=manifest.min_effect,
+            )
+            se = power.se_of_interval(comparison.ci_low, comparison.ci_high)
+            done = se <= se_goal
             seen = power.detectable_effect(se, manifest.min_effect)
-            progress(
-                f"performance: n={n}/arm, speedup {comparison.speedup:.3f}x "
+            shown = (
+                f"{gain_name(manifest)} {comparison.speedup:.3f}x "
                 f"(95% CI {comparison.ci_low:.3f}-{comparison.ci_high:.3f}), "
                 f"detects {seen - 1:.1%}, asked {wanted - 1:.1%}"
             )
-        if se <= se_goal or n >= budget.max_samples or spent > budget.measure_budget_s:
+        done = done and not constraints.still_open(base, cand, manifest)  # shown either way first
+        if progress is not None:
+            progress(f"performance: n={n}/arm, {shown}")
+        if done or n >= budget.max_samples or spent > budget.measure_budget_s:
             return Measurement(comparison, base, cand, rounds, wanted, plan)
+
+
+def gain_name(manifest: TaskManifest) -> str:
+    """What the improvement factor is called for this task's metric (> 1 is better)."""
+    if manifest.metric.events is not None:
+        return "rate ratio"
+    if manifest.objective == "accuracy":
+        return "error ratio"
+    return "speedup"
+
+
+def _pooled(
+    base: dict[str, list[float]], cand: dict[str, list[float]], manifest: TaskManifest
+) -> rates.RateComparison:
+    metric = manifest.metric
+    assert metric.events is not None and metric.trials is not None
+    return rates.pooled(base, cand, metric.events, metric.trials, metric.per)
 
 
 def sign_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
@@ -173,6 +208,7 @@ def pair_ratios(m: Measurement, manifest: TaskManifest) -> list[float]:
 
 def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
     c, metric = m.comparison, manifest.metric
+    rate = metric.events is not None
     return PerformanceEvidence(
         metric=metric.name,
         unit=metric.unit,
@@ -186,15 +222,24 @@ def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
         baseline_samples=m.baseline[metric.name],
         candidate_samples=m.candidate[metric.name],
         noise=c.noise,
-        pair_noise=_pair_noise(pair_ratios(m, manifest)),
-        detectable_effect=power.detectable_effect(
+        min_effect=manifest.min_effect,
+        gain=gain_name(manifest),
+        pair_noise=None if rate else _pair_noise(pair_ratios(m, manifest)),
+        detectable_effect=None
+        if rate
+        else power.detectable_effect(
             power.se_of_interval(c.ci_low, c.ci_high), manifest.min_effect
         ),
         wanted_effect=m.wanted if math.isfinite(m.wanted) else None,
         calibration=m.plan.render() if m.plan is not None else "",
         method=(
-            f"interleaved ABBA rounds on fresh seeds ({m.rounds} rounds); {c.method}; "
-            "a decision also needs the sign test's 95% interval of per-pair speedups to agree"
+            f"interleaved ABBA rounds on fresh seeds ({m.rounds} rounds); {c.method}"
+            + (
+                ""
+                if rate
+                else "; a decision also needs the sign test's 95% interval of per-pair "
+                "ratios to agree"
+            )
         ),
     )
 
@@ -204,20 +249,27 @@ def decide(
 ) -> tuple[Verdict, list[str], list[Flag], dict[str, float]]:
     """Verdict, reasons, flags and secondary metrics (medians) from a measurement.
 
-    IMPROVED only if the speedup exceeds 1 + min_effect, the interval's low end exceeds
+    IMPROVED only if the improvement factor exceeds 1 + min_effect, the interval's low end exceeds
     1 + min_effect/2 (confident of at least half the minimum effect, not merely of some change:
     two worker processes running the same code differ by a percent or two, which a 95% interval
     alone would call a change in one A/A experiment of ten on a loaded machine) and the sign
-    test's interval of per-pair speedups excludes 1.0 (where it applies: at least 6 pairs);
-    REGRESSED symmetrically; NO_CHANGE otherwise. Any broken constraint is a REGRESSED."""
+    test's interval of per-pair ratios excludes 1.0 (where it applies: at least 6 pairs);
+    REGRESSED symmetrically; NO_CHANGE otherwise, flagged `underpowered` when the measurement
+    could not resolve the effect asked for. A rate metric is judged on pooled counts instead
+    (experiments.rates). Every constraint must be shown satisfied (its interval within the
+    limit): one shown broken is a REGRESSED, one not shown satisfied keeps the verdict from
+    IMPROVED. The metric's companion is compared beside it and does not decide."""
     c, metric = m.comparison, manifest.metric
     sp, lo, hi, effect = c.speedup, c.ci_low, c.ci_high, manifest.min_effect
     margin = 1.0 + effect / 2
+    gain = gain_name(manifest)
     numbers = (
-        f"speedup {sp:.3f}x (95% CI {lo:.3f}-{hi:.3f}, n={min(c.n_baseline, c.n_candidate)}/arm); "
+        f"{gain} {sp:.3f}x (95% CI {lo:.3f}-{hi:.3f}, n={min(c.n_baseline, c.n_candidate)}/arm); "
         f"{metric.name} median {c.baseline_median:.4g} -> {c.candidate_median:.4g} {metric.unit}"
     )
-    if lo > margin and sp > 1.0 + effect:
+    if metric.events is not None:
+        verdict, reasons = _decide_rate(m, manifest)
+    elif lo > margin and sp > 1.0 + effect:
         verdict, reasons = Verdict.IMPROVED, [f"better with confidence: {numbers}"]
     elif hi < 1.0 / margin and sp < 1.0 / (1.0 + effect):
         verdict, reasons = Verdict.REGRESSED, [f"worse with confidence: {numbers}"]
@@ -235,7 +287,7 @@ def decide(
     else:
         verdict = Verdict.NO_CHANGE
         reasons = [f"effect below the task's minimum of {effect:.0%}: {numbers}"]
-    if verdict in (Verdict.IMPROVED, Verdict.REGRESSED):
+    if verdict in (Verdict.IMPROVED, Verdict.REGRESSED) and metric.events is None:
         # The bootstrap interval of medians can be too narrow when noise is heavy-tailed or
         # drifts (a loaded machine); the sign test's interval holds whatever the noise.
         # It applies where it can reach 95% (6 pairs or more); with fewer the bootstrap decides
@@ -246,7 +298,7 @@ def decide(
         ):
             verdict = Verdict.NO_CHANGE
             reasons = [
-                "not shown: the sign test's 95% interval of per-pair speedups "
+                "not shown: the sign test's 95% interval of per-pair ratios "
                 f"({sign[0]:.3f}-{sign[1]:.3f}) includes 1.0; {numbers}"
             ]
     flags: list[Flag] = []
@@ -256,47 +308,45 @@ def decide(
     if manifest.plausible_speedup is not None and sp > manifest.plausible_speedup:
         flags.append(Flag.SUSPICIOUS)
         reasons.append(
-            f"speedup {sp:.2f}x is above the task's plausibility bound "
+            f"{gain} {sp:.2f}x is above the task's plausibility bound "
             f"{manifest.plausible_speedup:g}x: needs a human look"
         )
     medians: dict[str, float] = {}
     for name in sorted(set(m.baseline) & set(m.candidate)):
         if name == metric.name:
             continue
-        medians[f"baseline_{name}"] = _median(m.baseline[name])
-        medians[f"candidate_{name}"] = _median(m.candidate[name])
+        medians[f"baseline_{name}"] = statistics.median(m.baseline[name])
+        medians[f"candidate_{name}"] = statistics.median(m.candidate[name])
+    # What the measurement of the metric could see (judged on the metric's own verdict: a
+    # constraint's outcome says nothing of its precision), and its companion.
+    seen = ([], []) if metric.events is not None else resolution(m, manifest, verdict)
     for constraint in manifest.constraints:
-        b, k = m.baseline.get(constraint.metric), m.candidate.get(constraint.metric)
-        if not b or not k:
-            verdict = Verdict.FAILED
-            reasons.append(
-                f"constraint metric '{constraint.metric}' was not measured by the harness"
-            )
-            continue
-        bm, km = _median(b), _median(k)
-        n = min(len(b), len(k))
-        # "ratio" grows as the candidate gets worse; broken only if its whole interval is
-        # above the limit (a noisy secondary metric must not decide on one unlucky median).
-        comp = compare_samples(
-            b[:n], k[:n], higher_is_better=constraint.higher_is_better, paired=True
+        verdict = constraints.check(m.baseline, m.candidate, constraint, verdict, reasons)
+    if metric.events is None:  # right after the main reason
+        reasons[1:1] = seen[1] + companion(m, manifest, medians)
+    return verdict, reasons, flags + seen[0], medians
+
+
+def _decide_rate(m: Measurement, manifest: TaskManifest) -> tuple[Verdict, list[str]]:
+    """A rate metric: the pooled counts decide (experiments.rates)."""
+    counts = _pooled(m.baseline, m.candidate, manifest)
+    target = manifest.metric.target
+    outcome = rates.shown(counts, manifest.min_effect, target)
+    low, _ = counts.interval()
+    if outcome == "better":
+        return Verdict.IMPROVED, [f"fewer events with confidence: {counts.render()}"]
+    if outcome == "worse":
+        return Verdict.REGRESSED, [f"more events with confidence: {counts.render()}"]
+    margin = 1.0 + manifest.min_effect / 2
+    if low > margin and target is not None:
+        why = (
+            f"fewer events, but not shown below the task's target of {target:g} "
+            f"{manifest.metric.unit} (the candidate's 95% upper bound is "
+            f"{counts.candidate_upper:.3g}: more requests needed)"
         )
-        ratio, ratio_low, ratio_high = 1 / comp.speedup, 1 / comp.ci_high, 1 / comp.ci_low
-        if ratio_low > constraint.max_ratio:
-            verdict = Verdict.REGRESSED if verdict != Verdict.FAILED else verdict
-            reasons.append(
-                f"constraint broken: {constraint.metric} median {bm:.4g} -> {km:.4g} "
-                f"(ratio {ratio:.3f}, 95% CI {ratio_low:.3f}-{ratio_high:.3f}, "
-                f"above the allowed {constraint.max_ratio:g})"
-            )
-        elif ratio_high > constraint.max_ratio:
-            reasons.append(
-                f"constraint {constraint.metric} not shown broken: ratio {ratio:.3f} "
-                f"(95% CI {ratio_low:.3f}-{ratio_high:.3f}) against the allowed {constraint.max_ratio:g}"
-            )
-    # What the measurement could see (and its companion metric) right after the main reason.
-    flags_seen, reasons_seen = resolution(m, manifest, verdict)
-    reasons[1:1] = reasons_seen + companion(m, manifest, medians)
-    return verdict, reasons, flags + flags_seen, medians
+    else:
+        why = "the difference is not shown (the interval reaches within half the minimum effect)"
+    return Verdict.NO_CHANGE, [f"{why}: {counts.render()}"]
 
 
 def companion(m: Measurement, manifest: TaskManifest, metrics: dict[str, float]) -> list[str]:
@@ -360,9 +410,3 @@ def resolution(
         f"measured ({more})",
         line,
     ]
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -5,14 +5,16 @@ Which processes belong to the sandbox: every process in the anchor's PID namespa
 sandbox has its own (bubblewrap/unshare --pid, a container), otherwise the anchor's process tree
 plus its session. The worker is the member whose command line names the worker script.
 
-Threads: a thread started after warm-up and alive after a call is tolerated only as an idle
-compute-pool thread (torch's intra-op pool grows lazily when a knob raises its size): at most as
-many as the worker's torch pools may hold (its own report: an upper bound only), and idle. Idle
-is measured, not assumed (/proc schedstat per thread; the process total counts threads that
-already exited): after a call returns the new threads must sleep within SETTLE_S, having used at
-most SPIN_LIMIT_S of CPU each (an OpenMP spin-wait), and then use at most IDLE_CPU_LIMIT_S until
-the next request. Work left running after return is a violation whatever the thread's name or
-origin.
+Threads: the watch starts before any candidate code runs (before preloads and the first import),
+so every thread but the worker's own was started by candidate code or its libraries, at import,
+warm-up or later. A thread alive after a call is tolerated only as an idle compute-pool thread
+(torch's pools start lazily): at most as many as the worker's torch pools may hold (its own
+report: an upper bound only), and idle. Idle is measured, not assumed (/proc schedstat per thread;
+the process total counts threads that already exited): after a call returns these threads must
+sleep within SETTLE_S, having used at most SPIN_LIMIT_S of CPU each (an OpenMP spin-wait), and then
+use at most IDLE_CPU_LIMIT_S in all until the next call, puts in between included. Work done while
+no call runs is a violation whatever the thread's name or origin, unless the task allows
+`background` work (then threads may outlive calls and work between them).
 """
 
 from __future__ import annotations
@@ -132,19 +134,14 @@ class CpuMark:
         return max(0, self.exited_ns - earlier.exited_ns - max(self.slack_ns, earlier.slack_ns))
 
 
-def thread_count(pid: int) -> int:
-    for line in _read(PROC / str(pid) / "status").splitlines():
-        if line.startswith("Threads:"):
-            return int(line.split()[1])
-    return 0
-
-
 class ProcessWatch:
     """Counts the worker's threads and the sandbox's other live processes."""
 
-    def __init__(self, anchor_pid: int, marker: str) -> None:
+    def __init__(self, anchor_pid: int, marker: str, *, background: bool = False) -> None:
         self.anchor = anchor_pid
         self.marker = marker
+        self.background = background
+        """The task allows work between calls: threads are neither counted nor measured."""
         own = _pid_ns(os.getpid())
         ns = _pid_ns(anchor_pid) if anchor_pid > 0 else None
         self.namespace = ns if ns is not None and ns != own else None
@@ -152,33 +149,37 @@ class ProcessWatch:
         self.method = "pidns" if self.namespace else "tree" if self.visible else "self-report"
         """How leftovers are found: 'pidns', 'tree' (process tree + session) or 'self-report'
         (the worker's own count: the harness cannot see it)."""
-        self.warm_threads: int | None = None
-        self.warm_tids: set[int] | None = None
-        """Thread ids alive after warm-up (e.g. a compute pool): any other thread alive after a
-        call was started by the candidate after warm-up and outlived its call."""
+        self.start_threads: int | None = None
+        self.start_tids: set[int] | None = None
+        """Thread ids alive when the worker first answered, before any candidate code ran: every
+        other thread was started by candidate code (or a library it called)."""
         self.base_members: set[int] | None = None
-        """Sandbox processes once the worker answered its first ping, before any candidate code
-        ran: the only processes besides the worker allowed to exist afterwards."""
+        """Sandbox processes once the worker answered its first request, before any candidate
+        code ran: the only processes besides the worker allowed to exist afterwards."""
         self.worker_pid: int | None = None
         self.pool_threads = 0
-        """Most pool threads the worker's torch reported: how many threads started after warm-up
-        are tolerated (untrusted: it only admits threads that are then measured idle)."""
+        """Most pool threads the worker's torch reported: how many threads started by candidate
+        code are tolerated (untrusted: it only admits threads that are then measured idle)."""
         self.tolerated: set[int] = set()
-        """Threads started after warm-up, found idle: compute-pool threads."""
+        """Threads started by candidate code, found idle after a call: compute-pool threads."""
         self._mark: CpuMark | None = None
-        self._watched: set[int] = set()
 
-    def started(self) -> None:
-        """Call once the worker is up and before candidate code runs. If the worker lives in a
-        PID namespace of its own (bubblewrap runs it below the anchor), watch that namespace:
-        orphans of a double fork stay in it."""
+    def started(self, reported_threads: int = 0) -> None:
+        """Call once the worker first answered, before preloads and before candidate code runs.
+        If the worker lives in a PID namespace of its own (bubblewrap runs it below the anchor),
+        watch that namespace: orphans of a double fork stay in it."""
         worker = self._worker(self.members())
         if self.namespace is None and worker is not None:
             ns = _pid_ns(worker)
             if ns is not None and ns != _pid_ns(os.getpid()):
                 self.namespace, self.method = ns, "pidns"
         self.base_members = self.members()
-        self._worker(self.base_members)
+        worker = self._worker(self.base_members)
+        if self.method == "self-report" or worker is None:
+            self.start_threads = reported_threads
+            return
+        self.start_tids = thread_ids(worker)
+        self.start_threads = len(self.start_tids)
 
     def members(self) -> set[int]:
         """Live (non-zombie) processes that belong to the sandbox."""
@@ -215,30 +216,24 @@ class ProcessWatch:
 
     def summary(self) -> dict[str, object]:
         """What the watch saw, for the experiment's evidence: how it looked, the threads alive
-        after warm-up, and the later threads it let pass because they were measured idle."""
+        when the worker started, and the later threads it let pass because they were idle."""
         return {
             "method": self.method,
-            "threads_after_warmup": self.warm_threads,
+            "threads_at_start": self.start_threads,
             "idle_pool_threads_tolerated": len(self.tolerated),
             "pool_threads_allowed": self.pool_threads,
+            "background_allowed": self.background,
         }
 
-    def mark_warm(self, reported_threads: int = 0) -> None:
-        """Record the worker's thread count after warm-up (compute pools started lazily)."""
-        if self.method == "self-report":
-            self.warm_threads = reported_threads
-            return
-        worker = self._worker(self.members())
-        self.warm_threads = thread_count(worker) if worker is not None else None
-        self.warm_tids = thread_ids(worker) if worker is not None else None
-
     def problem(self, reported_threads: int = 0, pool_threads: int = 0) -> str | None:
-        """Why the sandbox is not back at its warm state after a call, or None. Call right after
-        the call returned; `pool_threads`: how many threads the worker says torch's pools hold."""
-        self._mark, self._watched = None, set()
+        """Why the sandbox is not back at rest after a call, or None. Call right after the call
+        returned; `pool_threads`: how many threads the worker says torch's pools hold."""
+        self._mark = None
+        self.pool_threads = max(self.pool_threads, pool_threads)
         if self.method == "self-report":
-            if self.warm_threads is not None and reported_threads > self.warm_threads:
-                extra = reported_threads - self.warm_threads
+            started = self.start_threads or 1
+            if not self.background and reported_threads > started + self.pool_threads:
+                extra = reported_threads - started
                 return f"candidate left {extra} extra thread(s) running after the call returned"
             return None
         if self.base_members is None:
@@ -249,25 +244,25 @@ class ProcessWatch:
         if extra_procs:
             names = ", ".join(f"{p} ({_cmdline(p)[:60].strip()})" for p in extra_procs[:3])
             return f"candidate left {len(extra_procs)} child process(es) running: {names}"
-        if worker is None or self.warm_tids is None:
+        if worker is None or self.start_tids is None or self.background:
             return None
-        self.pool_threads = max(self.pool_threads, pool_threads)
-        new = thread_ids(worker) - self.warm_tids
+        new = thread_ids(worker) - self.start_tids
         if len(new) > self.pool_threads:
             return (
                 f"candidate left {len(new)} thread(s) running after the call returned "
-                f"(started after warm-up; {len(self.warm_tids)} threads after warm-up, "
+                f"(started by candidate code, at import, warm-up or since; "
                 f"{self.pool_threads} compute-pool threads allowed)"
             )
-        return self._settle(worker, new) if new else None
+        return self._settle(worker, new)
 
     def _settle(self, worker: int, new: set[int]) -> str | None:
         """Wait until the new threads sleep and stop using CPU (an OpenMP spin-wait ends within a
         few ms). A thread still busy SETTLE_S after return, or spinning past SPIN_LIMIT_S, is
-        work left running. Settled threads are tolerated as idle pool threads."""
+        work left running. Settled threads are tolerated as idle pool threads; from here until
+        the next call every thread but the worker's own is measured (`before_request`)."""
         start = mark = CpuMark.take(worker)
         deadline = time.monotonic() + SETTLE_S
-        while True:
+        while new:
             time.sleep(POLL_S)
             later = CpuMark.take(worker)
             grew = sum(later.used_since(mark, new).values()) + later.exited_since(mark)
@@ -277,23 +272,27 @@ class ProcessWatch:
             if time.monotonic() > deadline:
                 return self._busy(start, later, new, f"more than {SETTLE_S * 1e3:g} ms after")
         used = mark.used_since(start, new)
-        if max(used.values()) > SPIN_LIMIT_S * 1e9:
+        if used and max(used.values()) > SPIN_LIMIT_S * 1e9:
             return self._busy(start, mark, new, "while settling after")
         self.tolerated |= new
-        self._mark, self._watched = mark, new
+        self._mark = mark
         return None
 
-    def before_request(self) -> str | None:
-        """Why new threads worked between the last call's return (once settled) and now; call
-        before sending the next request. None when they stayed idle."""
-        mark, self._mark = self._mark, None
+    def before_request(self, *, call: bool = True) -> str | None:
+        """Why threads other than the worker's own worked since the last call returned (once
+        settled); call before each request. None when they stayed idle. The measurement runs
+        from one call to the next: puts in between do not reset it."""
+        mark = self._mark
+        if call:
+            self._mark = None
         if mark is None or self.worker_pid is None:
             return None
         later = CpuMark.take(self.worker_pid)
-        cpu = sum(later.used_since(mark, self._watched).values()) + later.exited_since(mark)
+        others = set(later.threads_ns) - {self.worker_pid}
+        cpu = sum(later.used_since(mark, others).values()) + later.exited_since(mark)
         if cpu <= IDLE_CPU_LIMIT_S * 1e9:
             return None
-        return self._busy(mark, later, self._watched, "between calls, after")
+        return self._busy(mark, later, others, "between calls, after")
 
     def _busy(self, mark: CpuMark, later: CpuMark, tids: set[int], when: str) -> str | None:
         used = later.used_since(mark, tids)

@@ -17,13 +17,14 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from infra_agent.experiments.rule_names import canonical, is_module
 from infra_agent.experiments.state_rules import scan_state
 
 GROUPS = {
     "network": "network access (socket, urllib, http, requests)",
     "processes": "child processes (subprocess, os.system/fork/exec/spawn, multiprocessing)",
     "threads": "threads (threading, _thread, concurrent.futures, asyncio)",
-    "ctypes": "native code (ctypes, cffi, mmap, cpp_extension, torch.ops.load_library)",
+    "ctypes": "native code (ctypes, cffi, mmap, cpp_extension, torch.ops.load_library, torch.library)",
     "timers": "clock tampering or monkeypatching imported modules",
     "introspection": "introspection (gc, inspect, frames, sys.modules, builtins)",
     "harness": "reaching the harness, infra_agent, files outside the workspace or secrets",
@@ -33,6 +34,10 @@ GROUPS = {
 ALWAYS_ENFORCED = frozenset({"harness", "timers"})
 AUDITED_GROUPS = frozenset({"network", "processes", "introspection"})
 """Groups the RPC worker's audit hook also enforces at run time (see rpc_worker.Guard)."""
+RUNTIME_GROUPS = {
+    "background": "threads outliving a call and working between calls (the process watch)",
+}
+"""Groups a task may allow that no static rule reads: run-time rules of the worker."""
 ALIASES = {
     "threading": "threads",
     "network": "network",
@@ -44,6 +49,7 @@ _MODULE_GROUPS = {
     "socket": "network", "urllib": "network", "http": "network", "requests": "network",
     "httpx": "network", "aiohttp": "network", "ssl": "network", "ftplib": "network",
     "smtplib": "network", "telnetlib": "network", "xmlrpc": "network", "websocket": "network",
+    "torch.library": "ctypes",  # registers or replaces operator kernels (aten ops included)
     "subprocess": "processes", "multiprocessing": "processes", "pty": "processes",
     "signal": "processes", "torch.multiprocessing": "processes",
     "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",
@@ -90,6 +96,9 @@ _DYNAMIC_CALLS = {
     "vars",
     "locals",
 }
+_IMPORTERS = {"__import__", "importlib.import_module", "importlib.__import__"}
+"""Callables that import the module their first argument names."""
+_ATTRIBUTE_CALLS = {"getattr", "setattr", "delattr", "hasattr"}
 _ABSOLUTE = re.compile(r"^(/|~|[A-Za-z]:\\)")
 
 
@@ -125,8 +134,9 @@ class _Visitor(ast.NodeVisitor):
     def _add(self, group: str, node: ast.AST, what: str) -> None:
         self.found.append(Violation(group, self.path, getattr(node, "lineno", 0), what))
 
-    def _module(self, node: ast.AST, name: str, local: str) -> None:
-        self.modules[local] = name
+    def _module(self, node: ast.AST, name: str, local: str | None) -> None:
+        if local is not None:
+            self.modules[local] = name
         group = _group_of_module(name)
         if group is not None:
             self._add(group, node, f"imports {name}")
@@ -140,13 +150,15 @@ class _Visitor(ast.NodeVisitor):
             self._add("harness", node, "imports from outside its package ('..' relative import)")
         base = node.module or ""
         for alias in node.names:
-            full = f"{base}.{alias.name}" if base else alias.name
+            full = canonical(f"{base}.{alias.name}") if base else alias.name
             local = alias.asname or alias.name
-            if base in ("os", "posix"):
+            owner = full.rpartition(".")[0]
+            if owner in ("os", "posix"):
                 self._os_attr(node, alias.name)
-            elif base == "sys" and alias.name in _SYS_ATTRS:
+            elif owner == "sys" and alias.name in _SYS_ATTRS:
                 self._add(_SYS_ATTRS[alias.name], node, f"imports sys.{alias.name}")
-            self._module(node, full if _group_of_module(full) else base, local)
+            named = node.level == 0 and (_group_of_module(full) or is_module(full))
+            self._module(node, full if named else base, local)
 
     def _os_attr(self, node: ast.AST, attr: str) -> None:
         group = _OS_CALLS.get(attr)
@@ -155,15 +167,54 @@ class _Visitor(ast.NodeVisitor):
         if group is not None:
             self._add(group, node, f"uses os.{attr}")
 
-    def visit_Attribute(self, node: ast.Attribute) -> None:
+    # -- what a name refers to, through indirection ---------------------------------------------
+
+    def _qual(self, node: ast.expr) -> str | None:
+        """The canonical dotted name `node` refers to when it starts at a module: through
+        attributes, constant-string getattr, __import__/importlib.import_module of a constant,
+        names bound to such expressions, and modules reached as other modules' attributes."""
+        if isinstance(node, ast.Name):
+            return self.modules.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self._qual(node.value)
+            return canonical(f"{base}.{node.attr}") if base else None
+        if isinstance(node, ast.Subscript):  # sys.modules["m"], module.__dict__["name"]
+            key, base = _const_str(node.slice), self._qual(node.value)
+            if key is not None and base == "sys.modules":
+                return canonical(key)
+            if key is not None and base is not None and base.endswith(".__dict__"):
+                return canonical(f"{base.removesuffix('.__dict__')}.{key}")
+            return None
+        if isinstance(node, ast.Call):
+            callee = self._callee(node)
+            if callee == "getattr" and len(node.args) >= 2:
+                base, attr = self._qual(node.args[0]), _const_str(node.args[1])
+                return canonical(f"{base}.{attr}") if base and attr else None
+            if callee in _IMPORTERS and node.args:
+                name = _const_str(node.args[0])
+                return canonical(name) if name else None
+        return None
+
+    def _callee(self, node: ast.Call) -> str | None:
+        """The name a call's function refers to: a builtin's bare name (also reached as
+        `builtins.X`), or a module function's canonical dotted name."""
+        func = node.func
+        if isinstance(func, ast.Name) and func.id not in self.modules:
+            return func.id
+        qual = self._qual(func)
+        if qual is not None and qual.startswith("builtins."):
+            return qual.removeprefix("builtins.")
+        return qual
+
+    def _check_attribute(self, node: ast.Attribute) -> None:
+        """Rules on `value.attr` (also for `getattr(value, "attr")`)."""
         if node.attr in _DUNDER_ATTRS:
             self._add("introspection", node, f"uses .{node.attr}")
-        if isinstance(node.value, ast.Name):
-            module = self.modules.get(node.value.id, node.value.id)
-            if module in ("os", "posix"):
-                self._os_attr(node, node.attr)
-            elif module == "sys" and node.attr in _SYS_ATTRS:
-                self._add(_SYS_ATTRS[node.attr], node, f"uses sys.{node.attr}")
+        qual = self._qual(node)
+        if qual is not None:
+            self._check_reference(node, qual)
+        elif isinstance(node.value, ast.Name):  # os/sys named without an import
+            self._check_module_attr(node, node.value.id, node.attr)
         if node.attr in _ATTR_GROUPS:
             group, what = _ATTR_GROUPS[node.attr]
             self._add(group, node, what)
@@ -173,6 +224,45 @@ class _Visitor(ast.NodeVisitor):
             and node.value.attr == "jit"
         ):
             self._add("threads", node, "uses torch.jit.fork (asynchronous work)")
+
+    def _check_module_attr(self, node: ast.AST, module: str, attr: str) -> None:
+        if module in ("os", "posix"):
+            self._os_attr(node, attr)
+        elif module == "sys" and attr in _SYS_ATTRS:
+            self._add(_SYS_ATTRS[attr], node, f"uses sys.{attr}")
+
+    def _check_reference(self, node: ast.expr, qual: str) -> None:
+        """Rules on what `node` refers to (`qual`, resolved through indirection): os and sys
+        attributes, and a module of a rule group its import did not name (reached as another
+        module's attribute, through sys.modules or __dict__, or a submodule)."""
+        module, _, attr = qual.rpartition(".")
+        self._check_module_attr(node, module, attr)
+        group = _group_of_module(qual)
+        written = self._written(node)
+        if group is not None and (
+            written is None or _group_of_module(written.split(".")[0]) != group
+        ):
+            how = f"uses {qual}" if written == qual else f"reaches {qual} as {ast.unparse(node)}"
+            self._add(group, node, how)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        if isinstance(node.ctx, ast.Load):
+            qual = self._qual(node)
+            if qual is not None:
+                self._check_reference(node, qual)
+        self.generic_visit(node)
+
+    def _written(self, node: ast.expr) -> str | None:
+        """`node` as written, from its imported root module (no indirection followed)."""
+        if isinstance(node, ast.Name):
+            return self.modules.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self._written(node.value)
+            return f"{base}.{node.attr}" if base else None
+        return None
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        self._check_attribute(node)
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
@@ -194,10 +284,6 @@ class _Visitor(ast.NodeVisitor):
                 if module is not None:
                     self._add("timers", node, f"assigns into module {module} (monkeypatching)")
 
-    def visit_Assign(self, node: ast.Assign) -> None:
-        self._check_store(node, node.targets)
-        self.generic_visit(node)
-
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self._check_store(node, [node.target])
         self.generic_visit(node)
@@ -206,19 +292,37 @@ class _Visitor(ast.NodeVisitor):
         self._check_store(node, node.targets)
         self.generic_visit(node)
 
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self._check_store(node, node.targets)
+        qual = self._qual(node.value)
+        if qual is not None:  # a module (or a module's attribute) bound to a new name
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    self.modules[target.id] = qual
+        self.generic_visit(node)
+
     def visit_Call(self, node: ast.Call) -> None:
-        func = node.func
-        name = func.id if isinstance(func, ast.Name) else None
+        name = self._callee(node)
         if name in _DYNAMIC_CALLS:
             self._add("dynamic", node, f"calls {name}()")
-        if name in ("setattr", "delattr") and node.args:
-            first = node.args[0]
-            if isinstance(first, ast.Name) and first.id in self.modules:
-                self._add("timers", node, f"{name}() on module {self.modules[first.id]}")
-        if name in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2:
-            if not isinstance(node.args[1], ast.Constant):
+        if name in _IMPORTERS and node.args:
+            module = _const_str(node.args[0])
+            if module is not None:
+                self._module(node, canonical(module), None)
+        if name in _ATTRIBUTE_CALLS and len(node.args) >= 2:
+            attr = _const_str(node.args[1])
+            if attr is None:
                 self._add("dynamic", node, f"{name}() with a computed attribute name")
-        if isinstance(func, ast.Attribute) and func.attr == "home":
+            else:  # getattr(x, "a") is x.a: the same rules read it
+                synth = ast.Attribute(value=node.args[0], attr=attr, ctx=ast.Load())
+                ast.copy_location(synth, node)
+                self._check_attribute(synth)
+            first = node.args[0]
+            if name in ("setattr", "delattr"):
+                module = self._target_module(first) or self._qual(first)
+                if module is not None:
+                    self._add("timers", node, f"{name}() on module {module}")
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "home":
             self._add("harness", node, "reads the home folder")
         self.generic_visit(node)
 
@@ -231,6 +335,10 @@ class _Visitor(ast.NodeVisitor):
                 self._add("harness", node, f"names an absolute path {text[:60]!r}")
             elif re.search(r"(^|[/\\])\.\.([/\\]|$)", text):
                 self._add("harness", node, f"names a path outside the workspace {text[:60]!r}")
+
+
+def _const_str(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
 def scan_source(source: str, path: str) -> list[Violation]:

@@ -1,18 +1,18 @@
 """The harness side of the RPC worker: `RpcWorker` implements `tasks.harness.Worker`.
 
-It copies `rpc_worker.py` into a sandbox, starts it there, sends pickled requests and decodes the
-(untrusted) responses from JSON and raw tensor bytes, never with pickle. Every call
-has a deadline; past it the sandboxed process tree is killed (CandidateFailure kind='timeout').
-After each call the worker is inspected from outside through /proc: child processes still alive,
-threads started after warm-up beyond an idle compute pool, or any thread using CPU while no call
-runs (see procwatch), is a CandidateFailure of kind 'violation'.
+It copies `rpc_worker.py` and its codec (`rpc_codec.py`) into a sandbox, starts it there (isolated
+mode: nothing in the workspace shadows the worker's own modules), and talks to it in one safe
+format both ways (`rpc_codec.Codec`: a JSON header and raw tensor bytes, never pickle). Every call has a deadline; past it the sandboxed
+process tree is killed (CandidateFailure kind='timeout'). The process watch starts before any
+candidate code can run (before preloads and the first import): after each call child processes
+still alive, threads beyond an idle compute pool, or any thread but the worker's own using CPU
+while no call runs (see procwatch) is a CandidateFailure of kind 'violation'; a call that changed
+its inputs, where the task does not declare in-place semantics, is an IncorrectOutput.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import queue
 import secrets
 import sys
@@ -22,10 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.experiments.procwatch import ProcessWatch
+from infra_agent.experiments.rpc_codec import Codec
+from infra_agent.experiments.rpc_worker import CODEC_FILE
 from infra_agent.sandboxes.base import Sandbox, SandboxProcess
-from infra_agent.tasks.harness import CandidateFailure
+from infra_agent.tasks.harness import CandidateFailure, IncorrectOutput
 
 WORKER_SOURCE = Path(__file__).with_name("rpc_worker.py")
+CODEC_SOURCE = Path(__file__).with_name("rpc_codec.py")
 WORKER_FILE = "_infra_rpc_worker.py"
 """Name of the worker script inside the sandbox workspace copy (not editable by patches)."""
 HEADER_BYTES = 8
@@ -34,55 +37,37 @@ STARTUP_TIMEOUT_S = 120.0
 
 
 def ref(name: str) -> dict[str, str]:
-    """An argument that refers to a value stored in the worker with `put` (same object on
-    every call, so inputs need not be re-sent; the harness refills it with fresh content)."""
+    """An argument that refers to a value stored in the worker with `put` (inputs need not be
+    re-sent for every call; each put replaces the value with a fresh object)."""
     return {"__arena__": name}
 
 
+def _tensor_bytes(value: Any) -> tuple[bytes, str, list[int]] | None:
+    torch = sys.modules.get("torch")  # no torch loaded here: the value is not a tensor
+    if torch is None or not isinstance(value, torch.Tensor):
+        return None
+    t = value.detach().to("cpu").contiguous()
+    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return raw, str(t.dtype).removeprefix("torch."), list(t.shape)
+
+
+def _make_tensor(raw: memoryview, dtype: str, shape: list[int]) -> Any:
+    import torch
+
+    kind = getattr(torch, dtype, None)
+    if not isinstance(kind, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {dtype!r}")
+    if len(raw) == 0:
+        return torch.empty(shape, dtype=kind)
+    return torch.frombuffer(bytearray(raw), dtype=kind).reshape(shape)
+
+
+CODEC = Codec(_tensor_bytes, _make_tensor)
+
+
 def _load_response(payload: bytes) -> dict[str, Any]:
-    """Decode a response (JSON header + raw tensor bytes). Never unpickles: a malicious
-    candidate controls these bytes."""
-    view = memoryview(payload)
-    if view[:1] != b"R":
-        raise ValueError("unknown response format")
-    try:
-        size = int.from_bytes(view[1:9], "big")
-        header = json.loads(bytes(view[9 : 9 + size]))
-        pos = 9 + size
-        buffers: list[memoryview] = []
-        while pos < len(view):
-            n = int.from_bytes(view[pos : pos + 8], "big")
-            buffers.append(view[pos + 8 : pos + 8 + n])
-            pos += 8 + n
-        message = _restore(header["message"], buffers)
-    except (KeyError, IndexError, TypeError, RuntimeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"malformed response ({type(exc).__name__}: {exc})") from None
-    if not isinstance(message, dict):
-        raise ValueError("response is not a message")
-    return message
-
-
-def _restore(value: Any, buffers: list[memoryview]) -> Any:
-    if isinstance(value, list):
-        return [_restore(v, buffers) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if "__tuple__" in value:
-        return tuple(_restore(v, buffers) for v in value["__tuple__"])
-    if "__dict__" in value:
-        return {str(k): _restore(v, buffers) for k, v in value["__dict__"].items()}
-    if "__tensor__" in value:
-        import torch
-
-        dtype = getattr(torch, str(value["dtype"]), None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"unknown tensor dtype {value['dtype']!r}")
-        shape = [int(d) for d in value["shape"]]
-        raw = buffers[int(value["__tensor__"])]
-        if len(raw) == 0:
-            return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
-    raise ValueError("malformed value in response")
+    """Decode a response. Never unpickles: a malicious candidate controls these bytes."""
+    return CODEC.unpack(payload)
 
 
 class RpcWorker:
@@ -96,27 +81,32 @@ class RpcWorker:
         call_timeout_s: float = 60.0,
         preload: list[str] | None = None,
         guard: dict[str, list[str]] | None = None,
+        inplace: bool = False,
+        background: bool = False,
     ) -> None:
         """Start the worker; `preload` names modules imported before any candidate code runs
         (e.g. torch, so its import time is not charged to the first call); `guard` configures the
         worker's audit hook: {"deny": rule groups, "forbidden": paths never opened, "exempt":
-        paths inside those that may be, "writable": the only folders written}."""
+        paths inside those that may be, "writable": the only folders written}; `inplace`: calls
+        may change their inputs; `background`: threads may outlive calls and work between them."""
         self.sandbox = sandbox
         self.call_timeout_s = call_timeout_s
+        sandbox.write_file(CODEC_FILE, CODEC_SOURCE.read_bytes())  # loaded by path
         sandbox.write_file(WORKER_FILE, WORKER_SOURCE.read_bytes())
         python = python or getattr(sandbox, "python", None) or sys.executable
-        self.process: SandboxProcess = sandbox.spawn([python, "-B", WORKER_FILE])
+        self.process: SandboxProcess = sandbox.spawn([python, "-I", "-B", WORKER_FILE])
         self._frames: queue.Queue[bytes | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read_loop, daemon=True)
         self._reader.start()
         self.dead: str | None = None
-        self.watch = ProcessWatch(self.process.pid, WORKER_FILE)
-        pong = self._request(
-            {"op": "ping", "preload": preload or [], "guard": guard or {}},
-            timeout_s=STARTUP_TIMEOUT_S,
-        )
-        self.watch.started()
-        self._last_threads = int(pong.get("threads", 0) or 0)
+        self.received_ns = 0
+        self.watch = ProcessWatch(self.process.pid, WORKER_FILE, background=background)
+        hello = {"op": "hello", "guard": guard or {}, "inplace": inplace}
+        pong = self._request(hello, timeout_s=STARTUP_TIMEOUT_S)
+        # Watched from here: before preloads and before any candidate code is imported.
+        self.watch.started(reported_threads=int(pong.get("threads", 0) or 0))
+        self._request({"op": "preload", "modules": preload or []}, timeout_s=STARTUP_TIMEOUT_S)
+        self._last_threads = 0
         self._last_pool = 0
 
     # -- transport ---------------------------------------------------------------------------
@@ -154,10 +144,13 @@ class RpcWorker:
         return CandidateFailure(message, kind=kind, log_tail=self.log_tail())
 
     def _request(self, request: dict[str, Any], *, timeout_s: float | None) -> dict[str, Any]:
+        return self._exchange(*_encode(request), timeout_s=timeout_s)
+
+    def _exchange(self, nonce: int, data: bytes, *, timeout_s: float | None) -> dict[str, Any]:
+        """Send one encoded request and wait for its response (the time it arrived, by the
+        harness's clock, is left in `received_ns`)."""
         if self.dead is not None:
             raise CandidateFailure(f"worker is not running ({self.dead})", kind="crash")
-        nonce = secrets.randbits(62)
-        data = pickle.dumps({**request, "nonce": nonce}, protocol=pickle.HIGHEST_PROTOCOL)
         stdin: Any = self.process.stdin
         try:
             stdin.write(len(data).to_bytes(HEADER_BYTES, "big") + data)
@@ -167,6 +160,7 @@ class RpcWorker:
         limit = timeout_s if timeout_s is not None else self.call_timeout_s
         try:
             payload = self._frames.get(timeout=limit)
+            self.received_ns = time.perf_counter_ns()
         except queue.Empty:
             raise self._fail(f"call did not return within {limit:g} s", "timeout") from None
         if payload is None:
@@ -191,14 +185,16 @@ class RpcWorker:
                 raise self._fail(f"candidate ran out of memory ({message})", "memory")
             if kind == "violation":
                 raise self._fail(f"candidate attempted {message}", "violation")
+            if kind == "mutation":
+                raise IncorrectOutput(message)
             raise CandidateFailure(f"candidate raised {message}", kind=kind, log_tail=tail)
         return response
 
     # -- Worker protocol -----------------------------------------------------------------------
 
     def put(self, name: str, value: Any, *, timeout_s: float | None = None) -> None:
-        """Store `value` in the worker under `name` (refill in place if shape and dtype match)."""
-        self.check_idle()
+        """Store `value` in the worker under `name` (a fresh object, replacing the last one)."""
+        self.check_idle(call=False)
         self._request({"op": "put", "name": name, "value": value}, timeout_s=timeout_s)
 
     def call(self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
@@ -208,10 +204,11 @@ class RpcWorker:
         self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
     ) -> tuple[Any, float]:
         request = {"op": "call", "target": target, "args": list(args), "kwargs": kwargs}
+        nonce, data = _encode(request)
         self.check_idle()  # before the clock starts: reading /proc is not the candidate's time
         start = time.perf_counter_ns()
-        response = self._request(request, timeout_s=timeout_s)
-        elapsed_s = (time.perf_counter_ns() - start) / 1e9
+        response = self._exchange(nonce, data, timeout_s=timeout_s)
+        elapsed_s = (self.received_ns - start) / 1e9
         self._last_threads = int(response.get("threads", 0) or 0)
         pool = response.get("pool", 0)
         self._last_pool = pool if isinstance(pool, int) and 0 <= pool <= 4096 else 0
@@ -220,14 +217,10 @@ class RpcWorker:
 
     # -- run-time rules ---------------------------------------------------------------------
 
-    def mark_warm(self) -> None:
-        """Record the worker's threads and processes after warm-up: the allowed level."""
-        self.watch.mark_warm(reported_threads=self._last_threads)
-
-    def check_idle(self) -> None:
-        """Before a request: threads started after warm-up must have stayed idle since the last
+    def check_idle(self, *, call: bool = True) -> None:
+        """Before a request: the worker's other threads must have stayed idle since the last
         call returned (see ProcessWatch.before_request)."""
-        problem = self.watch.before_request() if self.dead is None else None
+        problem = self.watch.before_request(call=call) if self.dead is None else None
         if problem is not None:
             raise self._fail(problem, "violation")
 
@@ -242,8 +235,7 @@ class RpcWorker:
         if self.dead is None:
             try:
                 stdin: Any = self.process.stdin
-                data = pickle.dumps({"op": "exit", "nonce": 0})
-                stdin.write(len(data).to_bytes(HEADER_BYTES, "big") + data)
+                stdin.write((9).to_bytes(HEADER_BYTES, "big") + b"X" + bytes(8))
                 stdin.flush()
             except (OSError, ValueError):
                 pass
@@ -252,6 +244,16 @@ class RpcWorker:
             self.sandbox.kill(self.process)
         except Exception:  # noqa: BLE001 - already gone
             pass
+
+
+def _encode(request: dict[str, Any]) -> tuple[int, bytes]:
+    """(nonce, frame body) of a request: b"C" for a call, b"O" for other operations."""
+    nonce = secrets.randbits(62)
+    kind = b"C" if request["op"] == "call" else b"O"
+    try:
+        return nonce, kind + nonce.to_bytes(8, "big") + CODEC.pack(request)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot send this value to the worker: {exc}") from exc
 
 
 def _read_exact(stream: Any, n: int) -> bytes | None:

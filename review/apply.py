@@ -1,8 +1,8 @@
 """What happens after a decision: the waiting agent run resumes, or an approved patch is applied.
 
-- The proposal's run is waiting at the review interrupt: `infra_agent.agent.runner.
-  resume_after_review(store_path, run_id)` continues it (it reads the decision from the store).
-  If the runner is not importable, the proposal records that resumption is pending.
+- The proposal's run is waiting at the review interrupt: the `Resumer` the caller passes (the CLI
+  wires in the agent's `runner.resume_after_review`) continues it; it reads the decision from
+  the store. Without one, the proposal records that resumption is pending.
 - Otherwise (finished run, or no run) an approved patch is applied:
   a diff becomes a commit on the git branch `infra-agent/<proposal-id>`, either in a
   user-given repository (built with a private index: the user's checkout is not touched) or in a
@@ -205,12 +205,9 @@ def set_resumption(store: RunStore, proposal_id: str, text: str) -> None:
         store.put_proposal(current)
 
 
-def _load_resumer() -> Callable[[Path, str], None] | None:
-    try:
-        from infra_agent.agent.runner import resume_after_review  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return resume_after_review  # type: ignore[no-any-return]
+Resumer = Callable[[Path, str], None]
+"""Resumes the run `run_id` of the store at a path, waiting for review: the CLI wires in the
+agent's `runner.resume_after_review` (the review queue does not import the agent)."""
 
 
 def run_is_waiting(store: RunStore, proposal: ProposalRecord) -> bool:
@@ -220,14 +217,13 @@ def run_is_waiting(store: RunStore, proposal: ProposalRecord) -> bool:
     return run is not None and run.status == RunStatus.WAITING_REVIEW
 
 
-def resume_run(store: RunStore, store_path: Path, proposal_id: str) -> str:
-    """Resume the proposal's waiting run (blocking until the agent stops again); returns and
-    records what happened: 'resumed', 'pending: ...' or 'failed: ...'."""
+def resume_run(store: RunStore, store_path: Path, proposal_id: str, resume: Resumer | None) -> str:
+    """Resume the proposal's waiting run with `resume` (blocking until the agent stops again);
+    returns and records what happened: 'resumed', 'pending: ...' or 'failed: ...'."""
     proposal = get_proposal(store, proposal_id)
     assert proposal.run_id is not None
-    resume = _load_resumer()
     if resume is None:
-        text = "pending: the agent runner (infra_agent.agent.runner.resume_after_review) is not available"
+        text = f"pending: no agent runner here; resume with: infra-agent optimize --resume {proposal.run_id}"
         set_resumption(store, proposal.id, text)
         return text
     set_resumption(store, proposal.id, "resuming")
@@ -252,16 +248,18 @@ def after_decision(
     args_file: Path | None = None,
     data_dir: Path | None = None,
     run_async: Callable[[Callable[[], object]], None] | None = None,
+    resume: Resumer | None = None,
 ) -> ProposalRecord:
-    """After a decision: resume the waiting run (through `run_async` if given, e.g. a thread), or
-    apply an approved patch when no run waits for it. Returns the proposal as it is now."""
+    """After a decision: resume the waiting run with `resume` (through `run_async` if given,
+    e.g. a thread), or apply an approved patch when no run waits for it. Returns the proposal as
+    it is now."""
     proposal = get_proposal(store, proposal_id)
     if run_is_waiting(store, proposal):
         if run_async is None:
-            resume_run(store, store_path, proposal.id)
+            resume_run(store, store_path, proposal.id, resume)
         else:
             set_resumption(store, proposal.id, "queued")
-            run_async(lambda: resume_run(store, store_path, proposal.id))
+            run_async(lambda: resume_run(store, store_path, proposal.id, resume))
     elif proposal.status == ProposalStatus.APPROVED:
         run = store.get_run(proposal.run_id) if proposal.run_id else None
         if run is not None and run.status == RunStatus.RUNNING:

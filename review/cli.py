@@ -202,8 +202,9 @@ def _decide(
     if apply:
         status_console(as_json).print(f"{message}; carrying it out…")
         decided = after_decision(
-            store, inv.store_path(), decided.id, reviewer=who, repo=repo, args_file=args_file
-        )
+            store, inv.store_path(), decided.id, reviewer=who, repo=repo, args_file=args_file,
+            resume=inv.resume_run,
+        )  # fmt: skip
         if decided.applied_to:
             message += f"; applied to {decided.applied_to}"
         if decided.resumption:
@@ -349,6 +350,7 @@ def serve_cmd(
         args_file=args_file,
         policy=policy,
         sandbox=settings.sandbox.backend,
+        resume=inv.resume_run,
     )
     sock = bind(host, port)
     if not server.loopback_only:

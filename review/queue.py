@@ -14,14 +14,13 @@ append-only), so of two concurrent decisions exactly one lands and the other is 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from infra_agent.errors import NotBuiltError, UserError
-from infra_agent.experiments.verdict import ExperimentResult
+from infra_agent.errors import UserError
+from infra_agent.experiments import run_experiment, task_fingerprint
 from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
@@ -33,9 +32,10 @@ from infra_agent.store.records import (
     ProposalStatus,
     RiskLevel,
 )
-
-if TYPE_CHECKING:
-    from infra_agent.tasks.manifest import Task
+from infra_agent.store.verdict import ExperimentResult
+from infra_agent.tasks.manifest import Task, load_task
+from infra_agent.tasks.patch import Patch
+from infra_agent.tasks.registry import find_task
 
 POLICY_REVIEWER = "policy"
 """Reviewer name on decisions the risk policy took by itself."""
@@ -96,47 +96,15 @@ class ReviewOutcome(BaseModel):
         return text
 
 
-# -- target fingerprint --------------------------------------------------------------------
-
-
-def _fallback_fingerprint(task: Task) -> str:
-    """sha256 over the task manifest, harness and workspace files (used until
-    `infra_agent.experiments.task_fingerprint` exists)."""
-    digest = hashlib.sha256()
-    paths = [task.root / "task.toml", task.harness_path]
-    if task.workspace.is_dir():
-        paths += sorted(
-            p for p in task.workspace.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-        )
-    for path in paths:
-        if path.is_file():
-            digest.update(
-                str(path.relative_to(task.root)).encode() + b"\0" + path.read_bytes() + b"\0"
-            )
-    return digest.hexdigest()
-
-
-def current_fingerprint(task: Task) -> str:
-    """The task's fingerprint now, as the experiment engine computes it."""
-    try:
-        from infra_agent.experiments import task_fingerprint  # type: ignore[attr-defined]
-    except ImportError:
-        return _fallback_fingerprint(task)
-    return str(task_fingerprint(task))
+# -- the task and its fingerprint -------------------------------------------------------------
 
 
 def resolve_task(proposal: ProposalRecord) -> Task | None:
     """The task a proposal was measured on: its recorded folder, else by name; None if gone."""
-    from infra_agent.tasks.manifest import load_task
-
     if proposal.task_root and Path(proposal.task_root, "task.toml").is_file():
         return load_task(Path(proposal.task_root))
     try:
-        from infra_agent.tasks.registry import find_task  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    try:
-        return find_task(proposal.task)  # type: ignore[no-any-return]
+        return find_task(proposal.task)
     except UserError:
         return None
 
@@ -160,7 +128,7 @@ def staleness(store: RunStore, proposal: ProposalRecord, task: Task | None = Non
     task = task or resolve_task(proposal)
     if task is None:
         return f"task '{proposal.task}' cannot be found, so the target cannot be checked; re-verify"
-    now_fp = current_fingerprint(task)
+    now_fp = task_fingerprint(task)
     if proposal.target_fingerprint and now_fp != proposal.target_fingerprint:
         return (
             f"the target changed since the experiment (task fingerprint "
@@ -232,7 +200,7 @@ def submit_proposal(
         risk_reasons=assessment.reasons,
         expected_gain=expected_gain(experiment.result),
         rationale=rationale or record.rationale,
-        target_fingerprint=experiment.target_fingerprint or current_fingerprint(task),
+        target_fingerprint=experiment.target_fingerprint or task_fingerprint(task),
     )
     with store.transaction():
         store.put_patch(record)
@@ -399,13 +367,7 @@ def list_queue(
 # -- re-verifying ------------------------------------------------------------------------------
 
 
-def _patch_from_record(record: PatchRecord) -> Any:
-    try:
-        from infra_agent.tasks.patch import Patch  # type: ignore[import-not-found]
-    except ImportError:
-        raise NotBuiltError(
-            "re-verification (infra_agent.tasks.patch, issue of the verify helper)"
-        ) from None
+def _patch_from_record(record: PatchRecord) -> Patch:
     return Patch(
         kind=record.kind.value,
         diff=record.diff,
@@ -442,10 +404,6 @@ def reverify(
         raise StaleProposal(
             f"stored patch hashes to {patch.hash[:12]}, not {proposal.patch_hash[:12]}"
         )
-    try:
-        from infra_agent.experiments import run_experiment  # type: ignore[attr-defined]
-    except ImportError:
-        raise NotBuiltError("re-verification (infra_agent.experiments.run_experiment)") from None
     experiment: ExperimentRecord = run_experiment(
         task, patch, sandbox=sandbox, params=params, store=store, run_id=proposal.run_id
     )
@@ -457,7 +415,7 @@ def reverify(
         if current.status != ProposalStatus.PENDING:
             raise _already_decided(store, current)
         current.experiment_ids = [*current.experiment_ids, experiment.id]
-        current.target_fingerprint = experiment.target_fingerprint or current_fingerprint(task)
+        current.target_fingerprint = experiment.target_fingerprint or task_fingerprint(task)
         current.expected_gain = expected_gain(experiment.result)
         current.risk, current.risk_reasons = assessment.level, assessment.reasons
         store.put_proposal(current)

@@ -24,6 +24,10 @@ FIRST rule whose globs match it; the strictest outcome over all touched items de
 Globs: `*` matches within a path segment, `**` any number of segments, `?` one character.
 Auto-approval also needs the experiment's verdict IMPROVED and none of the flags in
 `blocking_flags` (top-level key; default: every flag except `noisy`).
+
+Whatever the policy says, a win that noise could explain goes to a person: one measured with
+the `noisy` flag, or whose 95% interval's low end lies within twice the task's minimum effect of
+1 (`noise_could_explain`). A policy cannot turn this off.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.store.records import PatchKind, PatchRecord, RiskLevel
+from infra_agent.store.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.tasks.patch import glob_regex
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default_policy.toml")
@@ -147,6 +151,30 @@ def _bump(level: RiskLevel) -> RiskLevel:
     return level if level == RiskLevel.FORBIDDEN else _ORDER[min(_ORDER.index(level) + 1, 2)]
 
 
+DEFAULT_MIN_EFFECT = 0.02
+"""The manifest's default minimum effect, for evidence recorded before it was kept there."""
+
+
+def noise_could_explain(result: ExperimentResult) -> str | None:
+    """Why noise could explain an IMPROVED result (no policy may then approve it without a
+    person), or None when the win stands clear of the noise."""
+    if result.verdict != Verdict.IMPROVED:
+        return None
+    if Flag.NOISY in result.flags:
+        return "the measurement was noisy (flag noisy)"
+    perf = result.evidence.performance
+    if perf is None:
+        return "no measured interval backs the win"
+    effect = perf.min_effect if perf.min_effect is not None else DEFAULT_MIN_EFFECT
+    bound = 1.0 + 2.0 * effect
+    if not perf.ci_low >= bound:  # NaN (a bound stored as null) counts as not shown
+        return (
+            f"the 95% interval's low end {perf.ci_low:.3f} is within twice the task's minimum "
+            f"effect of 1 (below {bound:.3f})"
+        )
+    return None
+
+
 def assess(
     patch: PatchRecord, result: ExperimentResult, policy: RiskPolicy | None = None
 ) -> RiskAssessment:
@@ -190,4 +218,7 @@ def assess(
         elif level != RiskLevel.LOW:
             action = PolicyAction.REVIEW
             reasons.append(f"{level.value} risk: only low risk may be auto-approved")
+        elif (noise := noise_could_explain(result)) is not None:
+            action = PolicyAction.REVIEW
+            reasons.append(f"{noise}: noise could explain the win, so a person decides")
     return RiskAssessment(level=level, action=action, reasons=reasons)

@@ -10,7 +10,11 @@ from infra_agent.sandboxes.base import (  # noqa: E402
     SandboxProcess,
     SandboxSpec,
 )
-from infra_agent.sandboxes.registry import available_backends, create_sandbox  # noqa: E402
+from infra_agent.sandboxes.registry import (  # noqa: E402
+    available_backends,
+    create_sandbox,
+    ensure_backend,
+)
 
 __all__ = [
     "ExecResult",
@@ -19,4 +23,5 @@ __all__ = [
     "SandboxSpec",
     "available_backends",
     "create_sandbox",
+    "ensure_backend",
 ]

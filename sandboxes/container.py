@@ -16,6 +16,7 @@ The docker engine is found through DOCKER_HOST (the test fixture points it at a 
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import itertools
 import os
@@ -43,10 +44,10 @@ from infra_agent.sandboxes.workspace import PrivateCopy
 
 def engine_problem(image: str | None = None) -> str | None:
     """None if a docker engine answers (DOCKER_HOST) and has the sandbox image, else why not."""
-    try:
-        import docker
-    except ImportError:
+    if importlib.util.find_spec("docker") is None:
         return "the docker Python SDK is not installed (extra 'docker')"
+    import docker
+
     try:
         client = docker.from_env(timeout=5)
         client.ping()

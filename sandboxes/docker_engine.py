@@ -88,6 +88,28 @@ class EngineHandle:
         self.stop()
 
 
+def engine_root() -> Path:
+    """A fresh folder for a private engine, named like a sandbox folder so that a run killed by
+    SIGKILL has it swept by the next one."""
+    from infra_agent.sandboxes.workspace import PREFIX
+
+    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-engine-"))
+
+
+_PRIVATE: list[EngineHandle] = []
+"""This process's own engine, started on first need (see `private_engine`)."""
+
+
+def private_engine() -> EngineHandle:
+    """This process's private dockerd (started once, with the sandbox image), DOCKER_HOST
+    pointed at it; stopped when the process exits, by Ctrl-C, SIGTERM or SIGHUP too (the
+    cleanup registry), and by the kernel if the process is killed (PR_SET_PDEATHSIG)."""
+    if not _PRIVATE or _PRIVATE[0]._stopped:
+        _PRIVATE[:] = [ensure_engine(engine_root())]
+    os.environ["DOCKER_HOST"] = _PRIVATE[0].base_url
+    return _PRIVATE[0]
+
+
 def ensure_engine(root: Path, *, image: str | None = None) -> EngineHandle:
     """A dockerd answering on `root`/docker.sock with the sandbox image built. Raises UserError
     (with dockerd's last log lines) if it cannot start."""

@@ -32,10 +32,8 @@ def _local_probe() -> str | None:
 
 
 def _docker_probe() -> str | None:
-    try:
-        from infra_agent.sandboxes.container import engine_problem
-    except ImportError as exc:
-        return f"docker backend unavailable: {exc}"
+    from infra_agent.sandboxes.container import engine_problem
+
     return engine_problem()
 
 
@@ -48,6 +46,26 @@ BACKENDS: dict[str, Backend] = {
 def available_backends() -> dict[str, str | None]:
     """backend -> None if usable on this machine, else the reason (one line)."""
     return {name: backend.probe() for name, backend in BACKENDS.items()}
+
+
+def ensure_backend(name: str) -> None:
+    """Make backend `name` usable here or raise UserError saying why it cannot be. For docker
+    with no engine answering on DOCKER_HOST (or without the sandbox image) this starts the
+    process's own private dockerd and builds the image (docker_engine.private_engine), as a
+    user of `--sandbox docker` expects; it needs dockerd installed and root."""
+    if name not in BACKENDS:
+        raise UserError(f"unknown sandbox backend '{name}' (known: {', '.join(sorted(BACKENDS))})")
+    problem = BACKENDS[name].probe()
+    if problem is not None and name == "docker" and shutil.which("dockerd") is not None:
+        if os.geteuid() != 0:
+            problem += "; a private engine needs root"
+        else:
+            from infra_agent.sandboxes.docker_engine import private_engine
+
+            private_engine()
+            problem = BACKENDS[name].probe()
+    if problem is not None:
+        raise UserError(f"sandbox backend '{name}' cannot be used here: {problem}")
 
 
 def create_sandbox(backend: str, workspace: Path, spec: SandboxSpec | None = None) -> Sandbox:

@@ -73,16 +73,35 @@ def gate_prompts(config: GateConfig, *, vocab_size: int, seed: int) -> list[list
 
 
 def answer(
-    url: str, prompts: list[list[int]], config: GateConfig, timeout_s: float = 120.0
+    url: str,
+    prompts: list[list[int]],
+    config: GateConfig,
+    timeout_s: float = 120.0,
+    *,
+    sampling_seed: int | None = None,
 ) -> list[Answer]:
-    """Greedy answers with top-k log-probs from SGLang's native /generate (one batched call)."""
-    body = {
-        "input_ids": prompts,
-        "sampling_params": {
+    """Greedy answers with top-k log-probs from SGLang's native /generate (one batched call).
+    With `sampling_seed`, sampled at temperature 1 instead, prompt i with seed
+    `sampling_seed + i` (SGLang's seeded sampling: the same tokens for the same logits)."""
+    if sampling_seed is None:
+        sampling: Any = {
             "max_new_tokens": config.output_len,
             "temperature": 0.0,
             "ignore_eos": True,
-        },
+        }
+    else:
+        sampling = [
+            {
+                "max_new_tokens": config.output_len,
+                "temperature": 1.0,
+                "ignore_eos": True,
+                "sampling_seed": (sampling_seed + i) % (2**31),
+            }
+            for i in range(len(prompts))
+        ]
+    body = {
+        "input_ids": prompts,
+        "sampling_params": sampling,
         "return_logprob": True,
         "top_logprobs_num": config.top_k,
         "logprob_start_len": -1,

@@ -70,9 +70,6 @@ class DeploymentSpec(BaseModel):
     the whole file system (serving/fileview.py)."""
     readable_paths: list[Path] = Field(default_factory=list)
     """More host paths a confined server may read (a model cache, a launch script's folder)."""
-    overlay_files: list[str] = Field(default_factory=list)
-    """Workspace paths of SGLang modules (e.g. 'sglang/srt/layers/sampler.py') that override the
-    installed package through a private PYTHONPATH overlay (source patches)."""
 
     @property
     def needs_gpu(self) -> bool:

@@ -6,7 +6,7 @@ A serving task's `harness.py` subclasses `ServingHarness` and names its deployme
         deployment_path = Path(__file__).parent / "deployment.toml"
 
 prepare(arm): refuses unknown or GPU-only knobs, builds the arm's SGLang overlay from its
-    workspace copy (source patches), starts the server with the arm's knobs as server arguments,
+    workspace copy (the task's injected fault and the arm's source patch), starts the server with the arm's knobs as server arguments,
     and warms it up. A server that fails to start raises `ServerFailed` (FAILED, with log tail).
 check(arm, seed): the accuracy gate: greedy answers with top-k log-probs against the baseline
     server's answers to the same prompts (the baseline is compared with a second baseline run,
@@ -24,6 +24,8 @@ also reports output tokens per CPU-second of the server's processes, which conte
 work on the machine moves less than wall-clock throughput (the task's metric `companion`).
 health(arm, seed): the output health guard over a longer-output workload plus every output the
     arm produced while sampled; health_problems names each rule the candidate trips more often.
+diagnose(arm): the task's throughput, and where the server spends its time, from a GIL trace
+    and function profiles of the scheduler process (`serving/diagnosis.py`).
 
 The server runs as a process on this machine, in its own network namespace (loopback only: patched
 SGLang code reaches neither the network nor the host's services; `serving/netns.py`), and every
@@ -101,14 +103,17 @@ class ServingHarness(Harness):
         knob_catalogue.check_flags(knobs, self.deployment.sglang_version)
         return knobs
 
-    def overlay_files(self, workspace: Path) -> list[str]:
-        """SGLang modules present in the workspace (declared in the deployment or found there)."""
-        if self.deployment.overlay_files:
-            return list(self.deployment.overlay_files)
-        return (
-            sorted(str(p.relative_to(workspace)) for p in (workspace / "sglang").rglob("*.py"))
-            if (workspace / "sglang").is_dir()
-            else []
+    @staticmethod
+    def overlay_files(workspace: Path) -> list[str]:
+        """The SGLang files in the arm's (sparse) workspace: the task's injected modules and the
+        ones its patch touches."""
+        folder = workspace / "sglang"
+        if not folder.is_dir():
+            return []
+        return sorted(
+            p.relative_to(workspace).as_posix()
+            for p in folder.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
         )
 
     def prepare(self, arm: Arm) -> None:
@@ -130,10 +135,6 @@ class ServingHarness(Harness):
             workdir / "overlay",
             self.deployment.sglang_version,
         )
-        if overlay is not None and arm.name == "baseline":
-            raise IncorrectOutput(
-                "baseline workspace SGLang modules differ from the installed SGLang (version mismatch)"
-            )
         arm.state["overlay"] = overlay
         self.activate(None)  # the other arm's server must not slow this start
         arm.state["server"] = Server.start(
@@ -268,6 +269,13 @@ class ServingHarness(Harness):
         candidate: dict[str, float | int | str | bool],
     ) -> list[str]:
         return compare_health(baseline, candidate)
+
+    def diagnose(self, arm: Arm) -> Any:
+        """Throughput and where the server spends it: GIL trace and profiles of the scheduler
+        under the task's load (`serving.diagnosis`)."""
+        from infra_agent.serving.diagnosis import diagnose_throughput
+
+        return diagnose_throughput(self, arm)
 
 
 def _verify(records: list[RequestRecord], wanted: list[int]) -> None:

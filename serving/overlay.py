@@ -1,21 +1,20 @@
-"""Source patches to SGLang itself, through a private PYTHONPATH overlay.
+"""Source changes to SGLang itself, through a private PYTHONPATH overlay.
 
-A serving task's workspace may hold copies of SGLang modules at their package paths (e.g.
-`workspace/sglang/srt/layers/sampler.py`, listed in the task's `editable`). A candidate patch
-edits those copies like any workspace file. When an arm's server starts, `build_overlay` compares
-each such file with the installed SGLang's; if any differs it copies the installed `sglang`
-package into a private folder of that arm, writes the changed modules over it, and returns the
-folder (hard links to the installed files, real files for the changed modules), which the
-server gets first on its PYTHONPATH (every SGLang process, spawned children
-included, imports the patched package). The installed SGLang is never modified and each arm has
-its own copy, so two candidates never see each other's change.
-
-`add_module(workspace, "sglang/srt/x.py")` copies a module from the installed package into a
-task workspace (how a task author makes a module editable).
+A serving task's workspace is the installed `sglang` package (`tasks.tree`): an arm's sandbox
+holds only the modules that differ from it or that a patch touches, at their package paths
+(`sglang/srt/layers/sampler.py`). When the arm's server starts, `build_overlay` compares each
+with the installed module; if any differs it builds a private `sglang` folder for that arm in
+which the changed modules are real files and everything else is a symbolic link into the
+installed package (folders on the way to a changed module are real folders of links), and
+returns its parent, which the server gets first on its PYTHONPATH: every SGLang process, spawned
+children included, imports the changed package, with the installed package's bytecode caches
+for every module that did not change. The installed SGLang is never modified, and each arm has
+its own overlay, so two candidates never see each other's change.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,7 +26,7 @@ _PACKAGE_DIRS: dict[str, Path] = {}
 
 
 def installed_package(version: str = SGLANG_VERSION) -> Path:
-    """The installed `sglang` package folder of the cached environment."""
+    """The installed `sglang` package folder of the cached environment (created on first use)."""
     if version not in _PACKAGE_DIRS:
         python = env_python(ensure_sglang_env(version))
         code = (
@@ -42,23 +41,23 @@ def installed_package(version: str = SGLANG_VERSION) -> Path:
     return _PACKAGE_DIRS[version]
 
 
-def _installed_file(relpath: str, version: str) -> Path:
-    if not relpath.startswith("sglang/") or ".." in Path(relpath).parts:
+def _check(relpath: str) -> None:
+    parts = Path(relpath).parts
+    if not parts or parts[0] != "sglang" or ".." in parts or Path(relpath).is_absolute():
         raise UserError(f"overlay file {relpath!r} must be a path inside the sglang package")
-    path = installed_package(version).parent / relpath
-    if not path.is_file():
-        raise UserError(f"SGLang {version} has no module {relpath}")
-    return path
 
 
 def changed_modules(workspace: Path, files: list[str], version: str = SGLANG_VERSION) -> list[str]:
-    """The overlay files whose workspace copy differs from the installed module."""
+    """The workspace files that differ from the installed package (new files included)."""
+    root = installed_package(version).parent
     changed = []
     for rel in files:
+        _check(rel)
         mine = workspace / rel
         if not mine.is_file():
             raise UserError(f"overlay file {rel} is missing from the workspace")
-        if mine.read_bytes() != _installed_file(rel, version).read_bytes():
+        installed = root / rel
+        if not installed.is_file() or mine.read_bytes() != installed.read_bytes():
             changed.append(rel)
     return changed
 
@@ -66,24 +65,47 @@ def changed_modules(workspace: Path, files: list[str], version: str = SGLANG_VER
 def build_overlay(
     workspace: Path, files: list[str], dest: Path, version: str = SGLANG_VERSION
 ) -> Path | None:
-    """A private copy of the sglang package with the workspace's changed modules, or None when
-    nothing differs (the server then imports the installed package)."""
+    """A private `sglang` package under `dest` with the workspace's changed modules, or None
+    when nothing differs (the server then imports the installed package)."""
     changed = changed_modules(workspace, files, version)
     if not changed:
         return None
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(
-        installed_package(version), dest / "sglang", ignore=shutil.ignore_patterns("__pycache__")
+    package = installed_package(version)
+    _link_farm(
+        package,
+        dest / "sglang",
+        {str(Path(rel).relative_to("sglang")): workspace / rel for rel in changed},
     )
-    for rel in changed:
-        shutil.copyfile(workspace / rel, dest / rel)
     return dest
 
 
-def add_module(workspace: Path, relpath: str, version: str = SGLANG_VERSION) -> Path:
-    """Copy an installed SGLang module into a task workspace so patches may edit it."""
-    target = workspace / relpath
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_installed_file(relpath, version), target)
-    return target
+def _link_farm(source: Path, dest: Path, changed: dict[str, Path]) -> None:
+    """`dest` mirrors `source` by symbolic links except along the paths in `changed`
+    (relative path -> new content): there real folders and the new files. A real folder's
+    `__pycache__` is a real folder of links to the caches of its unchanged modules, so Python
+    never writes a changed module's bytecode into the installed package."""
+    dest.mkdir(parents=True)
+    heads: dict[str, dict[str, Path]] = {}
+    for rel, content in changed.items():
+        head, _, rest = rel.partition("/")
+        heads.setdefault(head, {})[rest] = content
+    stale = {Path(rel).stem for rel in changed if "/" not in rel}
+    if source.is_dir():
+        for entry in sorted(source.iterdir()):
+            if entry.name in heads:
+                continue
+            if entry.name == "__pycache__":
+                cache = dest / "__pycache__"
+                cache.mkdir()
+                for pyc in entry.iterdir():
+                    if pyc.name.split(".", 1)[0] not in stale:
+                        os.symlink(pyc, cache / pyc.name)
+                continue
+            os.symlink(entry, dest / entry.name)
+    for head, below in heads.items():
+        if "" in below:  # a file directly in this folder
+            shutil.copyfile(below[""], dest / head)
+        else:
+            _link_farm(source / head, dest / head, below)

@@ -67,6 +67,13 @@ def show_run(run_id: str = typer.Argument(..., help="Run id."), as_json: bool = 
         )
         if run.summary:
             console.print(run.summary)
+        if (env := run.environment) is not None:
+            hw = env.hardware
+            packages = ", ".join(f"{k} {v}" for k, v in env.packages.items())
+            box = f"; sandbox {env.sandbox.backend}" if env.sandbox else ""
+            console.print(f"ran on: {hw.cpu_count} CPUs, {hw.memory_gib} GiB, GPUs: "
+                          f"{', '.join(hw.gpus) or 'none'}; Python {env.python}; {packages}{box}",
+                          soft_wrap=True)  # fmt: skip
         console.print(
             f"{len(steps)} steps, {len(experiments)} experiments, {len(proposals)} proposals"
         )

@@ -1,4 +1,5 @@
-"""Typed records kept in the run store. Each is versioned through `STORE_SCHEMA_VERSION`.
+"""Typed records kept in the run store (versioned through `STORE_SCHEMA_VERSION`), with the enums
+of their closed sets. The experiment's verdict and evidence are in `store.verdict`.
 
 A run is a sequence of steps (model messages and tool results); experiments, proposals and
 review decisions hang off it. Records cross modules as these types, never as free-form dicts.
@@ -13,9 +14,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from infra_agent.experiments.verdict import ExperimentResult
+from infra_agent.store.verdict import ExperimentResult
 
-STORE_SCHEMA_VERSION = 2
+STORE_SCHEMA_VERSION = 3
+"""3: records as JSON bodies only. Version 2 kept some fields again as export columns (and a
+`step_calls` table); a version-3 opener ignores them, and bumps the version so that the older
+infra-agent that read them refuses the file instead of missing the newer rows."""
 
 
 def now() -> datetime:
@@ -34,6 +38,37 @@ class RunStatus(str, Enum):
     FAILED = "failed"
 
 
+class Hardware(BaseModel):
+    cpu: str | None = None
+    """CPU model name."""
+    cpu_count: int | None = None
+    """Logical CPUs visible to the process."""
+    memory_gib: float | None = None
+    """Total physical memory, GiB."""
+    gpus: list[str] = Field(default_factory=list)
+    """GPU names as `nvidia-smi -L` reports them (empty when none or unknown)."""
+
+
+class SandboxInfo(BaseModel):
+    backend: str
+    """The sandbox backend the run's experiments use ('local', 'docker')."""
+    problem: str | None = None
+    """Why the backend cannot isolate candidates on this machine (None: it can)."""
+
+
+class RuntimeEnvironment(BaseModel):
+    """Where a run executed, captured when it started (`sandboxes.host.capture_environment`)."""
+
+    recorded: bool = True
+    """False for a run that stored no environment (then the other fields are empty)."""
+    python: str | None = None
+    platform: str | None = None
+    packages: dict[str, str] = Field(default_factory=dict)
+    """Distribution name -> version, for the packages that decide performance."""
+    hardware: Hardware = Field(default_factory=Hardware)
+    sandbox: SandboxInfo | None = None
+
+
 class RunRecord(BaseModel):
     id: str = Field(default_factory=lambda: new_id("run"))
     task: str
@@ -48,6 +83,8 @@ class RunRecord(BaseModel):
     """Budget and options the run was started with (no secrets)."""
     summary: str = ""
     """Final outcome in a sentence."""
+    environment: RuntimeEnvironment | None = None
+    """Package versions, hardware and sandbox, captured at run start (None: not recorded)."""
     created_at: datetime = Field(default_factory=now)
     updated_at: datetime = Field(default_factory=now)
 

@@ -1,4 +1,5 @@
-"""`infra-agent tasks list|show` and `infra-agent diagnose`."""
+"""`infra-agent tasks list|show` and `infra-agent diagnose` (`tasks check` runs experiments:
+`experiments/check.py`)."""
 
 from __future__ import annotations
 
@@ -127,10 +128,7 @@ def _short(path: Path) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from infra_agent.tasks.diagnose import register as register_diagnose
-
     app.add_typer(tasks_app, name="tasks")
-    register_diagnose(app)
 
 
 __all__: list[Any] = ["register", "tasks_app"]

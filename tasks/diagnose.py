@@ -1,14 +1,18 @@
-"""`infra-agent diagnose --task T`: reproduce a task's symptom and localize it, changing no code.
+"""What a diagnosis finds: a task's symptom reproduced and localized, changing no code.
 
-The "reproduce -> localize" half of the method, usable on its own. The task's baseline workspace
-runs in a sandbox with an RPC worker exactly as in an experiment; the task's harness (trusted)
-reproduces the symptom with fixed seeds and applies the instruments that fit it:
+The "reproduce -> localize" half of the method, usable on its own (`infra-agent diagnose`, run
+by `experiments.diagnose`): the task's baseline workspace runs in a sandbox with an RPC worker
+exactly as in an experiment; the task's harness (trusted) reproduces the symptom with fixed
+seeds and applies the instruments that fit it:
 
 - accuracy tasks: `feedback.accuracy.compare_paths` stage by stage against float64 or between
   batch shapes (the first divergence names the stage), and the error's growth with size;
 - GIL tasks: `feedback.gil` samples the worker's threads (who holds the GIL, who waits, where);
 - correctness-under-load tasks: a seeded stress run whose every output the harness checks, and
-  `feedback.timeline` overlap where the fix must keep it.
+  `feedback.timeline` overlap where the fix must keep it;
+- serving tasks (a live SGLang server): profiles of the server's processes under the workload,
+  GIL traces, accuracy probes and outputs under load against the same requests alone
+  (`serving/diagnosis.py`).
 
 A harness opts in with a method `diagnose(self, arm) -> Diagnosis`; tasks without one get the
 generic diagnosis (correctness check and a few samples of the metric).
@@ -17,13 +21,9 @@ generic diagnosis (correctness check and a few samples of the metric).
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
-import typer
 from pydantic import BaseModel, Field
-
-from infra_agent.errors import UserError
 
 DIAGNOSIS_SCHEMA_VERSION = 1
 DIAGNOSE_SEED = 20260
@@ -106,80 +106,3 @@ def generic_diagnosis(harness: Any, arm: Any, samples: int = 3) -> Diagnosis:
         evidence=[f"sample {i}: {v}" for i, v in enumerate(values)],
         instruments=["harness.check", "harness.sample"],
     )
-
-
-def run_diagnosis(
-    task_name: str, params: dict[str, Any] | None = None, *, sandbox: str = "local"
-) -> Diagnosis:
-    """Reproduce and localize `task_name`'s symptom on its unmodified workspace."""
-    from infra_agent.experiments.arms import (
-        ArmSet,
-        effective_params,
-        load_harness,
-        preload_modules,
-        sandbox_spec,
-        worker_guard,
-    )
-    from infra_agent.sandboxes import available_backends, create_sandbox
-    from infra_agent.tasks.patch import effective_knobs
-    from infra_agent.tasks.registry import find_task
-
-    task = find_task(task_name)
-    manifest = task.manifest
-    if manifest.kind != "python":
-        raise UserError(f"task {task.name} is a '{manifest.kind}' task; diagnose runs python tasks")
-    problem = available_backends().get(sandbox, "unknown backend")
-    if problem is not None:
-        raise UserError(f"sandbox backend '{sandbox}' cannot be used here: {problem}")
-    resolved = effective_params(manifest, params)
-    started = time.monotonic()
-    harness = load_harness(task, resolved)
-    arms = ArmSet(manifest.budget.call_timeout_s, preload_modules(task), worker_guard(task))
-    arm = None
-    try:
-        box = create_sandbox(sandbox, task.workspace, sandbox_spec(task))
-        arm = arms.open("baseline", box, effective_knobs(None, manifest), resolved)
-        harness.prepare(arm)
-        hook = getattr(harness, "diagnose", None)
-        result = hook(arm) if callable(hook) else generic_diagnosis(harness, arm)
-    finally:
-        if arm is not None:
-            try:
-                harness.finish(arm)
-            except Exception:  # noqa: BLE001 - cleanup must not mask the diagnosis's error
-                pass
-        arms.close()
-    result.task = task.name
-    result.objective = manifest.objective
-    result.params = resolved
-    result.duration_s = round(time.monotonic() - started, 2)
-    return result
-
-
-def _parse_params(items: list[str]) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UserError(f"--param expects NAME=VALUE, got {item!r}")
-        params[name.strip()] = value.strip()
-    return params
-
-
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def diagnose(
-        task: str = typer.Option(..., "--task", help="Task name or folder."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
-        param: list[str] = typer.Option(
-            [], "--param", help="Scale parameter NAME=VALUE (repeatable)."
-        ),
-        sandbox: str = typer.Option("local", "--sandbox", help="Sandbox backend: local|docker."),
-    ) -> None:
-        """Reproduce a task's symptom and localize it with the instruments, changing no code."""
-        from infra_agent.output import emit, status_console
-
-        params = _parse_params(param)
-        status_console(as_json).print(f"diagnosing {task} (reproduce, then localize)...")
-        result = run_diagnosis(task, params, sandbox=sandbox)
-        emit(result, lambda console: console.print(result.render(), markup=False), as_json=as_json)

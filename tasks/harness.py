@@ -46,16 +46,18 @@ class Worker(Protocol):
     """An RPC worker running inside the sandbox with the arm's workspace on its sys.path."""
 
     def call(self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
-        """Call `module:function` in the sandbox. Arguments go in pickled (trusted direction);
-        the result comes back through a safe loader (tensors, numbers, strings, lists, tuples,
-        dicts only). Raises CandidateFailure on crash/timeout/limit or on a rule violation seen
-        at run time (extra threads or child processes left behind)."""
+        """Call `module:function` in the sandbox. Arguments and result travel in one safe format
+        (tensors, numbers, strings, lists, tuples, dicts with string keys; never pickle). Raises
+        CandidateFailure on crash/timeout/limit or on a rule violation seen at run time (extra
+        threads or child processes left behind, work between calls, hooks left installed), and
+        IncorrectOutput when the call changed its inputs and the task is not `inplace`."""
         ...
 
     def put(self, name: str, value: Any, *, timeout_s: float | None = None) -> None:
         """Store `value` in the worker under `name`; pass `experiments.worker.ref(name)` as an
-        argument to use it (the same object every call, refilled in place when shape and dtype
-        match, so identity-keyed caches go stale and inputs are not re-sent while timing)."""
+        argument to use it (inputs are not re-sent while timing). Each put replaces the value
+        with a fresh object: nothing of the old one (its methods, what the candidate attached to
+        it) runs outside a call, and an identity-keyed cache never sees the same object twice."""
         ...
 
     def timed_call(
@@ -103,6 +105,9 @@ class CheckResult:
     tolerance: str | None = None
     detail: str | None = None
     """Why it failed, in words."""
+    invariants: dict[str, str | None] = field(default_factory=dict)
+    """Each invariant the task declares, checked on this pass: None if it held, else how it
+    was broken (in words)."""
 
 
 class Harness(abc.ABC):
@@ -121,7 +126,8 @@ class Harness(abc.ABC):
 
     @abc.abstractmethod
     def check(self, arm: Arm, seed: int) -> CheckResult:
-        """Run the arm on fresh inputs derived from `seed` and compare with the references."""
+        """Run the arm on fresh inputs derived from `seed` and compare with the references;
+        report every invariant the manifest declares in `CheckResult.invariants`."""
 
     @abc.abstractmethod
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:

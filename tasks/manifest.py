@@ -5,9 +5,12 @@ A task is a folder a user can write without touching this package:
     my-task/
       task.toml      # this manifest
       README.md      # the story: symptom, origin, what "fixed" means
-      workspace/     # the code under optimization (copied into each sandbox)
+      workspace/     # the code under optimization (copied into each sandbox), or instead
+                     # [workspace] package = "sglang": an installed package is the code (tasks.tree)
       harness.py     # trusted: inputs, reference, checks, measurement (never visible to candidates)
       reference.patch (optional) # a known-good fix, used by tests, never shown to the agent
+      wrong_fix.patch (optional) # a plausible fix that does not fix it (`tasks check`)
+      inject.patch (optional)    # a fault applied to the package to make the baseline, hidden
 """
 
 from __future__ import annotations
@@ -37,6 +40,27 @@ class Metric(BaseModel):
     """Another sample key of the same direction, shown beside this one with its own interval;
     it does not decide (serving: output tokens per server CPU-second, which contention from
     other work on the machine moves less than wall-clock throughput)."""
+    events: str | None = None
+    """A rate metric (rare events, e.g. corrupted requests): the sample key counting events.
+    Verdicts then pool the counts of all samples (experiments.rates) instead of comparing
+    per-sample medians, and sampling stops once the difference is shown."""
+    trials: str | None = None
+    """For a rate metric: the sample key counting the trials (requests) the events are out of."""
+    per: float = 10_000.0
+    """For a rate metric: rates are events per this many trials."""
+    target: float | None = None
+    """For a rate metric: the rate (per `per` trials) a fix must be shown below, 95% upper
+    bound, to count as IMPROVED (the public case: under 3 per 10k)."""
+
+    @model_validator(mode="after")
+    def _rate(self) -> Metric:
+        if (self.events is None) != (self.trials is None):
+            raise ValueError("a rate metric names both 'events' and 'trials'")
+        if self.events is not None and self.higher_is_better:
+            raise ValueError("a rate metric counts bad events: higher_is_better must be false")
+        if self.events is not None and self.companion is not None:
+            raise ValueError("a rate metric is judged on pooled counts: it takes no companion")
+        return self
 
 
 class Constraint(BaseModel):
@@ -123,6 +147,42 @@ class Tolerance(BaseModel):
     """Errors vs float64 below this are treated as equal (precision floor)."""
 
 
+class WorkspaceSpec(BaseModel):
+    """Where the code under optimization is: the task's `workspace/` folder (the default) or an
+    installed package, whole and read-only, with the task's fault injected (`tasks.tree`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    package: str | None = None
+    """An installed package that is the workspace, e.g. 'sglang' (paths like 'sglang/srt/...').
+    None: the task's own workspace/ folder."""
+    version: str | None = None
+    """The package's version the task was written against (required with `package`)."""
+    inject: str | None = None
+    """A unified diff against the package applied to make the baseline (a fault), relative to
+    the task folder; hidden from the agent like reference.patch. Default: inject.patch when the
+    file exists."""
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkspaceSpec:
+        if self.package is not None and not self.version:
+            raise ValueError(f"package '{self.package}' needs the version the task pins")
+        if self.package is None and (self.version or self.inject):
+            raise ValueError("version and inject need a package")
+        return self
+
+
+class Fault(BaseModel):
+    """Where an injected fault comes from (for people and reports; never read by a harness)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    upstream: str | None = None
+    """The merged upstream pull request whose fix the injection reverses (its URL), if any."""
+    failure_class: str = ""
+    """The failure class of the public case it reproduces, e.g. 'GIL starvation'."""
+
+
 class TaskManifest(BaseModel):
     """The parsed `task.toml`."""
 
@@ -146,7 +206,15 @@ class TaskManifest(BaseModel):
     min_effect: float = 0.02
     """Relative change below which a difference counts as NO_CHANGE even if significant."""
     allow: list[str] = Field(default_factory=list)
-    """Static-rule groups this task's code legitimately needs (e.g. 'threading', 'ctypes')."""
+    """Static-rule groups this task's code legitimately needs (e.g. 'threading', 'ctypes'), and
+    'background' where threads may outlive a call and work between calls."""
+    inplace: bool = False
+    """The task's functions write into their arguments: a call that changes its inputs is then
+    allowed (otherwise it is INCORRECT)."""
+    invariants: dict[str, str] = Field(default_factory=dict)
+    """Properties the harness checks on every correctness pass, name -> what must hold (e.g.
+    'a step returns only after its transfer completed'). A candidate that breaks one is
+    INCORRECT; the baseline may break one (the bug a task asks to fix), which is recorded."""
     harness: str = "harness.py"
     """Harness module file, relative to the task folder."""
     harness_class: str = "TaskHarness"
@@ -155,6 +223,9 @@ class TaskManifest(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     """Scale parameters (sizes, load, duration) with their CI defaults; overridable per run."""
     tags: list[str] = Field(default_factory=list)
+    workspace: WorkspaceSpec = Field(default_factory=WorkspaceSpec)
+    fault: Fault | None = None
+    """An injected fault's origin (tasks with inject.patch)."""
 
     @model_validator(mode="after")
     def _check(self) -> TaskManifest:
@@ -177,7 +248,23 @@ class Task(BaseModel):
 
     @property
     def workspace(self) -> Path:
+        """The task's own workspace/ folder (absent when an installed package is the workspace:
+        read it through `tasks.tree.workspace_tree`)."""
         return self.root / "workspace"
+
+    @property
+    def inject_patch(self) -> Path | None:
+        """The fault applied to an installed package to make the baseline, if the task has one."""
+        spec = self.manifest.workspace
+        if spec.package is None:
+            return None
+        path = self.root / (spec.inject or "inject.patch")
+        return path if path.is_file() else None
+
+    @property
+    def wrong_fix_patch(self) -> Path | None:
+        path = self.root / "wrong_fix.patch"
+        return path if path.is_file() else None
 
     @property
     def harness_path(self) -> Path:
@@ -205,9 +292,19 @@ def load_task(folder: Path) -> Task:
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise UserError(f"{path}: field '{where}': {first['msg']}") from exc
     workspace = folder / "workspace"
-    if not workspace.is_dir():
+    package = manifest.workspace.package
+    if package is not None:
+        if workspace.exists():
+            raise UserError(
+                f"{folder}: the task's workspace is the installed package '{package}'; a "
+                "workspace/ folder beside it would be ignored (remove it)"
+            )
+        inject = manifest.workspace.inject
+        if inject is not None and not (folder / inject).is_file():
+            raise UserError(f"{path}: field 'workspace.inject': file '{inject}' not found")
+    elif not workspace.is_dir():
         raise UserError(f"{folder}: task has no workspace/ folder")
-    if not any(p.is_file() for p in workspace.rglob("*")):
+    elif not any(p.is_file() for p in workspace.rglob("*")):
         # git does not keep empty folders: a task that works here would vanish from a clone
         raise UserError(f"{folder}: task workspace/ has no files")
     if not (folder / manifest.harness).is_file():

@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -251,7 +250,10 @@ def check_diff(patch: Patch, manifest: TaskManifest, root: Path) -> list[FileCha
     return changes
 
 
-def _git_apply(diff: str, root: Path, *, check: bool) -> subprocess.CompletedProcess[str]:
+def git_apply(
+    diff: str, root: Path, *, check: bool, reverse: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`git apply` of `diff` to the files under `root` (no repository needed or discovered)."""
     git = shutil.which("git")
     if git is None:
         raise UserError("git is needed to apply patches and was not found on PATH")
@@ -262,7 +264,8 @@ def _git_apply(diff: str, root: Path, *, check: bool) -> subprocess.CompletedPro
         "GIT_CEILING_DIRECTORIES": str(root.resolve().parent),
         "GIT_CONFIG_NOSYSTEM": "1",
     }
-    argv = [git, "apply", "--whitespace=nowarn", "-p1"] + (["--check"] if check else []) + ["-"]
+    argv = [git, "apply", "--whitespace=nowarn", "-p1"]
+    argv += (["--check"] if check else []) + (["--reverse"] if reverse else []) + ["-"]
     return subprocess.run(
         argv, input=diff, cwd=root, env=env, capture_output=True, text=True, timeout=60
     )
@@ -276,24 +279,11 @@ def apply_patch(patch: Patch, task: Task, root: Path) -> dict[str, Any]:
     if patch.kind == "knobs":
         return effective_knobs(patch, manifest)
     check_diff(patch, manifest, root)
-    result = _git_apply(patch.diff, root, check=True)
+    result = git_apply(patch.diff, root, check=True)
     if result.returncode != 0:
         why = (result.stderr.strip().splitlines() or ["git apply failed"])[0]
         raise PatchError(f"patch does not apply cleanly: {why.removeprefix('error: ')}")
-    result = _git_apply(patch.diff, root, check=False)
+    result = git_apply(patch.diff, root, check=False)
     if result.returncode != 0:
         raise PatchError(f"patch failed to apply: {result.stderr.strip()[:200]}")
     return effective_knobs(None, manifest)
-
-
-def preview_apply(patch: Patch, task: Task) -> Path:
-    """Apply `patch` to a private temporary copy of the task's workspace; the caller removes
-    the returned folder. Used to check a patch before any sandbox exists."""
-    tmp = Path(tempfile.mkdtemp(prefix="infra-agent-patch-"))
-    try:
-        shutil.copytree(task.workspace, tmp / "ws", symlinks=True)
-        apply_patch(patch, task, tmp / "ws")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return tmp

@@ -34,11 +34,9 @@ def docker_engine() -> Iterator[EngineHandle | None]:
     to start fails the tests that need it."""
     import os
     import shutil
-    import tempfile
 
     from infra_agent.sandboxes.container import engine_problem
-    from infra_agent.sandboxes.docker_engine import ensure_engine
-    from infra_agent.sandboxes.workspace import PREFIX
+    from infra_agent.sandboxes.docker_engine import engine_root, ensure_engine
 
     if engine_problem() is None:
         yield None
@@ -47,8 +45,7 @@ def docker_engine() -> Iterator[EngineHandle | None]:
         pytest.skip("dockerd is not installed (run .ci/setup-system.sh)")
     if os.geteuid() != 0:
         pytest.skip("a private dockerd needs root")
-    # named like a sandbox folder, so a run killed by SIGKILL has it swept by the next one
-    engine = ensure_engine(Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-engine-")))
+    engine = ensure_engine(engine_root())
     previous = os.environ.get("DOCKER_HOST")
     os.environ["DOCKER_HOST"] = engine.base_url
     try:

@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals tests send to a child to stop it cleanly (SIGKILL cannot be ignored)."""
+
+
+def stoppable() -> None:
+    """`preexec_fn` for a child the test will stop with SIGINT or SIGTERM: both get their
+    default action and are not blocked, as in a command typed at a terminal, whatever this test
+    run inherited (a script's background job, as `nohup make test &` in one, ignores SIGINT;
+    a Python child turns the default SIGINT into KeyboardInterrupt). SIGHUP is left as it is:
+    under nohup the test's children must survive the terminal closing, as the run does."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def run_cli(
@@ -20,3 +36,84 @@ def run_cli(
         [sys.executable, "-m", "infra_agent.cli", *args],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+GATED_PREPARE = """
+
+# Test equipment (tests/support.py: ExperimentGate): from the {nth}th experiment of this task
+# on, the prepare stage waits at a gate the test holds shut (a FIFO).
+import os as _os
+import stat as _stat
+from pathlib import Path as _Path
+
+_GATE = _Path({gate!r})
+_Ungated = {cls}
+
+
+class {cls}(_Ungated):
+    def prepare(self, arm):
+        if not self.__dict__.get("_gate_counted"):  # once per experiment: one harness each
+            self.__dict__["_gate_counted"] = True
+            with open(_GATE / "started", "a") as started:
+                started.write(f"{{_os.getpid()}}\\n")
+            nth = len((_GATE / "started").read_text().splitlines())
+            if nth >= {nth} and _stat.S_ISFIFO((_GATE / "release").stat().st_mode):
+                (_GATE / "held.tmp").write_text(str(_os.getpid()))
+                _os.replace(_GATE / "held.tmp", _GATE / "held")
+                with open(_GATE / "release"):  # returns once the test opens the gate
+                    pass
+        super().prepare(arm)
+"""
+
+
+class ExperimentGate:
+    """Holds a task's experiments in progress until the test says so, so that a test can kill or
+    interrupt a run "during an experiment" without guessing how long anything takes.
+
+    Appends to the harness of `task` (a copy the test owns) a subclass whose `prepare` stage, from
+    the `from_nth` experiment on (counted in `folder`, across processes), announces itself and
+    blocks on a FIFO until `release()`."""
+
+    def __init__(self, task: Path, folder: Path, *, from_nth: int = 1, cls: str = "TaskHarness"):
+        self.folder = folder
+        folder.mkdir()
+        os.mkfifo(folder / "release")
+        harness = task / "harness.py"
+        gated = GATED_PREPARE.format(gate=str(folder), nth=from_nth, cls=cls)
+        harness.write_text(harness.read_text() + gated)
+
+    def wait_held(
+        self,
+        proc: subprocess.Popen[bytes] | None = None,
+        log: Path | None = None,
+        limit_s: float = 600,
+    ) -> int:
+        """Wait until an experiment is held at the gate; returns the pid of the process running
+        it. AssertionError (with the tail of `log`) if `proc` exits first; `limit_s` only bounds
+        a run that never gets there."""
+        held = self.folder / "held"
+        deadline = time.monotonic() + limit_s
+        while not held.exists():
+            ended = proc is not None and proc.poll() is not None
+            if ended or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+                why = "the run exited" if ended else f"{limit_s:g} s passed"
+                raise AssertionError(f"{why} before an experiment reached the gate: {tail}")
+            time.sleep(0.05)
+        return int(held.read_text())
+
+    def release(self) -> None:
+        """Open the gate for good: experiments waiting at it go on, later ones pass."""
+        release = self.folder / "release"
+        waiting = os.open(release, os.O_RDWR)  # a writer: readers blocked in open() return
+        try:
+            (self.folder / "open.tmp").write_text("open\n")
+            os.replace(self.folder / "open.tmp", release)
+        finally:
+            os.close(waiting)
+
+    @property
+    def started(self) -> int:
+        """Experiments of the task that reached their prepare stage so far."""
+        path = self.folder / "started"
+        return len(path.read_text().splitlines()) if path.exists() else 0

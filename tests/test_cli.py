@@ -46,15 +46,22 @@ def test_runs_list_json_on_empty_store_is_empty_list(tmp_path: Path) -> None:
 def test_runs_list_and_show_read_the_store(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
     store = open_store(db)
+    from infra_agent.sandboxes.host import capture_environment
+
     run = RunRecord(
-        task="decode-split-norm", objective="throughput", policy="search", summary="1.6x"
-    )
+        task="decode-split-norm", objective="throughput", policy="search", summary="1.6x",
+        environment=capture_environment("local"),
+    )  # fmt: skip
     store.put_run(run)
     store.close()
     listed = json.loads(run_cli("--db", str(db), "runs", "list", "--json").stdout)
     assert [r["id"] for r in listed] == [run.id]
     shown = run_cli("--db", str(db), "runs", "show", run.id, "--json")
     assert json.loads(shown.stdout)["run"]["task"] == "decode-split-norm"
+    shown_env = json.loads(shown.stdout)["run"]["environment"]
+    assert shown_env["sandbox"]["backend"] == "local" and shown_env["packages"]["pydantic"]
+    env_line = run_cli("--db", str(db), "runs", "show", run.id).stdout
+    assert "ran on: " in env_line and "sandbox local" in env_line
     human = run_cli("--db", str(db), "runs", "list")
     assert run.id in human.stdout
     missing = run_cli("--db", str(db), "runs", "show", "run-nope")

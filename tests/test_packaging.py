@@ -59,6 +59,12 @@ def test_regular_wheel_install_works(tmp_path: Path) -> None:
     result = _py(code, cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith(str(target))
+    # The bundled skeletons ship beside the tools that read them.
+    skeletons = {
+        p.name for p in (target / "infra_agent" / "tools" / "skeletons" / "bundled").glob("*.toml")
+    }
+    assert skeletons == {p.name for p in (REPO / "tools" / "skeletons" / "bundled").glob("*.toml")}
+    assert skeletons, "no bundled skeleton in the source tree"
     # Bundled task folders ship as package data.
     bundled = target / "infra_agent" / "tasks" / "bundled"
     src_bundled = REPO / "tasks" / "bundled"

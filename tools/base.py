@@ -65,13 +65,6 @@ class Tool(Generic[P]):
         }
 
 
-class ParsedCall(BaseModel):
-    """A tool call whose name and arguments passed validation."""
-
-    name: str
-    params: dict[str, Any]
-
-
 class ToolRegistry:
     """The tools of one run, by name."""
 

@@ -115,10 +115,14 @@ def run_in_sandbox(
     from infra_agent.experiments.arms import sandbox_spec
     from infra_agent.sandboxes import create_sandbox
     from infra_agent.tasks.patch import apply_patch
+    from infra_agent.tasks.tree import workspace_folder
 
-    with create_sandbox(ctx.sandbox, ctx.task.workspace, sandbox_spec(ctx.task)) as box:
-        if patch_id:
-            apply_patch(ctx.patch(patch_id), ctx.task, box.root)
+    patch = ctx.patch(patch_id) if patch_id else None
+    with workspace_folder(ctx.task, patch.files if patch else ()) as folder:
+        box = create_sandbox(ctx.sandbox, folder, sandbox_spec(ctx.task))
+    with box:
+        if patch is not None:
+            apply_patch(patch, ctx.task, box.root)
         box.write_file("_infra_agent_instrument.py", script.encode())
         result = box.exec([sys.executable, "_infra_agent_instrument.py"], timeout_s=timeout_s)
         if result.timed_out:

@@ -51,12 +51,18 @@ def describe_task(p: DescribeTask, ctx: ToolContext) -> ToolResult:
         lines.append("knobs:")
         lines.extend(describe_knobs(ctx))
     if m.plausible_speedup:
-        lines.append(f"speedups above {m.plausible_speedup}x are flagged suspicious")
+        from infra_agent.experiments.measure import gain_name
+
+        lines.append(f"{gain_name(m)}s above {m.plausible_speedup:g}x are flagged suspicious")
+    if m.invariants:
+        lines.append("invariants checked on every correctness pass (breaking one is INCORRECT):")
+        lines.extend(f"- {name}: {what}" for name, what in m.invariants.items())
     return ToolResult(content="\n".join(lines))
 
 
 def _check_and_store(patch: Any, ctx: ToolContext) -> ToolResult:
-    from infra_agent.tasks.patch import effective_knobs, preview_apply
+    from infra_agent.tasks.patch import effective_knobs
+    from infra_agent.tasks.tree import preview_apply
 
     shutil.rmtree(preview_apply(patch, ctx.task), ignore_errors=True)  # raises with the reason
     knobs = effective_knobs(patch, ctx.task.manifest)

@@ -39,10 +39,13 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
 
     from infra_agent.serving.datasets import random_sessions
     from infra_agent.serving.deployment import load_deployment
+    from infra_agent.serving.harness import ServingHarness
     from infra_agent.serving.metrics import summarize
+    from infra_agent.serving.overlay import build_overlay
     from infra_agent.serving.server import Server
     from infra_agent.serving.workload import LoadSpec, run_workload
     from infra_agent.tasks.patch import effective_knobs
+    from infra_agent.tasks.tree import workspace_folder
 
     task = ctx.task
     spec_path = task.root / "deployment.toml"
@@ -55,8 +58,16 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
         )
     knobs = effective_knobs(patch, task.manifest)
     vocab = int(task.manifest.params.get("vocab_size", 1024))
+    spec = load_deployment(spec_path)
     with tempfile.TemporaryDirectory(prefix="infra-agent-serving-") as tmp:
-        with Server.start(load_deployment(spec_path), Path(tmp), knobs=knobs) as server:
+        with workspace_folder(task) as folder:  # the task's baseline: its injected fault
+            overlay = build_overlay(
+                folder,
+                ServingHarness.overlay_files(folder),
+                Path(tmp) / "overlay",
+                spec.sglang_version,
+            )
+        with Server.start(spec, Path(tmp), knobs=knobs, overlay=overlay) as server:
             sessions = random_sessions(
                 p.num_prompts, p.input_len, p.output_len, vocab_size=vocab, seed=1
             )

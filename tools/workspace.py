@@ -1,73 +1,93 @@
 """Read and search the task's workspace (the code under optimization), read-only.
 
-Paths are relative to the workspace; anything that resolves outside it (the harness, the
-reference patch, the rest of the machine) is refused.
+The workspace is the task's own folder, or for a serving task the whole installed SGLang package
+(`tasks.tree`: paths like 'sglang/srt/managers/scheduler.py', the task's baseline as it runs).
+Paths are relative to the workspace; anything outside it (the harness, the reference patch, the
+rest of the machine) is refused.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import re
-from pathlib import Path
+from collections import Counter
 
 from pydantic import BaseModel, Field
 
 from infra_agent.errors import UserError
+from infra_agent.tasks.patch import glob_regex
+from infra_agent.tasks.tree import WorkspaceTree, workspace_tree
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
 
 MAX_FILES = 200
+MAX_SEARCHED_BYTES = 2_000_000
+"""Files larger than this are not searched (data, not code)."""
 
 
-def _resolve(ctx: ToolContext, relative: str) -> Path:
-    root = ctx.task.workspace.resolve()
-    path = (root / relative).resolve()
-    if path != root and root not in path.parents:
-        raise UserError(f"'{relative}' is outside the task workspace")
-    return path
+def _files(tree: WorkspaceTree, pattern: str) -> list[str]:
+    """Files matching a glob ('*' within a folder, '**' across folders); a pattern without '/'
+    also matches file names anywhere ('*.py')."""
+    rx = glob_regex(pattern)
+    by_name = "/" not in pattern
+    return [n for n in tree.files() if rx.match(n) or (by_name and rx.match(n.rsplit("/", 1)[-1]))]
 
 
-def _files(ctx: ToolContext, pattern: str) -> list[str]:
-    root = ctx.task.workspace.resolve()
-    names = []
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            rel = path.relative_to(root).as_posix()
-            if fnmatch.fnmatch(rel, pattern):
-                names.append(rel)
-    return names
+def _folders(names: list[str]) -> list[str]:
+    """A listing too long to show, as folders one level below the common prefix with counts."""
+    split = [n.split("/") for n in names]
+    depth = 0
+    while all(len(p) > depth + 1 for p in split) and len({p[depth] for p in split}) == 1:
+        depth += 1
+    counts = Counter("/".join(p[: depth + 1]) + ("/" if len(p) > depth + 1 else "") for p in split)
+    return [
+        f"{name}  ({n} files)" if name.endswith("/") else name for name, n in sorted(counts.items())
+    ]
 
 
 class ListFiles(BaseModel):
-    pattern: str = Field("*", description="Glob over workspace-relative paths, e.g. '*.py'.")
+    pattern: str = Field(
+        "*",
+        description="Glob over workspace paths: 'sglang/srt/managers/*.py', '**/sampler*.py', "
+        "'*.py' (a pattern without '/' matches file names in any folder).",
+    )
 
 
 @tool(
-    "list_files", "List files in the task workspace (the code you may read and patch).", ListFiles
+    "list_files",
+    "List files in the task workspace (the code you may read; '(editable)' marks what a patch "
+    "may change). Long listings are summarized by folder: narrow the pattern to see files.",
+    ListFiles,
 )
 def list_files(p: ListFiles, ctx: ToolContext) -> ToolResult:
-    names = _files(ctx, p.pattern)
-    editable = ctx.task.manifest.editable
-    lines = [
-        f"{n}{'  (editable)' if any(fnmatch.fnmatch(n, g) for g in editable) else ''}"
-        for n in names[:MAX_FILES]
-    ]
-    more = f"\n[{len(names) - MAX_FILES} more]" if len(names) > MAX_FILES else ""
-    return ToolResult(content="\n".join(lines) + more or "no files match", data={"files": names})
+    from infra_agent.tasks.patch import is_editable
+
+    names = _files(workspace_tree(ctx.task), p.pattern)
+    if not names:
+        return ToolResult(content=f"no files match '{p.pattern}'", data={"files": []})
+    if len(names) > MAX_FILES:
+        folders = _folders(names)
+        head = f"{len(names)} files match '{p.pattern}'; by folder:"
+        return ToolResult(
+            content="\n".join([head, *folders[:MAX_FILES]]), data={"files": names[:MAX_FILES]}
+        )
+    lines = [f"{n}{'  (editable)' if is_editable(n, ctx.task.manifest) else ''}" for n in names]
+    return ToolResult(content="\n".join(lines), data={"files": names})
 
 
 class ReadFile(BaseModel):
-    path: str = Field(description="Workspace-relative path, e.g. 'kernel.py'.")
+    path: str = Field(description="Workspace path, e.g. 'sglang/srt/layers/sampler.py'.")
     start_line: int = Field(1, ge=1, description="First line to show (1-based).")
     max_lines: int = Field(200, ge=1, le=1000, description="How many lines to show at most.")
 
 
 @tool("read_file", "Read lines of a workspace file, numbered.", ReadFile)
 def read_file(p: ReadFile, ctx: ToolContext) -> ToolResult:
-    path = _resolve(ctx, p.path)
-    if not path.is_file():
+    tree = workspace_tree(ctx.task)
+    if not tree.inside(p.path):
+        raise UserError(f"'{p.path}' is outside the task workspace")
+    if not tree.is_file(p.path):
         raise UserError(f"no file '{p.path}' in the workspace (see list_files)")
-    lines = path.read_text(errors="replace").splitlines()
+    lines = tree.read_text(p.path).splitlines()
     chunk = lines[p.start_line - 1 : p.start_line - 1 + p.max_lines]
     body = "\n".join(f"{p.start_line + i:5d}  {line}" for i, line in enumerate(chunk))
     end = p.start_line - 1 + len(chunk)
@@ -77,7 +97,9 @@ def read_file(p: ReadFile, ctx: ToolContext) -> ToolResult:
 
 class SearchFiles(BaseModel):
     regex: str = Field(description="Python regular expression searched line by line.")
-    pattern: str = Field("*", description="Glob restricting which files are searched.")
+    pattern: str = Field(
+        "*", description="Glob restricting which files are searched, e.g. 'sglang/srt/**/*.py'."
+    )
     max_hits: int = Field(50, ge=1, le=500)
 
 
@@ -87,10 +109,13 @@ def search_files(p: SearchFiles, ctx: ToolContext) -> ToolResult:
         rx = re.compile(p.regex)
     except re.error as exc:
         raise UserError(f"regex '{p.regex}' is invalid ({exc})") from exc
+    tree = workspace_tree(ctx.task)
     hits: list[str] = []
-    for name in _files(ctx, p.pattern):
-        text = (ctx.task.workspace / name).read_text(errors="replace")
-        for number, line in enumerate(text.splitlines(), start=1):
+    for name in _files(tree, p.pattern):
+        data = tree.read_bytes(name)
+        if len(data) > MAX_SEARCHED_BYTES or b"\0" in data[:8192]:
+            continue  # binary or data
+        for number, line in enumerate(data.decode(errors="replace").splitlines(), start=1):
             if rx.search(line):
                 hits.append(f"{name}:{number}: {line.strip()[:160]}")
                 if len(hits) >= p.max_hits:

@@ -11,8 +11,9 @@ metrics (tokens, `cost_usd`, `logprobs`, token ids). Everything infra-agent adds
   its experiments' verdicts and full evidence, the proposals with their review decisions, and the
   trajectory reward with its components;
 - `FinalMetrics.extra` (`Outcome`): reward, best proven speedup, accuracy outcome, verdict counts;
-- `Step.extra` (`StepExtension`): the store role and seqs, errors, and tool-call arguments that
-  were not a JSON object (ATIF requires an object, so those keep the model's raw text here).
+- `Step.extra` (`StepExtension`): the store role and seqs, errors, and the model's own text of
+  tool-call arguments wherever it is not exactly the JSON of the parsed object (ATIF requires an
+  object: a text that is not one keeps `{}` there and its raw text here).
 
 Mapping from the run store: an assistant message becomes an agent step; the tool messages that
 answer its calls become that step's `observation.results`; `harness` messages (notes of the
@@ -28,20 +29,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra_agent.experiments.verdict import Evidence, Flag, Verdict
 from infra_agent.store.records import (
     DecisionAction,
     PatchKind,
     ProposalStatus,
     RiskLevel,
     RunStatus,
+    RuntimeEnvironment,
 )
-from infra_agent.trajectories.environment import RuntimeEnvironment
+from infra_agent.store.verdict import Evidence, Flag, Verdict
 from infra_agent.trajectories.rewards import Components, Reward
 
 ATIF_SCHEMA_VERSION: Literal["ATIF-v1.4"] = "ATIF-v1.4"
-EXTENSION_VERSION = 1
-"""Version of infra-agent's typed `extra` objects; bumped on any change to them."""
+EXTENSION_VERSION = 2
+"""Version of infra-agent's typed `extra` objects; bumped on any change to them.
+2: the task's environment carries the sandbox; a patch's experiments are `PatchExperiment`s; a
+step keeps the raw text of every tool call's arguments that its parsed object does not spell."""
 
 AGENT_NAME = "infra-agent"
 
@@ -59,7 +62,7 @@ class Agent(_Strict):
     """`policy` (llm | search | scripted)."""
 
 
-class ToolCall(_Strict):
+class AtifToolCall(_Strict):
     tool_call_id: str
     function_name: str
     arguments: dict[str, Any]
@@ -95,7 +98,7 @@ class ToolError(_Strict):
 class RawArguments(_Strict):
     tool_call_id: str
     raw: str
-    """The arguments text exactly as the model produced it (not a JSON object)."""
+    """The arguments text exactly as the model produced it."""
 
 
 class StepExtension(_Strict):
@@ -108,7 +111,9 @@ class StepExtension(_Strict):
     error: str | None = None
     """The message's error report (bad tool call, rate limit, timeout)."""
     tool_errors: list[ToolError] = Field(default_factory=list)
-    invalid_tool_arguments: list[RawArguments] = Field(default_factory=list)
+    raw_tool_arguments: list[RawArguments] = Field(default_factory=list)
+    """The model's arguments text of each call where it is not exactly the JSON of `arguments`
+    (not a JSON object, or written with other spacing): what a chat export shows."""
     tool_names: list[str] = Field(default_factory=list)
     """Tool names of the observation results, in order (the store's `name` of each tool message)."""
 
@@ -120,7 +125,7 @@ class Step(_Strict):
     model_name: str | None = None
     message: str
     reasoning_content: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[AtifToolCall] | None = None
     observation: Observation | None = None
     metrics: Metrics | None = None
     extra: StepExtension
@@ -137,6 +142,8 @@ class TaskInfo(_Strict):
     target_fingerprints: list[str]
     """Hashes of task + baseline workspace the experiments ran against."""
     environment: RuntimeEnvironment
+    """Package versions, hardware and sandbox the run recorded at its start (`recorded` False
+    when it recorded none)."""
     sandboxes: list[str]
     """Sandbox backends the experiments used."""
     isolation: list[str]
@@ -152,10 +159,12 @@ class RunInfo(_Strict):
     created_at: datetime
     updated_at: datetime
     config_json: str
-    """The run's config (budget, options; no secrets) as JSON text, environment removed."""
+    """The run's config (budget, options; no secrets) as JSON text."""
 
 
-class ExperimentOutcome(_Strict):
+class PatchExperiment(_Strict):
+    """One experiment on a patch: its verdict, full evidence and reward components."""
+
     experiment_id: str
     verdict: Verdict
     flags: list[Flag]
@@ -179,7 +188,7 @@ class PatchOutcome(_Strict):
     diff: str
     knobs_json: str
     """Knob name -> value as JSON text (values vary in type across patches)."""
-    experiments: list[ExperimentOutcome]
+    experiments: list[PatchExperiment]
 
 
 class Decision(_Strict):

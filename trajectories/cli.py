@@ -11,11 +11,11 @@ from rich.console import Console
 from infra_agent.config import Settings
 from infra_agent.context import current
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import Verdict
 from infra_agent.output import emit
+from infra_agent.redact import Redactor
+from infra_agent.store.verdict import Verdict
 from infra_agent.trajectories.export import ExportFilter, export_dataset
 from infra_agent.trajectories.formats import ExportFormat
-from infra_agent.trajectories.redact import Redactor
 from infra_agent.trajectories.rewards import parse_weights
 
 

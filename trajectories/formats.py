@@ -1,4 +1,4 @@
-"""Export row formats built from `Trajectory` records, each a pydantic model plus an Arrow schema.
+"""Export formats: each is a row model and a pure function from a `Trajectory` to a row.
 
 - `openai-sft`: one conversation per row, OpenAI chat fine-tuning shape: `messages` (assistant
   `tool_calls` with `arguments` as JSON *text*, tool results as `role: tool`), `tools`, and a
@@ -6,21 +6,30 @@
 - `rl`: one row per trajectory in the verifiers shape: `prompt` (messages before the first
   assistant turn), `completion` (the rest), `reward`, `reward_components`, `reward_weights`,
   `metrics`, `verdicts`, and per-proposal rewards.
-- `atif`: the canonical `Trajectory` records themselves.
+- `atif`: the canonical `Trajectory` record itself.
 
-Parquet keeps fixed-shape values as typed columns (messages are list<struct>) and stores values
-whose keys or types vary between rows (tool JSON schemas, ATIF steps and extras) as JSON text,
-so Arrow never has to unify differing structs.
+A row holds every field of its model (null where absent), so JSONL and Parquet carry the same
+columns and values. The Parquet schema is derived from the row model (`arrow_schema`): a value
+whose shape varies between rows (a tool's JSON schema, tool-call arguments, free-form extras) is
+a JSON value in JSONL and a column of Parquet's JSON type, which `datasets` decodes back to the
+same value; `read_rows` reads either file back to the rows as written.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
 
+import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
 from infra_agent.trajectories.atif import Trajectory
@@ -40,8 +49,7 @@ class _Strict(BaseModel):
 class FunctionCall(_Strict):
     name: str
     arguments: str
-    """JSON text: exports write the model's text verbatim (`{}` when blank), whether or not it is
-    a JSON object; `chat_messages` re-encodes the ATIF object (the raw text when not one)."""
+    """The model's text verbatim (`{}` when blank), whether or not it is a JSON object."""
 
 
 class ChatToolCall(_Strict):
@@ -89,14 +97,7 @@ class OpenAIChatRow(_Strict):
     tools: list[dict[str, Any]]
 
 
-def strict_openai_row(row: dict[str, Any]) -> dict[str, Any]:
-    """An `openai-sft` row cut down to what OpenAI's fine-tuning API accepts."""
-    messages = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in row["messages"]]
-    return {"messages": messages, "tools": row["tools"]}
-
-
 class RlMetrics(_Strict):
-    # Optional fields default to None: JSONL rows omit nulls and must validate again when read.
     best_speedup: float | None = None
     best_speedup_ci_low: float | None = None
     best_speedup_ci_high: float | None = None
@@ -137,84 +138,77 @@ class RlRow(_Strict):
 # -- rows from a trajectory ------------------------------------------------------------------
 def chat_messages(t: Trajectory) -> list[dict[str, Any]]:
     """The conversation the model saw, in OpenAI chat shape: one message per store message in
-    order, except the agent loop's own notes (`harness` steps), which never reached the model."""
+    order (a tool result right after the turn that made its call), except the agent loop's own
+    notes (`harness` steps), which never reached the model."""
     out: list[dict[str, Any]] = []
     for step in t.steps:
         ext = step.extra
         if ext.role == "harness":  # a note of the agent loop: logged, never shown to the model
             continue
         if ext.role != "tool":  # a step opened by an orphan tool result carries only results
-            message: dict[str, Any] = {
-                "role": "assistant" if step.source == "agent" else step.source,
-                "content": step.message,
-            }
-            if step.reasoning_content is not None:
-                message["reasoning_content"] = step.reasoning_content
+            calls = None
             if step.tool_calls:
-                raw = {r.tool_call_id: r.raw for r in ext.invalid_tool_arguments}
-                message["tool_calls"] = [
-                    {
-                        "id": c.tool_call_id,
-                        "type": "function",
-                        "function": {
-                            "name": c.function_name,
-                            "arguments": raw.get(c.tool_call_id)
-                            or json.dumps(c.arguments, ensure_ascii=False),
-                        },
-                    }
+                raw = {r.tool_call_id: r.raw for r in ext.raw_tool_arguments}
+                calls = [
+                    {"id": c.tool_call_id, "type": "function", "function": {
+                        "name": c.function_name,
+                        "arguments": raw.get(c.tool_call_id) or json.dumps(c.arguments, ensure_ascii=False),
+                    }}
                     for c in step.tool_calls
-                ]
-            out.append(message)
+                ]  # fmt: skip
+            out.append(_message(
+                "assistant" if step.source == "agent" else step.source, step.message,
+                reasoning=step.reasoning_content, calls=calls,
+            ))  # fmt: skip
         if step.observation is not None:
             errors = {e.source_call_id: e.error for e in ext.tool_errors}
             for result in step.observation.results:
                 # An empty result with an error: the error is what the model was shown.
                 content = result.content or errors.get(result.source_call_id) or ""
-                out.append(
-                    {"role": "tool", "content": content, "tool_call_id": result.source_call_id}
-                )
+                out.append(_message("tool", content, call_id=result.source_call_id))
     return out
 
 
+def _message(
+    role: str,
+    content: str,
+    *,
+    reasoning: str | None = None,
+    calls: list[dict[str, Any]] | None = None,
+    call_id: str | None = None,
+) -> dict[str, Any]:
+    return {"role": role, "content": content, "reasoning_content": reasoning,
+            "tool_calls": calls, "tool_call_id": call_id}  # fmt: skip
+
+
 def tool_specs(t: Trajectory) -> list[dict[str, Any]]:
-    """The tools offered to the model, as OpenAI function specs (see `specs_for_tools`)."""
-    config = json.loads(t.extra.run.config_json)
-    called = {c.function_name for s in t.steps for c in (s.tool_calls or [])}
-    return specs_for_tools(config.get("tools"), called)
-
-
-def specs_for_tools(recorded: Any, called: set[str]) -> list[dict[str, Any]]:
-    """The run config's `tools` (`recorded`) when the agent recorded them as a list of specs;
-    otherwise the agent's tool registry (same code version as the export) plus a minimal spec for
-    any tool the model called (`called`) that the registry does not know."""
+    """The tools offered to the model, as OpenAI function specs: the run config's `tools` when the
+    run recorded them; otherwise the agent's tool registry (same code version as the export) plus
+    a minimal spec for any tool the model called that the registry does not know."""
+    recorded = json.loads(t.extra.run.config_json).get("tools")
     if isinstance(recorded, list) and all(isinstance(x, dict) for x in recorded):
         return recorded
+    called = {c.function_name for s in t.steps for c in (s.tool_calls or [])}
     if not called:
         return []
-    names = sorted(called)
-    registry, known = _registry_specs(), _registry_names()
+    registry, known = _registry()
     if not known & called:  # not an agent-registry run: describe only what was called
-        registry = []
-    unknown = [n for n in names if n not in known or not registry]
-    if not unknown:
-        return registry  # the same list object for every row: writers encode it once
+        registry, known = [], frozenset()
+    if called <= known:
+        return registry  # the same list in every row: encoded once per batch
     minimal = [
         {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
-        for n in unknown
+        for n in sorted(called - known)
     ]
     return registry + minimal
 
 
-@functools.lru_cache(maxsize=1)
-def _registry_names() -> frozenset[str]:
-    return frozenset(spec["function"]["name"] for spec in _registry_specs())
-
-
-@functools.lru_cache(maxsize=1)
-def _registry_specs() -> list[dict[str, Any]]:
+@functools.cache
+def _registry() -> tuple[list[dict[str, Any]], frozenset[str]]:
     from infra_agent.tools.registry import default_registry
 
-    return default_registry().schemas()
+    specs = default_registry().schemas()
+    return specs, frozenset(spec["function"]["name"] for spec in specs)
 
 
 def sft_row(t: Trajectory) -> dict[str, Any]:
@@ -236,8 +230,7 @@ def sft_row(t: Trajectory) -> dict[str, Any]:
 def rl_row(t: Trajectory) -> dict[str, Any]:
     messages = chat_messages(t)
     split = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
-    out, fm = t.final_metrics.extra, t.final_metrics
-    reward = t.extra.reward
+    out, fm, reward = t.final_metrics.extra, t.final_metrics, t.extra.reward
     return {
         "session_id": t.session_id,
         "task": t.extra.task.id,
@@ -275,152 +268,151 @@ def rl_row(t: Trajectory) -> dict[str, Any]:
     }
 
 
-ATIF_JSON_COLUMNS = ("agent", "steps", "final_metrics", "extra")
+def atif_row(t: Trajectory) -> dict[str, Any]:
+    return t.model_dump(mode="json")
 
 
-def atif_parquet_row(t: Trajectory) -> dict[str, Any]:
-    """Scalar columns for filtering, plus each nested part of the record as JSON text."""
-    data = t.model_dump(mode="json")
-    return {
-        "schema_version": t.schema_version,
-        "session_id": t.session_id,
-        "task": t.extra.task.id,
-        "created_at": t.extra.run.created_at.isoformat(),
-        "reward": t.final_metrics.extra.reward,
-        "total_steps": t.final_metrics.total_steps,
-        "notes": t.notes,
-        **{f"{k}_json": json.dumps(data[k], ensure_ascii=False) for k in ATIF_JSON_COLUMNS},
-    }
-
-
-def trajectory_from_parquet_row(row: dict[str, Any]) -> Trajectory:
-    """Rebuild the canonical record from an `atif` Parquet row (the inverse of atif_parquet_row)."""
-    data = {k: json.loads(row[f"{k}_json"]) for k in ATIF_JSON_COLUMNS}
-    return Trajectory.model_validate(
-        {
-            "schema_version": row["schema_version"],
-            "session_id": row["session_id"],
-            "notes": row["notes"],
-            **data,
-        }
-    )
-
-
-# -- Arrow schemas ---------------------------------------------------------------------------
-_MESSAGE = pa.struct(
-    [
-        ("role", pa.string()),
-        ("content", pa.string()),
-        ("reasoning_content", pa.string()),
-        (
-            "tool_calls",
-            pa.list_(
-                pa.struct(
-                    [
-                        ("id", pa.string()),
-                        ("type", pa.string()),
-                        (
-                            "function",
-                            pa.struct([("name", pa.string()), ("arguments", pa.string())]),
-                        ),
-                    ]
-                )
-            ),
-        ),
-        ("tool_call_id", pa.string()),
+def strict_openai_row(row: dict[str, Any]) -> dict[str, Any]:
+    """An `openai-sft` row cut down to what OpenAI's fine-tuning API accepts."""
+    messages = [
+        {k: v for k, v in m.items() if v is not None and k != "reasoning_content"}
+        for m in row["messages"]
     ]
-)
-MESSAGE_TYPE = _MESSAGE
-"""A chat message (`ChatMessage`) as an Arrow struct."""
-_COMPONENTS = pa.struct([(name, pa.float64()) for name in Components.model_fields])
-_RL_METRICS = pa.struct(
-    [
-        ("best_speedup", pa.float64()),
-        ("best_speedup_ci_low", pa.float64()),
-        ("best_speedup_ci_high", pa.float64()),
-        ("accuracy_outcome", pa.string()),
-        ("reviewed", pa.bool_()),
-        ("suspicious", pa.int64()),
-        ("n_messages", pa.int64()),
-        ("n_tool_calls", pa.int64()),
-        ("n_experiments", pa.int64()),
-        ("total_prompt_tokens", pa.int64()),
-        ("total_completion_tokens", pa.int64()),
-        ("total_cost_usd", pa.float64()),
-    ]
-)
-SFT_SCHEMA = pa.schema(
-    [
-        ("messages", pa.list_(_MESSAGE)),
-        ("tools_json", pa.string()),
-        (
-            "metadata",
-            pa.struct(
-                [
-                    ("session_id", pa.string()),
-                    ("task", pa.string()),
-                    ("reward", pa.float64()),
-                    ("verdicts", pa.list_(pa.string())),
-                    ("reviewed", pa.bool_()),
-                    ("best_speedup", pa.float64()),
-                ]
-            ),
-        ),
-    ]
-)
-RL_SCHEMA = pa.schema(
-    [
-        ("session_id", pa.string()),
-        ("task", pa.string()),
-        ("prompt", pa.list_(_MESSAGE)),
-        ("completion", pa.list_(_MESSAGE)),
-        ("tools_json", pa.string()),
-        ("reward", pa.float64()),
-        ("reward_components", _COMPONENTS),
-        ("reward_weights", _COMPONENTS),
-        ("metrics", _RL_METRICS),
-        ("verdicts", pa.list_(pa.string())),
-        (
-            "proposals",
-            pa.list_(
-                pa.struct(
-                    [
-                        ("proposal_id", pa.string()),
-                        ("patch_id", pa.string()),
-                        ("status", pa.string()),
-                        ("reward", pa.float64()),
-                        ("reward_components", _COMPONENTS),
-                    ]
-                )
-            ),
-        ),
-    ]
-)
-ATIF_SCHEMA = pa.schema(
-    [
-        ("schema_version", pa.string()),
-        ("session_id", pa.string()),
-        ("task", pa.string()),
-        ("created_at", pa.string()),
-        ("reward", pa.float64()),
-        ("total_steps", pa.int64()),
-        ("notes", pa.string()),
-        *[(f"{k}_json", pa.string()) for k in ATIF_JSON_COLUMNS],
-    ]
-)
-ARROW_SCHEMAS: dict[ExportFormat, pa.Schema] = {
-    ExportFormat.OPENAI_SFT: SFT_SCHEMA,
-    ExportFormat.RL: RL_SCHEMA,
-    ExportFormat.ATIF: ATIF_SCHEMA,
+    return {"messages": messages, "tools": row["tools"]}
+
+
+@dataclass(frozen=True)
+class Format:
+    """An export format: its row model and how a trajectory becomes a row."""
+
+    model: type[BaseModel]
+    row: Callable[[Trajectory], dict[str, Any]]
+    needs_conversation: bool
+    """A run without an assistant message forms no row."""
+
+    @functools.cached_property
+    def schema(self) -> pa.Schema:
+        return arrow_schema(self.model)
+
+
+FORMATS: dict[ExportFormat, Format] = {
+    ExportFormat.OPENAI_SFT: Format(SftRow, sft_row, needs_conversation=True),
+    ExportFormat.RL: Format(RlRow, rl_row, needs_conversation=True),
+    ExportFormat.ATIF: Format(Trajectory, atif_row, needs_conversation=False),
 }
-ROW_MODELS: dict[ExportFormat, type[BaseModel]] = {
-    ExportFormat.OPENAI_SFT: SftRow,
-    ExportFormat.RL: RlRow,
-    ExportFormat.ATIF: Trajectory,
-}
-JSON_TEXT_COLUMNS: dict[ExportFormat, tuple[str, ...]] = {
-    ExportFormat.OPENAI_SFT: ("tools",),
-    ExportFormat.RL: ("tools",),
-    ExportFormat.ATIF: (),
-}
-"""Row fields written to Parquet as JSON text, in a column named `<field>_json`."""
+
+
+# -- Arrow -----------------------------------------------------------------------------------
+def arrow_schema(model: type[BaseModel]) -> pa.Schema:
+    """The Parquet schema of a row model: its fields in order, typed after their annotations."""
+    return pa.schema([pa.field(name, arrow_type(f.annotation)) for name, f in model.model_fields.items()])  # fmt: skip
+
+
+def arrow_type(annotation: Any) -> pa.DataType:
+    """str, enums, literals and datetimes (as ISO text) are strings; int, float, bool; lists; a
+    model is a struct; a dict, `Any` or a union of several types is JSON."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (Union, types.UnionType):
+        kinds = [a for a in args if a is not type(None)]
+        return arrow_type(kinds[0]) if len(kinds) == 1 else pa.json_()
+    if origin is Literal or annotation in (str, datetime):
+        return pa.string()
+    if origin is list:
+        return pa.list_(arrow_type(args[0]))
+    if isinstance(annotation, type):
+        if issubclass(annotation, Enum):
+            return pa.string()
+        if issubclass(annotation, BaseModel):
+            return pa.struct([pa.field(n, arrow_type(f.annotation)) for n, f in annotation.model_fields.items()])  # fmt: skip
+        simple = {bool: pa.bool_(), int: pa.int64(), float: pa.float64()}
+        if annotation in simple:
+            return simple[annotation]
+    return pa.json_()
+
+
+def json_text(value: Any) -> str:
+    """`value` as compact JSON text (orjson; the standard library for what orjson refuses, like an
+    integer beyond 64 bits)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+@functools.cache
+def _has_json(kind: pa.DataType) -> bool:
+    if isinstance(kind, pa.JsonType):
+        return True
+    if pa.types.is_list(kind):
+        return _has_json(kind.value_type)
+    if pa.types.is_struct(kind):
+        return any(_has_json(f.type) for f in kind)
+    return False
+
+
+def _storage(kind: pa.DataType) -> pa.DataType:
+    """`kind` with JSON replaced by its storage (text), for building arrays from Python values."""
+    if isinstance(kind, pa.JsonType):
+        return pa.string()
+    if pa.types.is_list(kind):
+        return pa.list_(_storage(kind.value_type))
+    if pa.types.is_struct(kind):
+        return pa.struct([pa.field(f.name, _storage(f.type)) for f in kind])
+    return kind
+
+
+def _encoded(value: Any, kind: pa.DataType, cache: dict[int, Any]) -> Any:
+    """`value` with each JSON-typed part as its JSON text (a list shared by many rows, like the
+    tool specs, encoded once)."""
+    if value is None or not _has_json(kind):
+        return value
+    if isinstance(kind, pa.JsonType):
+        return json_text(value)
+    if pa.types.is_list(kind):
+        if id(value) not in cache:
+            cache[id(value)] = (value, [_encoded(v, kind.value_type, cache) for v in value])
+        return cache[id(value)][1]
+    return {f.name: _encoded(value.get(f.name), f.type, cache) for f in kind}
+
+
+def to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows as a table of `schema` (a NaN becomes null, as in JSON). Raises pa.ArrowInvalid /
+    TypeError when a value does not fit its column's type."""
+    cache: dict[int, Any] = {}  # id -> (the value, kept alive so that its id stays its own; text)
+    columns = []
+    for f in schema:
+        values = [row[f.name] for row in rows]
+        if _has_json(f.type):
+            values = [_encoded(v, f.type, cache) for v in values]
+        columns.append(pa.array(values, type=_storage(f.type), from_pandas=True).cast(f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _decoded(value: Any, kind: pa.DataType) -> Any:
+    if value is None or not _has_json(kind):
+        return value
+    if isinstance(kind, pa.JsonType):
+        return json.loads(value)
+    if pa.types.is_list(kind):
+        return [_decoded(v, kind.value_type) for v in value]
+    return {f.name: _decoded(value[f.name], f.type) for f in kind}
+
+
+def table_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """A table's rows with its JSON columns decoded: the rows it was made of (`to_table`)."""
+    rows = table.to_pylist()
+    for f in table.schema:
+        if _has_json(f.type):
+            for row in rows:
+                row[f.name] = _decoded(row[f.name], f.type)
+    return rows
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of an export file as they were written: JSON lines, or Parquet with its JSON
+    columns decoded."""
+    with path.open("rb") as f:
+        parquet = f.read(4) == b"PAR1"
+    if parquet:
+        return table_rows(pq.read_table(path))
+    return [json.loads(line) for line in path.read_text().splitlines()]

@@ -22,10 +22,6 @@ Per trajectory: each component aggregated over the run's experiments (`proven_im
 max over candidates not flagged suspicious; `correctness`, `regression`, `failure`: mean;
 `health`, `rule_violation`, `suspicious`: min, so one offence costs the full penalty) and
 `review`: mean over the run's proposals (0 when none).
-
-Exports score many experiments at once: `score_results` and `weighted_totals` give the values of
-`candidate_scores` and `weighted_total` column-wise (numpy), bit for bit; the scalar functions
-stay the definitions.
 """
 
 from __future__ import annotations
@@ -33,13 +29,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel, Field
 
-from infra_agent.experiments.verdict import ExperimentResult, Flag, Verdict
 from infra_agent.store.records import DecisionAction, DecisionRecord, ProposalRecord, ProposalStatus
+from infra_agent.store.verdict import ExperimentResult, Flag, Verdict
 
 REWARD_VERSION = 1
 """Bumped whenever a component's definition or a default weight changes."""
@@ -66,30 +61,12 @@ def proven_improvement(result: ExperimentResult) -> float:
     if result.verdict is not Verdict.IMPROVED:
         return 0.0
     perf, corr = result.evidence.performance, result.evidence.correctness
-    return improvement(
-        perf.ci_low if perf is not None else None,
-        corr.baseline_err_f64 if corr is not None else None,
-        corr.candidate_err_f64 if corr is not None else None,
-        measured=perf is not None,
-    )
-
-
-def improvement(
-    ci_low: float | None,
-    baseline_err: float | None,
-    candidate_err: float | None,
-    *,
-    measured: bool,
-) -> float:
-    """`proven_improvement` of an IMPROVED result, from its numbers: whether it has performance
-    evidence (`measured`) and that evidence's CI low, and the correctness check's errors vs
-    float64 (None where absent)."""
-    if measured:
-        return _clip01(math.log2(ci_low)) if ci_low > 0 else 0.0  # type: ignore[arg-type,operator]
-    if baseline_err and candidate_err is not None:
-        if candidate_err <= 0:
+    if perf is not None:
+        return _clip01(math.log2(perf.ci_low)) if perf.ci_low > 0 else 0.0
+    if corr is not None and corr.baseline_err_f64 and corr.candidate_err_f64 is not None:
+        if corr.candidate_err_f64 <= 0:
             return 1.0
-        return _clip01(math.log10(baseline_err / candidate_err))
+        return _clip01(math.log10(corr.baseline_err_f64 / corr.candidate_err_f64))
     return 0.0
 
 
@@ -188,44 +165,6 @@ class Reward(BaseModel):
 def weighted_total(components: Mapping[str, float], weights: Mapping[str, float]) -> float:
     """`sum(weights[k] * components[k])` over all components, rounded to 12 decimals."""
     return round(sum(weights[name] * components[name] for name in COMPONENTS), 12)
-
-
-def weighted_totals(components: np.ndarray, weights: Mapping[str, float]) -> list[float]:
-    """`weighted_total` of each row of `components` (columns in `COMPONENTS` order), column-wise:
-    the same float operations in the same order, and the same rounding (`round_12`). (A NaN
-    total, which finite components and weights never make, may differ in its sign bit.)"""
-    total = np.zeros(len(components))
-    for k, name in enumerate(COMPONENTS):
-        total = total + weights[name] * components[:, k]
-    return round_12(total)
-
-
-def round_12(values: np.ndarray) -> list[float]:
-    """`[round(v, 12) for v in values]`, bit for bit, about 5x faster. Python rounds the exact
-    binary value to 12 decimals, k / 10**12, and returns the double nearest to that: the same as
-    `rint(v * 1e12) / 1e12` (10**12 is exact, the division correctly rounded) whenever the product's
-    rounding error cannot move it across a half: |v| < 1000 (so the product is below 2**50) and
-    not within 2 ulp of a half. The others (ties, huge, NaN, infinite) are Python's `round`."""
-    with np.errstate(over="ignore", invalid="ignore"):  # those are Python's to round
-        scaled = values * 1e12
-        k = np.rint(scaled)
-        near = 0.5 - np.abs(scaled - k) <= 2 * np.spacing(np.abs(scaled))
-        odd = ~(np.abs(values) < 1e3) | near
-    out: list[float] = (k / 1e12).tolist()
-    for i in np.flatnonzero(odd).tolist():
-        out[i] = round(float(values[i]), 12)
-    return out
-
-
-def reward_dict(components: Mapping[str, float], weights: Mapping[str, float]) -> dict[str, Any]:
-    """`Reward(...).model_dump()` of these components and weights, built without pydantic (exports
-    build one per run and per proposal)."""
-    return {
-        "version": REWARD_VERSION,
-        "total": weighted_total(components, weights),
-        "components": {name: components[name] for name in COMPONENTS},
-        "weights": {name: weights[name] for name in COMPONENTS},
-    }
 
 
 def combine(components: Components, weights: RewardWeights | None = None) -> Reward:
@@ -338,101 +277,3 @@ def reweight(reward: Reward, weights: Mapping[str, float] | RewardWeights) -> fl
     """The total `reward` would have under other weights."""
     w = weights if isinstance(weights, RewardWeights) else RewardWeights(**dict(weights))
     return combine(reward.components, w).total
-
-
-VERDICT_ORDER: tuple[Verdict, ...] = tuple(Verdict)
-"""Every verdict in a fixed order: `ScoredResults.verdict` holds indices into it."""
-_INDEX = {id(v): k for k, v in enumerate(VERDICT_ORDER)}  # by identity: Enum hashes in Python
-_IMPROVED, _REGRESSED, _INCORRECT, _FAILED, _REJECTED = (
-    VERDICT_ORDER.index(v)
-    for v in (Verdict.IMPROVED, Verdict.REGRESSED, Verdict.INCORRECT, Verdict.FAILED, Verdict.REJECTED)
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ScoredResults:
-    """Many experiment results as columns, with the `candidate_scores` of each as a matrix row."""
-
-    verdict: np.ndarray
-    """Index into `VERDICT_ORDER` (int8), one per result."""
-    suspicious: np.ndarray
-    """Flagged `suspicious` (bool), one per result."""
-    health_warning: np.ndarray
-    """Flagged `health_warning` (bool), one per result."""
-    checked: np.ndarray
-    """The correctness evidence: 1.0 passed, -1.0 failed, 0.0 none (float64), one per result."""
-    scores: np.ndarray
-    """(results, len(CANDIDATE_REWARDS)) float64: column k holds `CANDIDATE_REWARDS[k]`'s score."""
-
-
-def score_results(results: Sequence[ExperimentResult]) -> ScoredResults:
-    """`candidate_scores` of many results at once, column-wise: the same values, bit for bit
-    (tests/trajectories/test_score_results.py). The scalar functions stay the definition: the
-    components that are a verdict, a flag or the correctness check are their comparisons over
-    arrays (`_COLUMNWISE`), `proven_improvement` is called on the IMPROVED results only (it is 0
-    for any other), and a component without a column-wise form is scored result by result."""
-    n = len(results)
-    verdict = np.array([_INDEX[id(r.verdict)] for r in results], dtype=np.int8)
-    suspicious, health_warning = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    for i, flags in enumerate([r.flags for r in results]):
-        if flags:  # rare: most results carry no flag
-            suspicious[i] = Flag.SUSPICIOUS in flags
-            health_warning[i] = Flag.HEALTH_WARNING in flags
-    corrs = [r.evidence.correctness for r in results]
-    checked = np.array(
-        [0.0 if c is None else 1.0 if c.passed else -1.0 for c in corrs], dtype=np.float64
-    )
-    return score_columns(verdict, suspicious, health_warning, checked, results)
-
-
-def score_columns(
-    verdict: np.ndarray,
-    suspicious: np.ndarray,
-    health_warning: np.ndarray,
-    checked: np.ndarray,
-    results: Sequence[ExperimentResult],
-    proven: np.ndarray | None = None,
-) -> ScoredResults:
-    """`score_results` of results already given as the columns of `ScoredResults` (`results`
-    the same results, in order: read for IMPROVED ones unless `proven` is given, and for a
-    component without a column-wise form, so a caller may hand a sequence that builds them on
-    demand). `proven`: the `proven_improvement` column, when the caller made it from the
-    results' numbers (`improvement` of each IMPROVED one, 0.0 for the others)."""
-    n = len(verdict)
-    columns = ScoredResults(verdict, suspicious, health_warning, checked, np.empty((n, 0)))
-    scores = np.empty((n, len(CANDIDATE_REWARDS)))
-    for k, fn in enumerate(CANDIDATE_REWARDS):
-        form = _COLUMNWISE.get(fn.score)
-        if fn.score is proven_improvement and proven is not None:
-            scores[:, k] = proven
-        elif form is not None:
-            scores[:, k] = form(columns, results)
-        else:
-            scores[:, k] = [fn.score(r) for r in results]
-    return ScoredResults(verdict, suspicious, health_warning, checked, scores)
-
-
-def _penalty(mask: np.ndarray) -> np.ndarray:
-    return np.where(mask, -1.0, 0.0)  # not -mask: that writes -0.0 where the scalar writes 0.0
-
-
-def _proven_column(c: ScoredResults, results: Sequence[ExperimentResult]) -> np.ndarray:
-    out = np.zeros(len(c.verdict))
-    improved = np.flatnonzero(c.verdict == _IMPROVED).tolist()
-    out[improved] = [proven_improvement(results[i]) for i in improved]
-    return out
-
-
-_COLUMNWISE: dict[
-    Callable[[ExperimentResult], float],
-    Callable[[ScoredResults, Sequence[ExperimentResult]], np.ndarray],
-] = {
-    proven_improvement: _proven_column,
-    correctness: lambda c, _: np.where(c.verdict == _INCORRECT, -1.0, c.checked),
-    health: lambda c, _: _penalty(c.health_warning),
-    rule_violation: lambda c, _: _penalty(c.verdict == _REJECTED),
-    suspicious: lambda c, _: _penalty(c.suspicious),
-    regression: lambda c, _: _penalty(c.verdict == _REGRESSED),
-    failure: lambda c, _: _penalty(c.verdict == _FAILED),
-}
-"""Scalar reward function -> its column-wise form (`score_results`)."""

@@ -4,20 +4,18 @@ leaves no partial output and no temporary file."""
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from infra_agent.trajectories.formats import ARROW_SCHEMAS, JSON_TEXT_COLUMNS, ExportFormat
-from infra_agent.trajectories.redact import Redactor
+from infra_agent.trajectories.formats import FORMATS, ExportFormat
 
 
 @contextmanager
@@ -36,38 +34,11 @@ def atomic_file(path: Path) -> Iterator[IO[bytes]]:
         raise
 
 
-def arrow_table(
-    fmt: ExportFormat, rows: list[dict[str, Any]], redactor: Redactor | None = None
-) -> pa.Table:
-    """Rows as a table of the format's fixed Arrow schema, built column by column, with every
-    string redacted when a `redactor` is given. Fields listed in JSON_TEXT_COLUMNS become
-    `<field>_json` text columns. Raises pa.ArrowInvalid/TypeError when a value does not fit its
-    column's type."""
-    schema = ARROW_SCHEMAS[fmt]
-    as_text = JSON_TEXT_COLUMNS[fmt]
-    arrays = []
-    for field in schema:
-        name = field.name
-        source = name[: -len("_json")] if name.endswith("_json") else None
-        if source is not None and source in as_text:
-            column: list[Any] = json_texts([r[source] for r in rows], redactor)
-        else:
-            column = [r.get(name) for r in rows]
-        arrays.append(pa.array(column, type=field.type))
-    table = pa.Table.from_arrays(arrays, schema=schema)
-    if redactor is None:
-        return table
-    # The JSON-text columns were redacted above, once per distinct value (the tool list is the
-    # same object in most rows and as long as the rest of a row).
-    return redactor.table(table, done={f"{name}_json" for name in as_text})
-
-
 MESSAGE_COLUMNS: dict[ExportFormat, tuple[str, ...]] = {
     ExportFormat.OPENAI_SFT: ("messages",),
     ExportFormat.RL: ("prompt", "completion"),
     ExportFormat.ATIF: (),
 }
-OPTIONAL_COLUMNS = {"notes"}
 _ROLES = pa.array(["system", "user", "assistant", "tool"])
 
 
@@ -75,10 +46,12 @@ def check_table(fmt: ExportFormat, table: pa.Table) -> None:
     """What the typed Arrow schema cannot say, checked column-wise (no Python loop over rows):
     required columns and fields are not null, message roles are chat roles, tool calls are
     functions with an id, a name and arguments. Raises ValueError naming the first violation."""
-    if table.schema != ARROW_SCHEMAS[fmt]:
+    model = FORMATS[fmt].model
+    if table.schema != FORMATS[fmt].schema:
         raise ValueError(f"{fmt.value}: table schema differs from the format's schema")
     for name in table.column_names:
-        if name not in OPTIONAL_COLUMNS and table.column(name).null_count:
+        optional = type(None) in get_args(model.model_fields[name].annotation)
+        if not optional and table.column(name).null_count:
             raise ValueError(
                 f"{fmt.value}: column '{name}' has {table.column(name).null_count} nulls"
             )
@@ -110,23 +83,6 @@ def _expect_all(values: pa.Array | pa.ChunkedArray, allowed: pa.Array, where: st
     if pc.any(wrong).as_py():
         bad = pc.filter(values, wrong)[0].as_py()
         raise ValueError(f"{where}: {bad!r} is not one of {allowed.to_pylist()}")
-
-
-def json_texts(values: list[Any], redactor: Redactor | None = None) -> list[str]:
-    """JSON text of each value, redacted when a `redactor` is given; a value shared by many rows
-    (the tool list) is encoded and redacted once."""
-    cache: dict[int, int] = {}
-    texts: list[str] = []
-    index = []
-    for value in values:
-        key = id(value)
-        if key not in cache:
-            cache[key] = len(texts)
-            texts.append(json.dumps(value, ensure_ascii=False, sort_keys=True))
-        index.append(cache[key])
-    if redactor is not None:
-        texts = redactor.texts(texts)
-    return [texts[i] for i in index]
 
 
 ROW_GROUP_ROWS = 1024

@@ -1,12 +1,22 @@
-"""The policy contract: given the state so far, produce the next assistant turn."""
+"""The policy contract: given the state so far, produce the next assistant turn; and `PolicySpec`,
+how a policy registers (`agent/policies/__init__.py`)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from infra_agent.agent.state import AgentState, Message
+from infra_agent.config import LLMSettings
+from infra_agent.errors import UserError
+
+if TYPE_CHECKING:  # the run configuration names a registered policy
+    from infra_agent.agent.configuration import RunConfig
+    from infra_agent.tasks.manifest import Task
 
 
 class ModelError(BaseModel):
@@ -37,10 +47,29 @@ class ModelTurn(BaseModel):
 
 class Policy(Protocol):
     name: str
-    """'llm' | 'search' | 'scripted'"""
+    """The registered name (`PolicySpec.name`)."""
     model: str | None
-    """Model name for the run record (None for search)."""
+    """Model name for the run record (None without a model)."""
 
     def next_turn(self, state: AgentState, tools: list[dict[str, Any]]) -> ModelTurn:
         """The next assistant message (normally with tool calls) given the conversation so far."""
         ...
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy as the CLI, the configuration and the runner see it."""
+
+    name: str
+    """What `--policy` and `RunConfig.policy` call it."""
+    check: Callable[[LLMSettings, Path | None], str]
+    """Whether it can drive a run here, given the LLM settings and `--script`: the sentence the
+    CLI shows, or UserError saying what is missing."""
+    build: Callable[[RunConfig, LLMSettings, Task], Policy]
+    """The policy object for a run (built when the run first asks it for a turn)."""
+
+
+def no_script(script: Path | None) -> None:
+    """`--script` belongs to the scripted policy: refuse it for another."""
+    if script is not None:
+        raise UserError("--script is only used with --policy scripted")

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from infra_agent.agent.policies.base import ModelError, ModelTurn
+from infra_agent.agent.policies.base import ModelError, ModelTurn, Policy, PolicySpec, no_script
 from infra_agent.agent.state import AgentState, Message
-from infra_agent.config import LLMProfile
+from infra_agent.config import LLMProfile, LLMSettings
+from infra_agent.errors import UserError
 from infra_agent.store.records import ToolCall
+
+if TYPE_CHECKING:
+    from infra_agent.agent.configuration import RunConfig
+    from infra_agent.tasks.manifest import Task
 
 KEEP_RECENT = 8
 """Messages at the end of the conversation that are never compacted."""
@@ -216,24 +222,34 @@ class OpenAIChatModel:
         return turn
 
 
-class ChatModel:
-    """What the llm policy needs of a model (OpenAIChatModel, or the scripted replayer)."""
-
-    model: str
-
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelTurn:
-        raise NotImplementedError
-
-
 class LLMPolicy:
     """Asks a chat model for the next move, with the conversation compacted to fit."""
 
-    def __init__(self, chat: Any, *, name: str = "llm", max_context_chars: int = 60_000) -> None:
+    name = "llm"
+
+    def __init__(self, chat: OpenAIChatModel, *, max_context_chars: int = 60_000) -> None:
         self.chat = chat
-        self.name = name
-        self.model: str | None = getattr(chat, "model", None)
+        self.model: str | None = chat.model
         self.max_context_chars = max_context_chars
 
     def next_turn(self, state: AgentState, tools: list[dict[str, Any]]) -> ModelTurn:
         messages = [m.to_openai() for m in compact(state.messages, self.max_context_chars)]
         return self.chat.complete(messages, tools)
+
+
+def _check(llm: LLMSettings, script: Path | None) -> str:
+    no_script(script)
+    if not llm.configured():
+        raise UserError(
+            "--policy llm needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY) or "
+            "llm.endpoint.base_url / llm.profile in infra-agent.toml"
+        )
+    profile = llm.active()
+    return f"llm policy: model {profile.model} at {profile.base_url}"
+
+
+def _build(config: RunConfig, llm: LLMSettings, task: Task) -> Policy:
+    return LLMPolicy(OpenAIChatModel(llm.active()), max_context_chars=config.max_context_chars)
+
+
+SPEC = PolicySpec("llm", _check, _build)

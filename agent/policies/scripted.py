@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from infra_agent.agent.policies.base import ModelTurn
+from infra_agent.agent.policies.base import ModelTurn, Policy, PolicySpec
 from infra_agent.agent.state import AgentState, Message
+from infra_agent.config import LLMSettings
 from infra_agent.errors import UserError
 from infra_agent.store.records import ToolCall
+
+if TYPE_CHECKING:
+    from infra_agent.agent.configuration import RunConfig
+    from infra_agent.tasks.manifest import Task
 
 
 class ScriptedCall(BaseModel):
@@ -104,3 +109,18 @@ class ScriptedPolicy:
             prompt_tokens=reply.prompt_tokens,
             completion_tokens=reply.completion_tokens,
         )
+
+
+def _check(llm: LLMSettings, script: Path | None) -> str:
+    if script is None:
+        raise UserError("--policy scripted needs --script FILE (it replays recorded replies)")
+    return f"scripted policy (test equipment) replaying {script}"
+
+
+def _build(config: RunConfig, llm: LLMSettings, task: Task) -> Policy:
+    if config.script is None:
+        raise UserError("the scripted policy needs its script file (--script)")
+    return ScriptedPolicy(load_script(Path(config.script)))
+
+
+SPEC = PolicySpec("scripted", _check, _build)

@@ -19,13 +19,21 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-from infra_agent.agent.policies.base import ModelTurn
+from infra_agent.agent.policies.base import ModelTurn, Policy, PolicySpec, no_script
 from infra_agent.agent.state import AgentState, Message
+from infra_agent.config import LLMSettings
 from infra_agent.errors import UserError
 from infra_agent.store.records import ToolCall
-from infra_agent.tasks.manifest import Knob, TaskManifest
+from infra_agent.store.verdict import Verdict
+from infra_agent.tasks.manifest import Knob, Task, TaskManifest
+from infra_agent.tasks.patch import knob_patch
+from infra_agent.tools.skeletons import knob_advice, load_skeletons
+
+if TYPE_CHECKING:
+    from infra_agent.agent.configuration import RunConfig
 
 
 def _has_gpu() -> bool:
@@ -59,7 +67,7 @@ def _grid(knob: Knob) -> list[Any]:
     return out
 
 
-_BROKEN = {"REJECTED", "INCORRECT", "FAILED"}
+_BROKEN = {Verdict.REJECTED, Verdict.INCORRECT, Verdict.FAILED}
 
 
 def _hashable(value: Any) -> Any:
@@ -132,7 +140,7 @@ class SearchPolicy:
         """The best IMPROVED configuration so far and its speedup (defaults and 1.0 if none)."""
         best, speedup = self._defaults(), 1.0
         for e in state.experiments:
-            if e.verdict == "IMPROVED" and e.speedup is not None and e.speedup > speedup:
+            if e.verdict is Verdict.IMPROVED and e.speedup is not None and e.speedup > speedup:
                 best, speedup = {**self._defaults(), **e.knobs}, e.speedup
         return best, speedup
 
@@ -199,8 +207,6 @@ class SearchPolicy:
                 arguments=json.dumps({"summary": summary}),
             )
             return ModelTurn(message=Message(role="assistant", content=summary, tool_calls=[call]))
-        from infra_agent.tasks.patch import knob_patch
-
         calls: list[ToolCall] = []
         for i, knobs in enumerate(configs):
             rationale = f"{self.strategy} search from incumbent {best} ({speedup:.3f}x)"
@@ -224,3 +230,26 @@ class SearchPolicy:
             json.dumps(c, default=str) for c in configs
         )
         return ModelTurn(message=Message(role="assistant", content=text, tool_calls=calls))
+
+
+def _check(llm: LLMSettings, script: Path | None) -> str:
+    no_script(script)
+    return "search policy (chosen with --policy search)"
+
+
+def _build(config: RunConfig, llm: LLMSettings, task: Task) -> Policy:
+    if not task.manifest.knobs:
+        raise UserError(
+            f"task {task.name} has no knobs, so the search policy has nothing to tune; "
+            "configure an LLM endpoint (OPENAI_BASE_URL) to let a model write patches"
+        )
+    return SearchPolicy(
+        task.manifest,
+        knob_advice(load_skeletons()),
+        strategy=config.search_strategy,
+        batch=config.search_batch,
+        seed=config.seed,
+    )
+
+
+SPEC = PolicySpec("search", _check, _build)

@@ -5,6 +5,7 @@ Add a backend: one module implementing `Executor`, one line in `EXECUTORS`.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -27,10 +28,8 @@ def _local(**options: Any) -> Executor:
 
 
 def _ray(**options: Any) -> Executor:
-    try:
-        import ray  # noqa: F401
-    except ImportError as exc:
-        raise UserError("executor 'ray' needs Ray: pip install 'infra-agent[ray]'") from exc
+    if importlib.util.find_spec("ray") is None:
+        raise UserError("executor 'ray' needs Ray: pip install 'infra-agent[ray]'")
     from infra_agent.experiments.executors.ray import RayExecutor
 
     return RayExecutor(**options)

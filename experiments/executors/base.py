@@ -16,8 +16,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
-from infra_agent.experiments.verdict import ExperimentResult, Verdict
 from infra_agent.store.records import ExperimentRecord
+from infra_agent.store.verdict import ExperimentResult, Verdict
 from infra_agent.tasks.patch import Patch
 
 

@@ -41,8 +41,8 @@ def load_callable(spec: str) -> Callable[..., Any]:
     else:
         try:
             module = importlib.import_module(where)
-        except ImportError as exc:
-            raise UserError(f"cannot import module {where!r}: {exc}") from exc
+        except Exception as exc:  # a user's module: its import error is theirs to read
+            raise UserError(f"cannot import module {where!r}: {type(exc).__name__}: {exc}") from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):

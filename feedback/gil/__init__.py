@@ -15,10 +15,12 @@ Python API (stable):
 - `InProcessSampler` — sample this process's threads (no GIL visibility);
 - `analyze(snapshots, method=..., duration_s=...)` — shares and blame from any snapshots;
   `merge_holders(report, held, ticks)` — exact holders from `py-spy record --gil` into it.
-`GilReport.render()`: the most-waiting thread and who held the GIL meanwhile, first.
+`GilReport.render()`: the most-waiting thread and who held the GIL meanwhile, first;
+`GilReport.culprit()`: the thread (and its function and stack) to blame.
 """
 
 from infra_agent.feedback.gil.analysis import (
+    Culprit,
     Frame,
     GilReport,
     HolderEvidence,
@@ -35,6 +37,7 @@ from infra_agent.feedback.gil.record import Recording, record_pid
 from infra_agent.feedback.gil.trace import Sampler, trace_command, trace_pid
 
 __all__ = [
+    "Culprit",
     "Frame",
     "GilReport",
     "HeldGil",

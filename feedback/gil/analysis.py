@@ -97,6 +97,23 @@ class ThreadBlame(BaseModel):
     holders over the whole trace (`py-spy record --gil`), not only while this thread waited."""
 
 
+class Culprit(BaseModel):
+    """The thread the trace blames for others' GIL waits, and where it was."""
+
+    thread: str | None = None
+    function: str | None = None
+    """Innermost Python frame as 'file.py:function'."""
+    stack: list[str] = Field(default_factory=list)
+    """The holder's Python frames as 'file.py:function', innermost first."""
+    detail: str = "no thread was seen holding the GIL"
+
+
+def frame_function(label: str) -> str:
+    """'intranode_dispatch (dispatch.py:19)' -> 'dispatch.py:intranode_dispatch'."""
+    name, _, where = label.partition(" (")
+    return f"{where.rstrip(')').rsplit(':', 1)[0]}:{name}" if where else name
+
+
 class GilReport(BaseModel):
     method: str
     gil_visible: bool
@@ -109,6 +126,46 @@ class GilReport(BaseModel):
     threads: list[ThreadGil] = Field(default_factory=list)
     blame: list[ThreadBlame] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+
+    def culprit(self) -> Culprit:
+        """The most waiting thread's main blamed holder, or else the thread holding the GIL
+        most (with the busiest other thread's share without it)."""
+        for entry in self.blame:
+            for ev in entry.evidence:
+                if ev.holder != "nobody" and ev.python_stack:
+                    stack = [frame_function(f) for f in ev.python_stack]
+                    return Culprit(
+                        thread=ev.holder,
+                        function=stack[0],
+                        stack=stack,
+                        detail=f"holds the GIL in {ev.share:.0%} of the samples in which thread "
+                        f"'{entry.waiter}' waits for it ({entry.waiting:.0%} of its samples)",
+                    )
+        holders = sorted(self.threads, key=lambda t: t.holding, reverse=True)
+        if not holders or holders[0].holding <= 0:
+            return Culprit()
+        top = holders[0]
+        function = (
+            frame_function(top.top_functions[0].rsplit(" ", 1)[0]) if top.top_functions else None
+        )
+        detail = f"holds the GIL in {top.holding:.0%} of samples"
+        others = sorted(
+            (t for t in self.threads if t.thread != top.thread),
+            key=lambda t: t.waiting + t.running,
+            reverse=True,
+        )
+        if others:
+            other = others[0]
+            detail += (
+                f"; thread '{other.thread}' is not idle but has no GIL in "
+                f"{other.waiting + other.running:.0%} of samples (waiting for it)"
+            )
+        return Culprit(
+            thread=top.thread,
+            function=function,
+            stack=[function] if function else [],
+            detail=detail,
+        )
 
     def render(self) -> str:
         lines = []

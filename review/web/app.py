@@ -26,7 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from infra_agent.errors import UserError
-from infra_agent.review.apply import after_decision, apply_approved
+from infra_agent.review.apply import Resumer, after_decision, apply_approved
 from infra_agent.review.queue import ReviewConflict, StaleProposal, decide, list_queue, reverify
 from infra_agent.review.risk import RiskPolicy
 from infra_agent.review.web.auth import SESSION_COOKIE, ReviewerAuth, Session
@@ -79,6 +79,8 @@ class ReviewServer:
     policy: RiskPolicy | None = None
     sandbox: str = "local"
     loopback_only: bool = True
+    resume: Resumer | None = None
+    """Resumes an agent run waiting for review (wired in by the CLI)."""
     jobs: dict[str, Job] = field(default_factory=dict)
 
     def background(self, proposal_id: str, what: str, work: Callable[[], object]) -> None:
@@ -291,6 +293,7 @@ def create_app(server: ReviewServer) -> FastAPI:
                 server.store, server.store_path, proposal_id, reviewer=session.reviewer,
                 repo=server.repo, args_file=server.args_file, data_dir=server.data_dir,
                 run_async=lambda work: server.background(proposal_id, "resume", work),
+                resume=server.resume,
             )  # fmt: skip
         except UserError as exc:
             session.flashes.append(("error", f"decision recorded, but applying failed: {exc}"))

@@ -18,7 +18,6 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer
 
 from infra_agent.errors import StoreError
-from infra_agent.experiments.verdict import ExperimentResult
 from infra_agent.review.queue import staleness
 from infra_agent.review.web.plots import growth_svg, samples_svg
 from infra_agent.store.base import RunStore
@@ -30,6 +29,7 @@ from infra_agent.store.records import (
     RunRecord,
     StepRecord,
 )
+from infra_agent.store.verdict import ExperimentResult
 
 DIFF_FORMATTER = HtmlFormatter(cssclass="highlight", wrapcode=True)
 MAX_STEP_CHARS = 4000

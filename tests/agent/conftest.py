@@ -7,7 +7,6 @@ import json
 import re
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -60,7 +59,8 @@ def tool_call_reply(
 
 
 class FakeEndpoint:
-    """Answers /v1/chat/completions from a queue: ('status', code), ('sleep', s), ('stream', chunks)."""
+    """Answers /v1/chat/completions from a queue: ('status', code), ('hang', None): no answer
+    until the client hangs up, ('stream', chunks)."""
 
     chunk = staticmethod(chunk)
     tool_call_reply = staticmethod(tool_call_reply)
@@ -82,8 +82,9 @@ class FakeEndpoint:
                     if endpoint.queue
                     else ("stream", [chunk({"content": "done?"})])
                 )
-                if kind == "sleep":  # the client times out and hangs up meanwhile
-                    time.sleep(value)
+                if kind == "hang":  # no answer: wait until the client times out and hangs up
+                    while self.rfile.read(1):
+                        pass
                     return
                 if kind == "status":
                     payload = json.dumps(

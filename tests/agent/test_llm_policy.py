@@ -46,7 +46,7 @@ def test_rate_limit_and_server_error_are_retried_and_reported(fake_endpoint: Any
 
 
 def test_timeouts_end_in_a_failed_turn_not_an_exception(fake_endpoint: Any) -> None:
-    fake_endpoint.queue = [("sleep", 1.5), ("sleep", 1.5)]
+    fake_endpoint.queue = [("hang", None), ("hang", None)]
     model = OpenAIChatModel(
         LLMProfile(base_url=fake_endpoint.url, max_retries=1, timeout_s=0.3), sleep=lambda s: None
     )
@@ -87,7 +87,7 @@ def test_a_run_survives_malformed_calls_rate_limits_and_timeouts(
                 "propose_knobs", '{"knobs": {"num_splits": "many"}, "rationale": "x"}'
             ),
         ),
-        ("sleep", 1.5),  # timeout, then a good call
+        ("hang", None),  # timeout, then a good call
         ("stream", fake_endpoint.tool_call_reply("describe_task", "{}", reasoning="start over")),
         ("stream", fake_endpoint.tool_call_reply("finish", '{"summary": "nothing proven"}')),
     ]
@@ -97,7 +97,7 @@ def test_a_run_survives_malformed_calls_rate_limits_and_timeouts(
             "store.db": str(db),
             "llm.endpoint.base_url": fake_endpoint.url,
             "llm.endpoint.model": "fake-glm",
-            "llm.endpoint.timeout_s": 0.5,
+            "llm.endpoint.timeout_s": 5.0,  # the hang times out; answers come in milliseconds
             "llm.endpoint.max_retries": 2,
         }
     )

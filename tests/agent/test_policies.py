@@ -10,13 +10,13 @@ import pytest
 
 from infra_agent.agent.cli import parse_budget
 from infra_agent.agent.configuration import resolve_policy
-from infra_agent.agent.knowledge import knob_advice, load_skeletons
 from infra_agent.agent.policies.scripted import ScriptedPolicy, load_script
 from infra_agent.agent.policies.search import SearchPolicy
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Message
 from infra_agent.config import LLMSettings
 from infra_agent.errors import UserError
 from infra_agent.tasks.registry import find_task
+from infra_agent.tools.skeletons import knob_advice, load_skeletons
 
 
 def _measured(knobs: dict[str, object], verdict: str, speedup: float) -> ExperimentOutcome:
@@ -157,3 +157,25 @@ def test_cli_refuses_bad_input_with_one_line_and_records_nothing(
         from infra_agent.store import open_store
 
         assert open_store(db).list_runs() == []
+
+
+def test_the_best_candidate_is_the_one_proven_best() -> None:
+    """On sglang-cpu-tiny four overlapping wins were once ranked by point estimate and the
+    winner applied; the interval's low end (what is shown) decides now."""
+    from infra_agent.agent.graph import best_improved
+
+    def outcome(i: int, speedup: float, low: float, verdict: str = "IMPROVED") -> ExperimentOutcome:
+        return ExperimentOutcome(
+            experiment_id=f"e{i}", patch_id=f"p{i}", patch_summary=f"knob={i}", verdict=verdict,
+            speedup=speedup, ci_low=low, ci_high=2 * speedup - low,
+        )  # fmt: skip
+
+    state = AgentState(run_id="r")
+    state.experiments = [
+        outcome(0, 1.56, 1.18),  # noisy: the highest point estimate
+        outcome(1, 1.31, 1.24),  # tight: the most proven
+        outcome(2, 1.40, 1.20),
+        outcome(3, 1.90, 1.60, verdict="NO_CHANGE"),
+    ]
+    best = best_improved(state)
+    assert best is not None and best.experiment_id == "e1"

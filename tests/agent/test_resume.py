@@ -8,10 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from support import ExperimentGate
 
 from infra_agent.errors import StoreError
 from infra_agent.store import open_store
@@ -44,27 +44,23 @@ def _started(db: Path) -> tuple[str | None, int, int]:
 def test_killed_mid_experiment_resumes_without_repeating_finished_ones(
     quick_task: Path, tmp_path: Path
 ) -> None:
-    db = tmp_path / "runs.db"
-    proc = subprocess.Popen(
-        _cli("--db", str(db), "optimize", "--task", str(quick_task), "--policy", "search", "--budget", "2"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    # The second experiment waits at a gate: the run is killed while it is certainly in progress.
+    gate = ExperimentGate(quick_task, tmp_path / "gate", from_nth=2)
+    db, log = tmp_path / "runs.db", tmp_path / "run.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            _cli("--db", str(db), "optimize", "--task", str(quick_task), "--policy", "search", "--budget", "2"),
+            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+        )  # fmt: skip
     try:
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline:
-            run_id, finished, started = _started(db)
-            if finished == 1 and started == 2:
-                break
-            assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.5)
-        else:
-            pytest.fail("the second experiment never started")
-        time.sleep(2.0)  # well inside the second experiment
-        assert _started(db)[1] == 1
+        gate.wait_held(proc, log)
+        run_id, finished, started = _started(db)
+        assert (finished, started) == (1, 2)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert run_id is not None
+    gate.release()  # the resumed run passes it
 
     resumed = subprocess.run(
         _cli("--db", str(db), "optimize", "--resume", run_id, "--json"),
@@ -78,9 +74,12 @@ def test_killed_mid_experiment_resumes_without_repeating_finished_ones(
     store = open_store(db)
     experiments = store.experiments(run_id)
     assert len(experiments) == 2 and len({e.patch_id for e in experiments}) == 2
-    started = [s.content.rsplit(" ", 1)[1] for s in store.steps(run_id) if s.name == "experiment"]
+    started_on = [
+        s.content.rsplit(" ", 1)[1] for s in store.steps(run_id) if s.name == "experiment"
+    ]
     first, second = experiments[0].patch_id, experiments[1].patch_id
-    assert started.count(first) == 1  # finished before the kill: not repeated
-    assert started.count(second) == 2  # killed mid-way: run again
+    assert started_on.count(first) == 1  # finished before the kill: not repeated
+    assert started_on.count(second) == 2  # killed mid-way: run again
+    assert gate.started == 3  # the harness agrees: 1, 2 (killed), 2 again
     run = store.get_run(run_id)
     assert run is not None and run.status.value in ("finished", "waiting_review")

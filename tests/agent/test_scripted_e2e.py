@@ -174,7 +174,7 @@ def test_scripted_run_waits_for_review_and_an_approval_from_another_process_appl
     from infra_agent.cli import main
 
     main()  # returns normally on success (a UserError would exit non-zero)
-    from infra_agent.agent.knowledge import load_skeletons, search_skeletons
+    from infra_agent.tools.skeletons import load_skeletons, search_skeletons
 
     [learned] = search_skeletons("merge per-split softmax statistics", load_skeletons(), top_k=1)
     assert learned.name == "per-split-softmax-merge" and learned.source == outcome.run_id

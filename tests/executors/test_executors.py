@@ -4,19 +4,20 @@ records with their cause (a hang past the timeout, a worker killed mid-batch is 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from support import ExperimentGate
 
 from infra_agent.experiments.executors import (
     ExperimentRequest,
     create_executor,
     run_batch,
 )
-from infra_agent.experiments.verdict import Verdict
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.patch import load_patch, parse_diff
 from infra_agent.tasks.registry import find_task
 
@@ -92,30 +93,27 @@ def test_ray_executor_matches_local_verdicts(ray_executor) -> None:  # type: ign
     assert by_id["reference"].node == by_id["reference"].record.result.evidence.extra["node"]
 
 
-def test_ray_executor_survives_a_worker_killed_mid_batch(ray_executor) -> None:  # type: ignore[no-untyped-def]
-    requests = _requests()[:1]
-    attempts_dir = ray_executor._attempts_dir
+def test_ray_executor_survives_a_worker_killed_mid_batch(ray_executor, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A copy of the task whose first experiment waits at a gate: the worker is killed while that
+    # experiment is certainly in progress; the retry passes the open gate.
+    task = tmp_path / TASK
+    shutil.copytree(find_task(TASK).root, task)
+    gate = ExperimentGate(task, tmp_path / "gate")
+    [request] = [r.model_copy(update={"task": str(task)}) for r in _requests()[:1]]
     killed: list[int] = []
 
-    def kill_first_worker() -> None:
-        deadline = time.time() + 120
-        while time.time() < deadline and not killed:
-            for marker in attempts_dir.glob("reference.*") if attempts_dir.is_dir() else []:
-                pid = int(marker.name.split(".")[1])
-                time.sleep(1.0)  # let it get into the experiment
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                return
-            time.sleep(0.1)
+    def kill_the_held_worker() -> None:
+        pid = gate.wait_held()
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        gate.release()
 
-    for marker in attempts_dir.glob("*") if attempts_dir.is_dir() else []:
-        marker.unlink()
-    killer = threading.Thread(target=kill_first_worker, daemon=True)
+    killer = threading.Thread(target=kill_the_held_worker, daemon=True)
     killer.start()
-    outcomes = run_batch(ray_executor, requests)
-    killer.join(timeout=5)
+    outcomes = run_batch(ray_executor, [request])
+    killer.join(timeout=60)
     assert killed, "the test never found the worker to kill"
     by_id = {o.request_id: o for o in outcomes}
     retried = by_id["reference"]
-    assert retried.attempts == 2
+    assert retried.attempts == 2 and gate.started == 2
     assert retried.record.result.verdict == Verdict.IMPROVED  # the retry ran the real experiment

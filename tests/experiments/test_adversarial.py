@@ -13,11 +13,13 @@ from __future__ import annotations
 import difflib
 import socket
 import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from infra_agent.experiments import run_experiment
-from infra_agent.experiments.verdict import Verdict
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.patch import Patch, parse_diff
 from infra_agent.tasks.registry import find_task
 
@@ -42,6 +44,11 @@ def axpy(a, xs, ys):
     threading.Thread(target=work).start()
     return out  # filled in later: an in-process harness would see it complete
 """
+
+THREAD_HANDOFF_INDIRECT = THREAD_HANDOFF.replace("import threading\n", "import queue\n").replace(
+    "threading.Thread(target=work)",  # threading, reached through queue's attribute
+    'getattr(queue.threading, "Thread")(target=work)',
+)
 
 CHILD_PROCESS = """
 import subprocess
@@ -176,6 +183,24 @@ def run(task, source: str, backend: str = "local"):  # -> ExperimentResult
     return run_experiment(task, patch_for(task, "kernel.py", source), sandbox=backend).result
 
 
+AA_IMPROVED = 0.032
+"""At most this often one experiment on a candidate doing the baseline's work is IMPROVED:
+benchmarks/bench_verdict_margins.py pytask-timers and pytask-content-cache (the experiments of
+the tests below) found NO_CHANGE every time, their log speedups 3.4 and 1.8 sd inside the 1.05x
+that IMPROVED needs first (normal tails 3.3e-4 and 3.2e-2)."""
+
+
+def unless_improved_twice(experiment: Callable[[], Any]) -> Iterator[Any]:
+    """Results of `experiment` on a candidate that does the baseline's work: a second one only
+    after an IMPROVED first. Both IMPROVED, the only way such a test fails falsely, happens with
+    at most AA_IMPROVED squared (1.0e-3) per run; a real gain is IMPROVED both times."""
+    for _ in range(2):
+        result = experiment()
+        yield result
+        if result.verdict != Verdict.IMPROVED:
+            return
+
+
 def assert_caught(result, *verdicts: Verdict) -> None:
     allowed = verdicts or (Verdict.INCORRECT, Verdict.REJECTED)
     assert result.verdict in allowed, result.render()
@@ -189,6 +214,7 @@ def assert_caught(result, *verdicts: Verdict) -> None:
     ("source", "group"),
     [
         (THREAD_HANDOFF, "threads"),
+        (THREAD_HANDOFF_INDIRECT, "threads"),
         (CHILD_PROCESS, "processes"),
         (NETWORK.format(port=9), "network"),
         (WRITE_OUTSIDE.format(path="/tmp/escaped.txt"), "harness"),
@@ -200,6 +226,7 @@ def assert_caught(result, *verdicts: Verdict) -> None:
     ],
     ids=[
         "thread",
+        "thread-indirect",
         "child",
         "network",
         "write",
@@ -223,10 +250,25 @@ def test_static_rules_reject_cheats(pytask, source: str, group: str) -> None:
 def test_background_thread_is_caught(pytask, backend: str) -> None:
     """With `threads` allowed by the task, the cheat passes the static stage and is judged at
     run time instead."""
+    # Not a bet on timing: the handed-off thread sleeps 50 ms before it works, so the watch finds
+    # it alive when the first warm-up call returns. Missing it needs the harness to look more
+    # than 50 ms late after each of the 2 warm-up calls and the first check alike (then the
+    # check sees the zeros, INCORRECT without "thread"): well under 1 in a million runs even if
+    # a loaded machine delayed one look in a hundred that long.
     result = run(pytask(allow=["threads"]), THREAD_HANDOFF, backend)
     assert result.evidence.stage_reached != "static"
     assert_caught(result)
     assert "thread" in " ".join(result.reasons)
+
+
+def test_thread_reached_indirectly_is_caught_at_run_time(
+    pytask, backend: str, no_static_rules: None
+) -> None:
+    """Behind the static rules, the process watch sees the thread however the code reached
+    threading (deterministic: the thread is alive, asleep, when the call returns)."""
+    result = run(pytask(), THREAD_HANDOFF_INDIRECT, backend)
+    assert_caught(result, Verdict.REJECTED)
+    assert "thread(s) running" in " ".join(result.reasons)
 
 
 def test_child_process_left_running_is_caught(pytask, backend: str, no_static_rules: None) -> None:
@@ -294,10 +336,10 @@ def test_patched_timers_do_not_change_the_harness_clock(
     pytask, backend: str, no_static_rules: None
 ) -> None:
     """The clock is in the harness process: a candidate's patched time module cannot stop it."""
-    result = run(pytask(), PATCH_TIMERS, backend)
+    for result in unless_improved_twice(lambda: run(pytask(), PATCH_TIMERS, backend)):
+        perf = result.evidence.performance  # a stopped clock would read ~0 for the candidate
+        assert perf is not None and perf.candidate_median > 0.2 * perf.baseline_median
     assert result.verdict in (Verdict.NO_CHANGE, Verdict.REGRESSED), result.render()
-    perf = result.evidence.performance
-    assert perf is not None and perf.candidate_median > 0.2 * perf.baseline_median
 
 
 def test_patching_the_harness_is_refused(pytask, backend: str, no_static_rules: None) -> None:
@@ -309,8 +351,8 @@ def test_patching_the_harness_is_refused(pytask, backend: str, no_static_rules: 
 def test_content_hash_cache_never_sees_a_repeated_input(pytask) -> None:
     """With `state` allowed by the task, the cache passes the static stage; every timed call
     still gets fresh inputs, so a cache keyed on content never hits: the cheat buys nothing."""
-    result = run(pytask(allow=["state"]), CONTENT_CACHE)
-    assert result.evidence.stage_reached != "static"
+    for result in unless_improved_twice(lambda: run(pytask(allow=["state"]), CONTENT_CACHE)):
+        assert result.evidence.stage_reached != "static"
     assert result.verdict in (Verdict.NO_CHANGE, Verdict.REGRESSED), result.render()
 
 
@@ -320,8 +362,10 @@ def test_hang_and_runaway_allocation_fail_and_the_next_experiment_runs(
     task = pytask()
     hung = run(task, SLEEP_FOREVER, backend)
     assert hung.verdict == Verdict.FAILED, hung.render()
-    assert "timed out" in " ".join(hung.reasons)
-    assert hung.evidence.durations_s["prepare"] < task.manifest.budget.call_timeout_s + 10
+    # Ended by the call's own limit (5 s), not by the experiment's (60 s): the reason names it.
+    budget = task.manifest.budget
+    assert f"did not return within {budget.call_timeout_s:g} s" in " ".join(hung.reasons)
+    assert hung.evidence.durations_s["prepare"] < budget.experiment_timeout_s
     hog = run(task, ALLOCATE_FOREVER, backend)
     assert hog.verdict == Verdict.FAILED, hog.render()
     assert "memory" in " ".join(hog.reasons).lower() or "timed out" in " ".join(hog.reasons)
@@ -380,11 +424,34 @@ def test_identity_cache_is_rejected_by_the_state_rule() -> None:
     assert any("rule 'state'" in r for r in result.reasons), result.reasons
 
 
+IDENTITY_CACHE_SLOW_MISS = '''"""A projection remembered per input object; a miss costs 5 ms more than baseline."""
+
+import time
+
+import torch
+
+_CACHE = {}
+
+
+def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    key = (id(x), id(w))
+    if key not in _CACHE:
+        time.sleep(0.005)
+        _CACHE[key] = (x.unsqueeze(2) * w.unsqueeze(0)).sum(dim=1)
+    return _CACHE[key]
+'''
+
+
 @pytest.mark.slow
-def test_cache_keyed_on_input_identity_goes_stale(backend: str, no_static_rules: None) -> None:
-    """Behind the state rule: fresh input tensors may reuse a freed tensor's id, so the cache
-    answers a new input with an old output."""
+def test_cache_keyed_on_input_identity_never_answers_a_new_input(
+    backend: str, no_static_rules: None
+) -> None:
+    """Behind the state rule: every put is a fresh object, so an identity cache either misses
+    (and the candidate pays its 5 ms: REGRESSED) or answers a new input with an old output
+    (INCORRECT); only a hit on the same content, the hole, could make it IMPROVED.
+    False-failure probability per run: below 1e-6 (every miss costs 5 ms against baseline's
+    ~0.1 ms call: each of the >= 10 pairs is slower, far outside any noise)."""
     task = find_task("example-matmul")
-    patch = patch_for(task, "projection.py", IDENTITY_CACHE)
+    patch = patch_for(task, "projection.py", IDENTITY_CACHE_SLOW_MISS)
     result = run_experiment(task, patch, sandbox=backend, params=SMALL).result
-    assert_caught(result, Verdict.INCORRECT)
+    assert_caught(result, Verdict.INCORRECT, Verdict.REGRESSED)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,21 +14,22 @@ import time
 from pathlib import Path
 
 import pytest
+from support import stoppable
 
 from infra_agent.errors import UserError
 from infra_agent.experiments import run_experiment
 from infra_agent.experiments.arms import ArmSet, SeedSource, load_harness, sandbox_spec
 from infra_agent.experiments.measure import Measurement, decide, measure
-from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.feedback.bench import compare_samples
 from infra_agent.sandboxes import create_sandbox
 from infra_agent.store import open_store
+from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.manifest import Constraint
-from infra_agent.tasks.patch import PatchError, knob_patch, load_patch, parse_diff
+from infra_agent.tasks.patch import knob_patch, load_patch, parse_diff
 from infra_agent.tasks.registry import find_task
 
 FAST = "def axpy(a, xs, ys):\n    return [a * x + y for x, y in zip(xs, ys)]\n"
-SLOW_CALLS = "import time\n\n\ndef axpy(a, xs, ys):\n    time.sleep(2)\n    return [a * x + y for x, y in zip(xs, ys)]\n"
+NEVER_RETURNS = "import time\n\n\ndef axpy(a, xs, ys):\n    time.sleep(10**6)\n    return [a * x + y for x, y in zip(xs, ys)]\n"
 
 
 @pytest.mark.slow
@@ -54,34 +56,41 @@ def test_reference_fix_improves_consistently_and_is_recorded(tmp_path: Path) -> 
     assert store.get_patch(patch.hash) is not None and store.get_patch(patch.hash).author == "test"
 
 
+AA_MISSES = 5
+"""False failure: a decision on a fresh pair is not NO_CHANGE with p <= 0.05 (measured by
+benchmarks/bench_verdict_margins.py pytask-aa-20: 0 of 160 decisions at load 1.2-1.5, 6 of 120
+with two busy processes at load 8-11); more than 5 of 20 independent ones then happen with
+P(Binom(20, 0.06) > 5) = 8.7e-4 per run. A rule that ignores noise (any speedup beyond 1.05x)
+misses far more: the same runs' A/A speedups spread over 0.82-1.18x idle, 0.35-2.8x loaded."""
+
+
 def test_a_a_gives_no_change(pytask) -> None:
-    """Baseline against itself, 20 measurements with the real workers, sampling and decision:
-    at least 17 must be NO_CHANGE. The decision rule's A/A false-positive rate measured on a
-    loaded 2-core machine is 1-3% (benchmarks/bench_feedback_bench.py prints it); at 3%, three or
-    more of 20 happen 2% of the time, while a rule that ignores noise fails this every time."""
+    """Baseline against itself, 20 decisions with the real workers, sampling and decision, each
+    on a new pair of worker processes (independent decisions): at most AA_MISSES are not
+    NO_CHANGE."""
     task = pytask(min_samples=6, max_samples=10, measure_budget_s=1.0)
     harness = load_harness(task, task.manifest.params)
-    arms = ArmSet(call_timeout_s=10)
-    try:
-        pair = [
-            arms.open(
-                name,
-                create_sandbox("local", task.workspace, sandbox_spec(task)),
-                {},
-                task.manifest.params,
-            )
-            for name in ("baseline", "candidate")
-        ]
-        for arm in pair:
-            harness.prepare(arm)
-        verdicts = []
-        for i in range(20):
+    verdicts = []
+    for i in range(20):
+        arms = ArmSet(call_timeout_s=10)
+        try:
+            pair = [
+                arms.open(
+                    name,
+                    create_sandbox("local", task.workspace, sandbox_spec(task)),
+                    {},
+                    task.manifest.params,
+                )
+                for name in ("baseline", "candidate")
+            ]
+            for arm in pair:
+                harness.prepare(arm)
             m = measure(harness, pair[0], pair[1], task.manifest, SeedSource(), deadline=time.monotonic() + 60,
                         bootstrap_seed=i)  # fmt: skip
             verdicts.append(decide(m, task.manifest)[0])
-    finally:
-        arms.close()
-    assert verdicts.count(Verdict.NO_CHANGE) >= 17, verdicts
+        finally:
+            arms.close()
+    assert 20 - verdicts.count(Verdict.NO_CHANGE) <= AA_MISSES, verdicts
 
 
 def _empty_effect_patch():  # -> Patch
@@ -96,11 +105,17 @@ def _empty_effect_patch():  # -> Patch
 
 
 def test_a_a_on_a_torch_task_gives_no_change() -> None:
-    """One full A/A experiment on the torch example task (workers, sandboxes, float64 rule)."""
+    """A full A/A experiment on the torch example task (workers, sandboxes, float64 rule); another
+    (3 at most) only if the one before is not NO_CHANGE. False failure: one is not NO_CHANGE with
+    p ~ 0.05 (benchmarks/bench_verdict_margins.py matmul-aa: 1 REGRESSED, 0.900x, in 19 runs at
+    load 2-8), all three with p^3 ~ 1.3e-4 (1e-3 even at p = 0.1)."""
     task, patch = _empty_effect_patch()
-    result = run_experiment(task, patch).result
+    for _ in range(3):
+        result = run_experiment(task, patch).result
+        assert result.evidence.correctness is not None and result.evidence.correctness.passed
+        if result.verdict == Verdict.NO_CHANGE:
+            break
     assert result.verdict == Verdict.NO_CHANGE, result.render()
-    assert result.evidence.correctness is not None and result.evidence.correctness.passed
 
 
 @pytest.mark.slow
@@ -169,23 +184,37 @@ def test_sign_test_must_agree_with_the_bootstrap(pytask) -> None:
     assert decide(synthetic(base[:5], [b / 2 for b in base[:5]]), manifest)[0] == Verdict.IMPROVED
 
 
-def test_bad_input_raises_and_records_nothing(pytask, make_patch, tmp_path: Path) -> None:
+def test_bad_invocation_raises_and_records_nothing(pytask, make_patch, tmp_path: Path) -> None:
     task = pytask()
     store = open_store(tmp_path / "runs.db")
     good = make_patch(task, "kernel.py", FAST)
     with pytest.raises(UserError, match="no parameter 'bogus'"):
         run_experiment(task, good, params={"bogus": 1}, store=store)
-    with pytest.raises(UserError, match="unknown knob 'size'"):
-        run_experiment(task, knob_patch({"size": 3}), store=store)
-    with pytest.raises(PatchError, match="does not exist"):
-        run_experiment(
-            task, parse_diff(good.diff.replace("kernel.py", "helpers/gone.py")), store=store
-        )
-    with pytest.raises(PatchError, match="does not apply cleanly"):
-        run_experiment(task, parse_diff(good.diff.replace("out = []", "out = [0]")), store=store)
-    with pytest.raises(UserError, match="unknown backend"):
+    with pytest.raises(UserError, match="unknown sandbox backend 'vm'"):
         run_experiment(task, good, sandbox="vm", store=store)
     assert store.experiments() == [] and store.get_patch(good.hash) is None
+
+
+def test_refused_patches_are_rejected_and_recorded(pytask, make_patch, tmp_path: Path) -> None:
+    """A patch the task cannot take is an outcome of the proposal, not a bad invocation: a
+    REJECTED experiment at the apply stage, stored with its reason (and printed as one JSON
+    document by `experiment --json`)."""
+    task = pytask()
+    store = open_store(tmp_path / "runs.db")
+    good = make_patch(task, "kernel.py", FAST)
+    refused = {
+        "unknown knob 'size'": knob_patch({"size": 3}),
+        "does not exist": parse_diff(good.diff.replace("kernel.py", "helpers/gone.py")),
+        "does not apply cleanly": parse_diff(good.diff.replace("out = []", "out = [0]")),
+    }
+    for why, patch in refused.items():
+        record = run_experiment(task, patch, store=store)
+        assert record.result.verdict == Verdict.REJECTED, record.result.render()
+        assert record.result.evidence.stage_reached == "apply"
+        assert why in record.result.reasons[0]
+        assert store.get_experiment(record.id) is not None
+        assert store.get_patch(patch.hash) is not None
+    assert len(store.experiments()) == 3
 
 
 def test_non_editable_file_is_rejected_and_recorded(pytask, tmp_path: Path) -> None:
@@ -231,6 +260,48 @@ def test_cli_json_and_store(pytask, make_patch, tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "not found" in bad.stderr and bad.stdout == ""
     assert len(open_store(db).experiments()) == 1
+    # A patch the task refuses is an outcome: one JSON document, recorded.
+    stale = tmp_path / "stale.diff"
+    stale.write_text(patch_file.read_text().replace("out = []", "out = [0]"))
+    refused = subprocess.run([*argv[:-3], "--patch", str(stale), "--json"], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 0, refused.stderr
+    report = json.loads(refused.stdout)
+    assert report["verdict"] == "REJECTED" and "does not apply" in report["reasons"][0]
+    assert report["experiment_id"] in [e.id for e in open_store(db).experiments()]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("dockerd") is None, reason="needs root and dockerd"
+)
+def test_cli_docker_starts_its_own_engine(pytask, make_patch, tmp_path: Path) -> None:
+    """`--sandbox docker` with no engine answering starts a private dockerd for the run and
+    stops it afterwards (no dockerd, containerd or engine folder left)."""
+    task = pytask()
+    patch_file = tmp_path / "fast.diff"
+    patch_file.write_text(make_patch(task, "kernel.py", FAST).diff)
+    nowhere = f"unix://{tmp_path}/no-engine.sock"
+    argv, env = cli(["--db", str(tmp_path / "runs.db"), "experiment", "--task", str(task.root),
+                     "--patch", str(patch_file), "--sandbox", "docker", "--json"],
+                    {"DOCKER_HOST": nowhere})  # fmt: skip
+    before = _engine_folders()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["sandbox"]["backend"] == "docker" and report["verdict"] in (
+        "IMPROVED",
+        "NO_CHANGE",
+    )
+    assert _engine_folders() == before  # the private engine's folder was removed with it
+
+
+def _engine_folders() -> set[str]:
+    import tempfile
+
+    from infra_agent.sandboxes.workspace import PREFIX
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-engine-*")}
 
 
 def _processes_under(folder: Path) -> list[int]:
@@ -248,30 +319,57 @@ def _processes_under(folder: Path) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def _ignored_signals(pid: int) -> set[int]:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    return set()
+
+
+def _ignore_sighup() -> None:
+    stoppable()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` leaves it
+
+
+@pytest.mark.parametrize(
+    ("signals", "nohup"),
+    [((signal.SIGINT,), False), ((signal.SIGTERM,), False), ((signal.SIGHUP, signal.SIGTERM), True)],
+    ids=["ctrl-c", "sigterm", "nohup"],
+)  # fmt: skip
 def test_killing_the_cli_leaves_nothing_behind(
-    pytask, make_patch, tmp_path: Path, signum: int
+    pytask, make_patch, tmp_path: Path, signals: tuple[signal.Signals, ...], nohup: bool
 ) -> None:
-    task = pytask()
-    patch_file = tmp_path / "slow.diff"
-    patch_file.write_text(make_patch(task, "kernel.py", SLOW_CALLS).diff)
+    """Ctrl-C or SIGTERM mid-experiment: exit 130, nothing recorded, no process or folder left.
+    Under nohup a hangup is ignored (the next signal is the one that stops it)."""
+    # The candidate never returns and nothing times out, so the experiment is still running
+    # whenever the signal arrives.
+    task = pytask(call_timeout_s=3600.0, experiment_timeout_s=3600.0)
+    patch_file = tmp_path / "hang.diff"
+    patch_file.write_text(make_patch(task, "kernel.py", NEVER_RETURNS).diff)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     argv, env = cli(["--db", str(tmp_path / "runs.db"), "experiment", "--task", str(task.root),
                      "--patch", str(patch_file)], {"TMPDIR": str(scratch)})  # fmt: skip
-    # As from a terminal: SIGINT not ignored, even if this test runs in a background job.
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ignore_sighup if nohup else stoppable)  # fmt: skip
+    # Deadlines here only bound a broken run; every step waits for an event.
     deadline = time.monotonic() + 120
     while (
         len(_processes_under(scratch)) < 2 and time.monotonic() < deadline and proc.poll() is None
     ):
         time.sleep(0.2)
     assert len(_processes_under(scratch)) >= 2, "the experiment's workers never started"
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0, err
-    time.sleep(0.5)
+    if nohup:  # the CLI kept the hangup ignored (a handler would show in SigCgt instead)
+        assert signal.SIGHUP in _ignored_signals(proc.pid)
+    for signum in signals:
+        proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert f"interrupted ({'Ctrl-C' if signals[-1] == signal.SIGINT else signals[-1].name})" in err
+    deadline = time.monotonic() + 60
+    while _processes_under(scratch) and time.monotonic() < deadline:  # reaped asynchronously
+        time.sleep(0.1)
     assert _processes_under(scratch) == []
     assert list(scratch.iterdir()) == []
     assert open_store(tmp_path / "runs.db").experiments() == []

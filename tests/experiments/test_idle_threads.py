@@ -1,21 +1,27 @@
-"""Threads started after warm-up: an idle compute pool grown by a knob is tolerated, a thread
-that keeps computing after its call returned is not (measured through /proc, not by name)."""
+"""Threads started by candidate code (at import, warm-up or later): an idle compute pool grown by
+a knob is tolerated, a thread that keeps computing after its call returned is not (measured
+through /proc, not by name)."""
 
 from __future__ import annotations
 
+import errno
+import os
 import time
+from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
 from infra_agent.experiments import run_experiment
-from infra_agent.experiments.verdict import Verdict
 from infra_agent.experiments.worker import RpcWorker
 from infra_agent.sandboxes import SandboxSpec, create_sandbox
+from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.harness import CandidateFailure
 from infra_agent.tasks.patch import knob_patch
 from infra_agent.tasks.registry import find_task
 
 POOL = """
+import os
 import threading
 import time
 
@@ -30,15 +36,30 @@ def grow(n):
     return float(x.sum())
 
 
-def _spin(delay, seconds):
-    time.sleep(delay)
+def _spin(seconds):
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
 
 
-def burn(delay, seconds):
-    threading.Thread(target=_spin, args=(delay, seconds), daemon=True).start()
+def burn(seconds):
+    threading.Thread(target=_spin, args=(seconds,), daemon=True).start()
+    return 1
+
+
+def burn_when_told(go, spun, seconds):
+    # A thread asleep in the kernel until the test opens the FIFO `go`, then computing for
+    # `seconds`; it creates `spun` once it has used 50 ms of CPU (17x the idle limit).
+
+    def run():
+        with open(go):  # blocks until the test opens the other end
+            pass
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if time.thread_time() > 0.05 and not os.path.exists(spun):
+                open(spun, "w").close()
+
+    threading.Thread(target=run, daemon=True).start()
     return 1
 
 
@@ -75,15 +96,17 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory):  # -> Iterator[Sandbox]
 
 @pytest.fixture
 def worker(sandbox):  # -> Iterator[RpcWorker]: warm with a one-thread pool
-    w = RpcWorker(sandbox, call_timeout_s=30, preload=["torch"])
+    # the guard is on between calls too: threads may write only in the workspace, as in a task
+    w = RpcWorker(
+        sandbox, call_timeout_s=30, preload=["torch"], guard={"writable": [str(sandbox.root)]}
+    )
     w.call("pool:grow", 1)
-    w.mark_warm()
     yield w
     w.close()
 
 
 def test_idle_pool_threads_grown_after_warm_up_are_tolerated(worker: RpcWorker) -> None:
-    warm = set(worker.watch.warm_tids or ())
+    warm = set(worker.watch.start_tids or ())
     for _ in range(3):
         worker.call("pool:grow", 3)
     assert worker.watch.tolerated, "set_num_threads(3) should have started pool threads"
@@ -93,17 +116,35 @@ def test_idle_pool_threads_grown_after_warm_up_are_tolerated(worker: RpcWorker) 
 
 def test_thread_burning_cpu_after_return_is_a_violation(worker: RpcWorker) -> None:
     with pytest.raises(CandidateFailure, match="background thread") as info:
-        worker.call("pool:burn", 0.0, 30.0)
+        worker.call("pool:burn", 30.0)
         worker.call("pool:ok")  # a busy machine may starve it in the window: caught here then
     assert info.value.kind == "violation"
 
 
 def test_thread_idle_in_the_window_then_working_is_a_violation(worker: RpcWorker) -> None:
-    worker.call("pool:burn", 0.3, 30.0)  # asleep while watched right after return
-    time.sleep(0.8)
+    go, spun = worker.sandbox.root / "go", worker.sandbox.root / "spun"
+    os.mkfifo(go)
+    worker.call("pool:burn_when_told", str(go), str(spun), 30.0)  # asleep while watched
+    _open_fifo_for_writing(go).close()  # wakes it up
+    deadline = time.monotonic() + 120  # bounds a broken worker only
+    while not spun.exists():
+        assert time.monotonic() < deadline, "the thread never ran"
+        time.sleep(0.01)
     with pytest.raises(CandidateFailure, match="between calls") as info:
         worker.call("pool:ok")
     assert info.value.kind == "violation"
+
+
+def _open_fifo_for_writing(path: Path, timeout_s: float = 120.0) -> BinaryIO:
+    """Open a FIFO once its reader has (the timeout bounds a reader that never comes)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return os.fdopen(os.open(path, os.O_WRONLY | os.O_NONBLOCK), "wb")
+        except OSError as exc:  # ENXIO: no reader yet
+            if exc.errno != errno.ENXIO or time.monotonic() > deadline:
+                raise
+        time.sleep(0.01)
 
 
 @pytest.mark.slow
@@ -131,3 +172,70 @@ def test_thread_burning_after_return_is_rejected(pytask, make_patch, backend: st
     ).result
     assert result.verdict == Verdict.REJECTED, result.render()
     assert "background thread" in " ".join(result.reasons)
+
+
+# -- threads born before the first call: at import, and a pool started at warm-up ------------
+
+SLOW_AXPY = (Path(__file__).parent / "pytask" / "workspace" / "kernel.py").read_text()
+"""The test task's own kernel: the cheats below do exactly the baseline's work."""
+
+SPIN_FROM_IMPORT = (
+    """
+import threading
+
+
+def _spin():
+    while True:  # burns a core while the other arm is measured
+        pass
+
+
+threading.Thread(target=_spin, daemon=True).start()
+"""
+    + SLOW_AXPY
+)
+
+BURSTS_FROM_IMPORT = (
+    """
+import threading
+import time
+
+import torch
+
+
+def _bursts():
+    while True:
+        time.sleep(0.02)  # asleep whenever it is looked at right after a call...
+        end = time.monotonic() + 0.1
+        while time.monotonic() < end:  # ...and busy in between
+            pass
+
+
+threading.Thread(target=_bursts, daemon=True).start()
+"""
+    + SLOW_AXPY
+)
+
+
+@pytest.mark.parametrize("source", [SPIN_FROM_IMPORT, BURSTS_FROM_IMPORT], ids=["spin", "bursts"])
+def test_threads_started_at_import_are_watched(pytask, make_patch, backend: str, source) -> None:
+    """Judged IMPROVED 2.44x on docker when the watch started after warm-up: a thread born at
+    import burned CPU while the baseline was measured. The watch now starts before any candidate
+    code is imported. Deterministic: the spinner is always runnable (never settles); the bursts
+    run 100 ms of every 120 ms, so the CPU between calls (or at return) exceeds the 3 ms limit in
+    the first gaps already, whatever the machine's load."""
+    task = pytask(allow=["threads"])
+    (task.workspace / "uses_torch.py").write_text("import torch\n")  # pool threads tolerated
+    result = run_experiment(task, make_patch(task, "kernel.py", source), sandbox=backend).result
+    assert result.verdict == Verdict.REJECTED, result.render()
+    reasons = " ".join(result.reasons)
+    assert "background thread" in reasons or "thread(s) running" in reasons, reasons
+    assert result.evidence.stage_reached in ("prepare", "correctness")
+
+
+def test_background_work_is_allowed_when_the_task_says_so(pytask, make_patch) -> None:
+    """`allow = ["background"]`: threads may outlive calls and work between them, so the same
+    spinner is measured instead of rejected (the task owns that choice)."""
+    task = pytask(allow=["threads", "background"])
+    result = run_experiment(task, make_patch(task, "kernel.py", SPIN_FROM_IMPORT)).result
+    assert result.verdict not in (Verdict.REJECTED, Verdict.FAILED), result.render()
+    assert result.evidence.extra["process_watch"]["candidate"]["background_allowed"] is True  # type: ignore[index]

@@ -170,3 +170,59 @@ def test_bundled_patches_pass_the_rules(name: str) -> None:
 
 def _read(path: Path) -> str | None:
     return path.read_text() if path.is_file() else None
+
+
+@pytest.mark.parametrize(
+    ("source", "group"),
+    [
+        # a module reached as another module's attribute
+        ("import queue\nqueue.threading.Thread(target=f).start()", "threads"),
+        ("import logging\nt = logging.threading\nt.Thread(target=f)", "threads"),
+        ("from queue import threading", "threads"),
+        ("import shutil\nshutil.os.system('ls')", "processes"),
+        ("import os\nos.sys.modules", "introspection"),
+        ("import queue\nsetattr(queue.threading, 'Thread', None)", "timers"),
+        ("import torch\nlib = torch.library.Library('aten', 'IMPL')", "ctypes"),
+        ("import sys\nsys.modules['threading'].Thread(target=f)", "threads"),
+        ("import os\nos.__dict__['system']('ls')", "processes"),
+        # constant-string getattr / setattr
+        ("import torch\ngetattr(torch, 'set_num_threads')(4)", "threads"),
+        ("import os\ngetattr(os, 'system')('ls')", "processes"),
+        ("import os\ngetattr(os, 'environ')", "harness"),
+        ("import sys\ngetattr(sys, '_getframe')(1)", "introspection"),
+        ("x = getattr(f, '__globals__')", "introspection"),
+        ("import torch\ngetattr(torch, 'multiprocessing')", "processes"),
+        ("import time\nsetattr(time, 'perf_counter', f)", "timers"),
+        ("import torch\nsetattr(torch.Tensor, 'add', f)", "timers"),
+        # __import__, importlib, builtins
+        ("t = __import__('threading')\nt.Thread(target=f)", "threads"),
+        ("import importlib\nimportlib.import_module('socket')", "network"),
+        (
+            "import importlib\ns = importlib.import_module('socket')\ns.create_connection(a)",
+            "network",
+        ),
+        ("import builtins\nbuiltins.__import__('subprocess')", "processes"),
+        ("import builtins\nbuiltins.exec('x = 1')", "dynamic"),
+        ("import builtins\ng = builtins.getattr\ng(os, 'x' + 'y')", "dynamic"),
+    ],
+)
+def test_rules_see_through_indirection(source: str, group: str) -> None:
+    """Each spelling is caught as its real group even where a task allows `dynamic` and
+    `introspection` (the groups an indirection itself might fall under)."""
+    allowed = ["dynamic", "introspection"] if group not in ("dynamic", "introspection") else []
+    found = new_violations({"k.py": None}, {"k.py": source}, allowed)
+    assert group in {v.group for v in found}, [v.describe() for v in found]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import os\nos.path.join('a', 'b')",
+        "import functools\nfunctools.partial(f, 1)",
+        "import torch\ny = torch.nn.functional.relu(x)",
+        "n = getattr(x, 'shape')[0]",
+        "import json\njson.decoder.JSONDecodeError",
+    ],
+)
+def test_indirection_reading_does_not_flag_ordinary_code(source: str) -> None:
+    assert scan_source(source, "k.py") == []

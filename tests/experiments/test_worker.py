@@ -9,7 +9,7 @@ import torch
 
 from infra_agent.experiments.worker import RpcWorker, _load_response, ref
 from infra_agent.sandboxes import SandboxSpec, create_sandbox
-from infra_agent.tasks.harness import CandidateFailure
+from infra_agent.tasks.harness import CandidateFailure, IncorrectOutput
 
 CODE = """
 import os
@@ -30,6 +30,15 @@ def tensors(x):
 def bump(x):
     x.add_(1)
     return x
+
+
+def double(x):
+    return x * 2
+
+
+def append(items):
+    items[0] = 7
+    return items
 
 
 class Sneaky:
@@ -101,11 +110,15 @@ def test_round_trip_values_and_prints_do_not_corrupt(worker: RpcWorker) -> None:
     assert seconds > 0
 
 
-def test_arena_values_are_refilled_in_place(worker: RpcWorker) -> None:
+def test_arena_values_are_replaced_and_inputs_may_not_change(worker: RpcWorker) -> None:
     worker.put("x", torch.zeros(3))
-    assert worker.call("cand:bump", ref("x")).tolist() == [1, 1, 1]
-    worker.put("x", torch.full((3,), 5.0))  # same object in the worker, new content
-    assert worker.call("cand:bump", ref("x")).tolist() == [6, 6, 6]
+    assert worker.call("cand:double", ref("x")).tolist() == [0, 0, 0]
+    worker.put("x", torch.full((3,), 5.0))
+    assert worker.call("cand:double", ref("x")).tolist() == [10, 10, 10]
+    with pytest.raises(IncorrectOutput, match="argument 1 .a tensor's contents were written"):
+        worker.call("cand:bump", ref("x"))
+    with pytest.raises(IncorrectOutput, match="argument 1 .a list's items were replaced"):
+        worker.call("cand:append", [1, 2])
 
 
 def test_objects_that_would_unpickle_into_code_cannot_be_returned(worker: RpcWorker) -> None:
@@ -115,7 +128,7 @@ def test_objects_that_would_unpickle_into_code_cannot_be_returned(worker: RpcWor
 
 
 def test_the_safe_loader_refuses_pickles() -> None:
-    payload = pickle.dumps({"ok": True})
+    payload = pickle.dumps({"ok": True})  # the worker never sends pickles, nor reads them
     with pytest.raises(ValueError):
         _load_response(payload)
     with pytest.raises(ValueError):
@@ -129,9 +142,8 @@ def test_a_crash_is_reported_and_the_worker_lives_on(worker: RpcWorker) -> None:
     assert worker.call("cand:echo") == {"args": (), "kwargs": {}}
 
 
-def test_thread_left_running_after_warm_up_is_a_violation(plain_worker: RpcWorker) -> None:
+def test_thread_left_running_after_a_call_is_a_violation(plain_worker: RpcWorker) -> None:
     plain_worker.call("plain:ok")
-    plain_worker.mark_warm()
     with pytest.raises(CandidateFailure, match="thread") as info:
         plain_worker.call("plain:pool")
     assert info.value.kind == "violation"

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from infra_agent.feedback.gil import (
     trace_command,
     trace_pid,
 )
+from infra_agent.feedback.gil import record as gil_record
 from infra_agent.feedback.gil.holders import HeldGil, merge_holders
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable
 from infra_agent.feedback.gil.record import held_from_speedscope, snapshots_from_chrometrace
@@ -46,9 +48,12 @@ time.sleep(120)
 
 
 def _py_spy_can_attach() -> str | None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+    )
     try:
-        time.sleep(0.3)
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # running Python
         dump_once(proc.pid, native=False)
         return None
     except PySpyUnavailable as exc:
@@ -72,6 +77,7 @@ def worker():
         time.sleep(0.0002)
 
 threading.Thread(target=worker, name="worker", daemon=True).start()
+print("up", flush=True)
 hold_gil_in_native()
 """
 
@@ -171,7 +177,8 @@ def test_in_process_fallback_is_marked_blind_to_the_gil() -> None:
     t = threading.Thread(target=busy_python, name="busy")
     t.start()
     with InProcessSampler(interval_s=0.005) as sampler:
-        time.sleep(0.3)
+        while len(sampler.snapshots) < 30:  # as many samples as the test needs, however slow
+            time.sleep(0.01)
     stop.set()
     t.join()
     r = sampler.report()
@@ -183,29 +190,42 @@ def test_in_process_fallback_is_marked_blind_to_the_gil() -> None:
 
 
 def test_default_sampler_falls_back_when_native_unwinding_fails(
-    tmp_path: Path, py_spy: None
+    tmp_path: Path, py_spy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In another pid namespace (as in the local sandbox), py-spy can fail to unwind native
-    stacks, after ~10 s of retries: the default sampler sees that at once and uses non-pausing
-    dumps, which still name the GIL holder."""
+    stacks, and retries before it gives up: the default sampler sees that at once and uses
+    non-pausing dumps, which still name the GIL holder."""
     script = tmp_path / "native_holder.py"
     script.write_text(NATIVE_HOLDER)
     unshare = shutil.which("unshare")
     if unshare is None:
         pytest.skip("no unshare")
     argv = [unshare, "--pid", "--fork", "--mount-proc", sys.executable, str(script)]
-    proc = subprocess.Popen(argv, start_new_session=True, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
-        time.sleep(1.0)
+        assert proc.stdout is not None
+        up = proc.stdout.readline()  # the script runs its threads (or unshare failed: EOF)
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
         pids = children.read_text().split() if children.exists() else []
-        if proc.poll() is not None or not pids:
+        if up != b"up\n" or not pids:
             pytest.skip(f"cannot make a pid namespace here: {proc.stderr.read()!r}")  # type: ignore[union-attr]
-        start = time.perf_counter()
+        recorders: list[Any] = []
+
+        class SeenRecorder(gil_record._Recorder):
+            def __init__(self, cmd: list[str]) -> None:
+                super().__init__(cmd)
+                recorders.append(self)
+
+        monkeypatch.setattr(gil_record, "_Recorder", SeenRecorder)
         report = trace_pid(int(pids[0]), duration_s=1.0, interval_s=0.1)
         if not any("record sampler failed" in w for w in report.warnings):
             pytest.skip("py-spy unwinds native stacks across pid namespaces here")
-        assert time.perf_counter() - start < 8.0
+        # At once: the recorder was stopped at py-spy's first unwind error, while it was still
+        # retrying (it gives up by itself, exit status 1, after ~20 retries: about a second).
+        assert [r.proc.returncode for r in recorders] == [-signal.SIGKILL]
+        assert any("cannot unwind native stacks" in w for w in report.warnings), report.warnings
         assert report.method.startswith("py-spy dump --json,")
         main = next(t for t in report.threads if t.thread == "MainThread")
         assert main.holding > 0.5

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from infra_agent.experiments.verdict import (
+from infra_agent.store import RunStore, open_store
+from infra_agent.store.records import ExperimentRecord, PatchRecord
+from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,
     ExperimentResult,
@@ -18,8 +20,6 @@ from infra_agent.experiments.verdict import (
     PerformanceEvidence,
     Verdict,
 )
-from infra_agent.store import RunStore, open_store
-from infra_agent.store.records import ExperimentRecord, PatchRecord
 from infra_agent.tasks.manifest import Task, load_task
 from infra_agent.tasks.patch import knob_patch, parse_diff
 
@@ -125,13 +125,13 @@ def measured_result(
 
 
 def experiment_for(task: Task, patch: PatchRecord, **kw: object) -> ExperimentRecord:
-    from infra_agent.review.queue import current_fingerprint
+    from infra_agent.experiments import task_fingerprint
 
     return ExperimentRecord(
         task=task.name,
         patch_id=patch.id,
         result=measured_result(task.name, patch.id, **kw),  # type: ignore[arg-type]
-        target_fingerprint=current_fingerprint(task),
+        target_fingerprint=task_fingerprint(task),
     )
 
 

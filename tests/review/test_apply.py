@@ -78,3 +78,48 @@ def test_knobs_merge_into_argument_file(store, task, kit, tmp_path) -> None:
     assert proposal.status == ProposalStatus.APPROVED  # auto-approved by the default policy
     apply_approved(store, proposal.id, reviewer="policy", args_file=args)
     assert tomllib.loads(args.read_text()) == {"server_args": {"device": "cpu", "max_batch": 32}}
+
+
+def test_a_waiting_run_resumes_through_the_resumer_the_caller_gives(
+    store, task, kit, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Review does not import the agent: the caller (the CLI) hands it the resumer; without one
+    the proposal says the run still waits and how to resume it."""
+    from pathlib import Path
+
+    from infra_agent.review.apply import after_decision
+    from infra_agent.store.records import RunRecord, RunStatus
+
+    run = RunRecord(
+        task=task.name, objective="latency", policy="llm", status=RunStatus.WAITING_REVIEW
+    )
+    store.put_run(run)
+    proposal = _approved(store, task, kit, run_id=run.id)
+    calls: list[tuple[Path, str]] = []
+
+    def resume(path: Path, run_id: str) -> None:
+        calls.append((path, run_id))
+        waiting = store.get_run(run_id)
+        waiting.status = RunStatus.FINISHED
+        store.put_run(waiting)
+
+    done = after_decision(store, tmp_path / "runs.db", proposal.id, reviewer="ana")
+    assert (
+        done.resumption
+        == f"pending: no agent runner here; resume with: infra-agent optimize --resume {run.id}"
+    )
+    done = after_decision(store, tmp_path / "runs.db", proposal.id, reviewer="ana", resume=resume)
+    assert (
+        calls == [(tmp_path / "runs.db", run.id)]
+        and done.resumption == "resumed (run now finished)"
+    )
+
+
+def test_the_cli_wires_the_agents_resumer_into_review() -> None:
+    from typer.testing import CliRunner
+
+    from infra_agent.cli import _resume_after_review, app
+    from infra_agent.context import current
+
+    CliRunner().invoke(app, ["config", "show", "--json"])
+    assert current().resume_run is _resume_after_review

@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import Flag
 from infra_agent.review.queue import (
     ReviewConflict,
     StaleProposal,
@@ -17,6 +16,7 @@ from infra_agent.review.queue import (
     submit_proposal,
 )
 from infra_agent.store.records import DecisionAction, ProposalStatus, RiskLevel
+from infra_agent.store.verdict import Flag
 
 
 def _submit(store, task, kit, **kw):

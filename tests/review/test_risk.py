@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.review.queue import submit_proposal
 from infra_agent.review.risk import PolicyAction, assess, glob_match, load_policy
 from infra_agent.store.records import PatchKind, PatchRecord, ProposalStatus, RiskLevel
+from infra_agent.store.verdict import Flag, Verdict
 
 
 def _patch(files=(), knobs=None) -> PatchRecord:
@@ -43,6 +43,28 @@ def test_levels_by_what_is_touched(kit) -> None:
     assert (sched.level, sched.action) == (RiskLevel.MEDIUM, PolicyAction.REVIEW)
     assert (kernel.level, kernel.action) == (RiskLevel.HIGH, PolicyAction.REVIEW)
     assert (harness.level, harness.action) == (RiskLevel.FORBIDDEN, PolicyAction.FORBID)
+
+
+def test_a_win_noise_could_explain_goes_to_a_person_whatever_the_policy(kit) -> None:
+    """`make optimize` under load once auto-applied `IMPROVED (noisy) 1.556x [1.177, 2.441]`,
+    which measured NO_CHANGE on a quiet machine. A policy that does not block `noisy` (or any
+    flag) still cannot auto-approve a noisy win, nor one whose interval's low end lies within
+    twice the task's minimum effect of 1."""
+    knobs = _patch(knobs={"max_batch": 32})
+    permissive = load_policy()
+    permissive.blocking_flags = []
+    noisy = kit.measured_result("t", "h" * 64, speedup=1.556, flags=[Flag.NOISY])
+    gate = assess(knobs, noisy, permissive)
+    assert gate.action == PolicyAction.REVIEW and "noise could explain" in gate.reasons[-1]
+    close = kit.measured_result("t", "h" * 64, speedup=1.08)  # 95% CI 1.03-1.13
+    assert close.evidence.performance is not None
+    close.evidence.performance.min_effect = 0.02
+    gate = assess(knobs, close, permissive)
+    assert gate.action == PolicyAction.REVIEW and "below 1.040" in gate.reasons[-1], gate.reasons
+    close.evidence.performance.min_effect = 0.01  # 1.03 clears 1 + 2 x 1%
+    assert assess(knobs, close, permissive).action == PolicyAction.AUTO_APPROVE
+    clear = kit.measured_result("t", "h" * 64, speedup=1.3)
+    assert assess(knobs, clear, permissive).action == PolicyAction.AUTO_APPROVE
 
 
 def test_flags_and_verdict_block_auto_approval(kit) -> None:
@@ -147,3 +169,29 @@ def test_accuracy_gain_without_performance_stage(kit) -> None:
     result.evidence.correctness.baseline_err_f64 = 4e-6
     result.evidence.correctness.candidate_err_f64 = 1e-6
     assert expected_gain(result) == pytest.approx(4.0)
+
+
+def test_the_incident_win_is_queued_for_a_person_not_applied(store, task, kit, tmp_path) -> None:
+    """The path that applied `schedule-conservativeness=0.5` to the deployment: the agent's
+    submission of `IMPROVED (noisy) 1.556x [1.177, 2.441]` under a policy that blocks no flag
+    (and auto-approves every knob) is pending with the reason, and no decision is recorded."""
+    policy = tmp_path / "permissive.toml"
+    policy.write_text(
+        'blocking_flags = []\n[[rule]]\nknobs = ["*"]\naction = "auto-approve"\nrisk = "low"\n'
+    )
+    knobs = kit.knob_patch_record({"max_batch": 32})
+    experiment = kit.experiment_for(task, knobs, speedup=1.556, flags=[Flag.NOISY])
+    perf = experiment.result.evidence.performance
+    perf.ci_low, perf.ci_high = 1.177, 2.441
+    queued = submit_proposal(
+        store, task=task, patch=knobs, experiment=experiment, rationale="", run_id=None,
+        policy=policy,
+    )  # fmt: skip
+    assert queued.status == ProposalStatus.PENDING, queued.risk_reasons
+    assert "noise could explain the win" in queued.risk_reasons[-1]
+    assert store.decisions(queued.id) == []
+    quiet = kit.experiment_for(task, knobs, speedup=1.556)  # same win, clear of the noise
+    approved = submit_proposal(
+        store, task=task, patch=knobs, experiment=quiet, rationale="", run_id=None, policy=policy
+    )
+    assert approved.status == ProposalStatus.APPROVED

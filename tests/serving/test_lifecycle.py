@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import stoppable
 
 from infra_agent.errors import UserError
 from infra_agent.serving.deployment import DeploymentSpec, args_to_argv, load_deployment
@@ -160,7 +161,9 @@ def test_sigterm_of_the_owner_stops_the_server(tmp_path: Path) -> None:
             """
         )
     )
-    proc = subprocess.Popen([sys.executable, str(owner)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(owner)], stdout=subprocess.PIPE, text=True, preexec_fn=stoppable
+    )
     assert proc.stdout is not None
     pid = int(proc.stdout.readline())
     tree = descendants(pid) | {pid}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import stoppable
 
 from infra_agent.errors import UserError
 from infra_agent.serving import netns
@@ -232,7 +233,9 @@ def test_killed_owner_leaves_no_process_and_no_namespace(
             """
         )
     )
-    proc = subprocess.Popen([sys.executable, str(owner)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(owner)], stdout=subprocess.PIPE, text=True, preexec_fn=stoppable
+    )
     assert proc.stdout is not None
     pid, ns = (int(x) for x in proc.stdout.readline().split())
     tree = descendants(pid) | {pid}

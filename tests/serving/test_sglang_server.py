@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.verdict import Flag, Verdict
 from infra_agent.serving import fileview, netns, proctree
 from infra_agent.serving.accuracy import GateConfig, answer, compare_answers, gate_prompts
 from infra_agent.serving.datasets import coding_agent_sessions, random_sessions
@@ -25,6 +24,7 @@ from infra_agent.serving.metrics import summarize
 from infra_agent.serving.server import Server, ServerFailed, _alive, descendants
 from infra_agent.serving.stress import StressSpec, run_stress
 from infra_agent.serving.workload import LoadSpec, run_workload
+from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.patch import knob_patch, load_patch
 from infra_agent.tasks.registry import find_task
 

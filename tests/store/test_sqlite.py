@@ -11,14 +11,6 @@ from pathlib import Path
 import pytest
 
 from infra_agent.errors import StoreError
-from infra_agent.experiments.verdict import (
-    CorrectnessEvidence,
-    Evidence,
-    ExperimentResult,
-    Flag,
-    PerformanceEvidence,
-    Verdict,
-)
 from infra_agent.store import SQLiteRunStore, open_store
 from infra_agent.store.records import (
     STORE_SCHEMA_VERSION,
@@ -34,6 +26,14 @@ from infra_agent.store.records import (
     RunStatus,
     StepRecord,
     ToolCall,
+)
+from infra_agent.store.verdict import (
+    CorrectnessEvidence,
+    Evidence,
+    ExperimentResult,
+    Flag,
+    PerformanceEvidence,
+    Verdict,
 )
 
 
@@ -226,26 +226,42 @@ def test_secrets_are_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert open_store(db).steps(run.id)[0].content.startswith("Authorization: ")
 
 
-def test_body_reads_are_the_records_json_and_refuse_a_broken_body(tmp_path: Path) -> None:
-    """`step_bodies_of_runs` / `experiment_bodies_of_runs` give the records' JSON dumps, keyed by
-    run, in the per-run order; a body that is not JSON is a StoreError, not a crash."""
+def test_a_measurement_that_is_not_a_number_reads_back(tmp_path: Path) -> None:
+    """A NaN or infinite speedup (a zero baseline) is stored as such, and a NaN an earlier
+    version stored as null reads back as NaN, instead of making the run unreadable."""
+    import math
+
+    store = open_store(tmp_path / "runs.db")
+    result = _result()
+    perf = result.evidence.performance
+    assert perf is not None
+    perf.speedup, perf.ci_low, perf.ci_high = math.nan, -math.inf, math.inf
+    exp = ExperimentRecord(task="t", patch_id="p", result=result)
+    store.put_experiment(exp)
+    back = store.get_experiment(exp.id)
+    assert back is not None and back.result.evidence.performance is not None
+    got = back.result.evidence.performance
+    assert math.isnan(got.speedup) and (got.ci_low, got.ci_high) == (-math.inf, math.inf)
+    with store.transaction():
+        store._conn().execute("UPDATE experiments SET body=replace(body, 'NaN', 'null')")
+    again = store.get_experiment(exp.id)
+    assert again is not None and again.result.evidence.performance is not None
+    assert math.isnan(again.result.evidence.performance.speedup)
+
+
+def test_a_broken_body_is_a_store_error(tmp_path: Path) -> None:
+    """Records are read in order; a body that is not JSON is a StoreError naming the record type,
+    not a crash."""
     store = open_store(tmp_path / "runs.db")
     run = RunRecord(task="t", objective="latency", policy="llm")
     store.put_run(run)
     for i in range(3):
         store.add_step(StepRecord(run_id=run.id, role="user", content=f"m{i} é"))
-    result = ExperimentResult(task="t", patch_id="p", verdict=Verdict.IMPROVED, reasons=["r"])
-    store.put_experiment(ExperimentRecord(run_id=run.id, task="t", patch_id="p", result=result))
-    steps = store.step_bodies_of_runs([run.id, "other"])
-    assert steps == {run.id: [s.model_dump(mode="json") for s in store.steps(run.id)]}
-    assert [b["content"] for b in steps[run.id]] == ["m0 é", "m1 é", "m2 é"]
-    assert store.experiment_bodies_of_runs([run.id]) == {
-        run.id: [e.model_dump(mode="json") for e in store.experiments(run.id)]
-    }
+    assert [s.content for s in store.steps(run.id)] == ["m0 é", "m1 é", "m2 é"]
     with store.transaction():
         store._conn().execute("UPDATE steps SET body='{not json' WHERE seq=1")
-    with pytest.raises(StoreError, match="not JSON"):
-        store.step_bodies_of_runs([run.id])
+    with pytest.raises(StoreError, match="a StepRecord row is malformed"):
+        store.steps(run.id)
 
 
 def test_reader_of_a_file_not_yet_initialised_gets_a_clear_error(tmp_path: Path) -> None:

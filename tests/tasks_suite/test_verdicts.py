@@ -11,7 +11,7 @@ import json
 import pytest
 
 from infra_agent.experiments import run_experiment
-from infra_agent.experiments.verdict import ExperimentResult, Verdict
+from infra_agent.store.verdict import ExperimentResult, Verdict
 from infra_agent.tasks.patch import load_patch
 from infra_agent.tasks.registry import find_task
 
@@ -42,6 +42,9 @@ def metric(result: ExperimentResult, name: str) -> float:
 
 
 def test_decode_split_norm_fix_is_at_least_1_5x() -> None:
+    # False failure: benchmarks/bench_verdict_margins.py split-norm-reference, 8 runs at load 2:
+    # 2.39-3.03x, the run-level margin to losing IMPROVED or 1.5x at least +0.47 (log), 7.7 sd
+    # above zero: ~1e-14 per run under a normal model.
     result = experiment("decode-split-norm", "reference.patch")
     assert result.verdict == Verdict.IMPROVED, result.reasons
     assert result.evidence.performance is not None
@@ -87,12 +90,17 @@ def test_kv_transfer_gil_switch_interval_does_not_help() -> None:
 
 
 def test_pd_kv_reuse_race_fix_has_zero_corruptions() -> None:
+    # A rate metric now (pooled counts, experiments.rates; no sign test, so a baseline sample
+    # without corruptions is no tie to lose): IMPROVED needs the baseline's pooled rate shown
+    # above the fix's and the fix shown below 3 per 10k; a corruption in the candidate is a real
+    # bug. The false-failure bound written here for the sign-test version (6000 requests a
+    # sample) does not carry over and has not been re-derived for the pooled test.
     result = experiment("pd-kv-reuse-race", "reference.patch")
     assert result.verdict == Verdict.IMPROVED, result.reasons
     health = result.evidence.health
     assert health["baseline_corruptions"] > 0, "baseline should corrupt under load"
     assert health["candidate_corruptions"] == 0
-    # Throughput within 5%: a broken requests_per_s constraint would have made it REGRESSED.
+    # Throughput shown within 20%: otherwise the verdict would be NO_CHANGE or REGRESSED.
     ratio = metric(result, "candidate_requests_per_s") / metric(result, "baseline_requests_per_s")
     print(f"throughput ratio candidate/baseline {ratio:.3f}")
 
@@ -134,6 +142,8 @@ def test_batch_invariant_moe_fp64_experts_show_no_improvement() -> None:
 
 
 def test_decode_split_norm_knob_search_helps_less_than_the_fix() -> None:
+    # False failure of the knobs' IMPROVED: bench_verdict_margins.py split-norm-knobs, 8 runs at
+    # load 1.8: 1.57-1.74x, margin at least +0.32 (log), 5.2 sd above zero: ~1e-7 per run.
     from infra_agent.tasks.patch import knob_patch
 
     t = find_task("decode-split-norm")
@@ -147,3 +157,31 @@ def test_decode_split_norm_knob_search_helps_less_than_the_fix() -> None:
     print(
         f"knob-only speedup {perf.speedup:.2f}x (the reference fix reaches ~2.5x at default knobs)"
     )
+
+
+KV_SKIP_THE_WAIT = (
+    "diff --git a/engine.py b/engine.py\n--- a/engine.py\n+++ b/engine.py\n"
+    "@@ -31,8 +31,6 @@ class Engine:\n"
+    "             self.worker.submit(step, pages)\n"
+    "         for _layer in range(self.moe_layers):\n"
+    "             intranode_dispatch(self.dispatch_wait_us)\n"
+    "-        if transfer:\n"
+    "-            self.worker.wait()\n"
+    " \n"
+    "     def close(self) -> None:\n"
+    "         self.worker.close()\n"
+)
+
+
+def test_kv_transfer_gil_skipping_the_per_step_wait_is_incorrect() -> None:
+    """Judged IMPROVED 1.065x with 'correctness pass' before the task declared its invariant.
+    Deterministic: with the GIL held through dispatch, the transfer thread can copy at most one
+    chunk before the step returns, and each step ships three (4 ms apart)."""
+    from infra_agent.tasks.patch import parse_diff
+
+    t = find_task("kv-transfer-gil")
+    result = run_experiment(t, parse_diff(KV_SKIP_THE_WAIT)).result
+    assert result.verdict == Verdict.INCORRECT, result.render()
+    assert "invariant 'transfer-before-return'" in result.reasons[0], result.reasons
+    seen = result.evidence.extra["invariants"]["transfer-before-return"]  # type: ignore[index]
+    assert seen["baseline"] == "held" and seen["candidate"].startswith("broken: 6 of 6 steps")

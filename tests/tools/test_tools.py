@@ -74,6 +74,28 @@ def test_a_tool_that_raises_becomes_an_error_result_not_a_crash(ctx: ToolContext
     assert result.error and "RuntimeError: instrument exploded on 3" in result.error
 
 
+@pytest.mark.parametrize("extra", [0, 1, 2500])
+def test_a_long_tool_result_is_cut_to_its_head_with_a_note(ctx: ToolContext, extra: int) -> None:
+    """The model sees the first MAX_RESULT_CHARS characters and how many more there were."""
+    from infra_agent.tools.base import MAX_RESULT_CHARS
+
+    class P(BaseModel):
+        n: int
+
+    text = "".join(chr(ord("a") + k % 26) for k in range(MAX_RESULT_CHARS + extra))
+
+    @tool("long", "returns n characters", P)
+    def long(p: P, c: object) -> ToolResult:
+        return ToolResult(content=text[: p.n])
+
+    result = ToolRegistry([long]).call("long", json.dumps({"n": len(text)}), ctx)
+    if extra == 0:
+        assert result.content == text  # at the limit: whole
+    else:
+        assert result.content == text[:MAX_RESULT_CHARS] + f"\n[... {extra} more characters cut]"
+    assert result.error is None
+
+
 def test_workspace_reads_are_confined_to_the_workspace(ctx: ToolContext) -> None:
     reg = default_registry()
     listing = reg.call("list_files", "{}", ctx)

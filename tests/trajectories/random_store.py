@@ -1,6 +1,5 @@
-"""A run store of random experiments, proposals and decisions, for the tests that hold the
-column-wise export equal to the row path (imported by name: conftest.py puts this folder on the
-path)."""
+"""A run store of random experiments, proposals and decisions, for the export tests that need
+many shapes of runs (imported by name: conftest.py puts this folder on the path)."""
 
 from __future__ import annotations
 
@@ -19,23 +18,23 @@ def random_rewards_store(
     proposals backed by some of them (or by an experiment recorded without the run id), and
     decisions on the proposal's patch or another. `gone`: the chance that a proposal also names
     an experiment the store does not hold; `orphans`: whether some experiments are recorded
-    without their run id (both take exports off their column path, `evidence.EvidenceColumns`)."""
+    without their run id."""
     import random
 
-    from infra_agent.experiments.verdict import (
-        CorrectnessEvidence,
-        Evidence,
-        ExperimentResult,
-        Flag,
-        PerformanceEvidence,
-        Verdict,
-    )
     from infra_agent.store.records import (
         DecisionAction,
         DecisionRecord,
         ExperimentRecord,
         ProposalRecord,
         ProposalStatus,
+    )
+    from infra_agent.store.verdict import (
+        CorrectnessEvidence,
+        Evidence,
+        ExperimentResult,
+        Flag,
+        PerformanceEvidence,
+        Verdict,
     )
 
     rng = random.Random(seed)

@@ -13,13 +13,12 @@ import re
 import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
+from infra_agent.redact import Redactor
 from infra_agent.store import open_store
 from infra_agent.trajectories.export import export_dataset
-from infra_agent.trajectories.formats import ExportFormat, trajectory_from_parquet_row
-from infra_agent.trajectories.redact import Redactor
+from infra_agent.trajectories.formats import ExportFormat
 
 PLANTED = "sk-proj-Zx81mQ0pLr4TbN1vW8yKc3Hd"  # a key the model "leaks" in its reasoning
 
@@ -113,11 +112,13 @@ def test_real_scripted_run_exports_in_every_format(
             assert PLANTED.encode() not in out.read_bytes()
             ds = datasets.load_dataset("parquet" if parquet else "json", data_files=str(out), split="train",
                                        cache_dir=str(tmp_path / "hf-cache"))  # fmt: skip
-            [row] = ds.to_list() if not parquet else pq.read_table(out).to_pylist()
-            assert len(ds) == 1
+            [row] = ds.to_list()
             if fmt is ExportFormat.ATIF:
-                t = trajectory_from_parquet_row(row) if parquet else None
-                data = t.model_dump(mode="json") if t else row
+                data = row
+                # The run recorded where it ran when it started; the export shows it.
+                env = data["extra"]["task"]["environment"]
+                assert env["recorded"] is True and env["python"] and env["packages"]["pydantic"]
+                assert env["hardware"]["cpu_count"] and env["sandbox"]["backend"] == "local"
                 n = len(data["steps"]) + sum(
                     len((s.get("observation") or {}).get("results", [])) for s in data["steps"]
                 )
@@ -140,8 +141,7 @@ def test_real_scripted_run_exports_in_every_format(
                 n = len(messages) + len(steps) - len(seen)
                 calls = [c["id"] for m in messages for c in (m.get("tool_calls") or [])]
                 got_verdicts, got_reward = meta["verdicts"], meta["reward"]
-                tools = json.loads(row["tools_json"]) if parquet else row["tools"]
-                names = {spec["function"]["name"] for spec in tools}
+                names = {spec["function"]["name"] for spec in row["tools"]}
                 assert {"describe_task", "propose_patch", "run_experiment", "finish"} <= names, (
                     where
                 )

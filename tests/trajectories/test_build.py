@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
-from trajectory_store import BAD_ARGS, ENV_SECRET, SECRETS, Fixture
+from trajectory_store import BAD_ARGS, ENV_SECRET, GITHUB, SECRETS, Fixture
 
-from infra_agent.experiments.verdict import Verdict
 from infra_agent.store import open_store
 from infra_agent.store.records import StepRecord
+from infra_agent.store.verdict import Verdict
 from infra_agent.trajectories.atif import Trajectory
 from infra_agent.trajectories.build import build_trajectory, load_run
-from infra_agent.trajectories.redact import Redactor
+from infra_agent.trajectories.export import export_dataset
+from infra_agent.trajectories.formats import ExportFormat
 
 
 def _trajectory(fx: Fixture, run_id: str) -> tuple[Trajectory, list[StepRecord]]:
@@ -21,7 +23,7 @@ def _trajectory(fx: Fixture, run_id: str) -> tuple[Trajectory, list[StepRecord]]
     run = store.get_run(run_id)
     assert run is not None
     bundle = load_run(store, run)
-    return build_trajectory(bundle, redactor=Redactor.from_environment()), bundle.steps
+    return build_trajectory(bundle), bundle.steps
 
 
 def test_steps_follow_atif_and_fold_tool_results_into_observations(fx: Fixture) -> None:
@@ -48,9 +50,7 @@ def test_tool_calls_keep_arguments_and_invalid_json_is_preserved_raw(fx: Fixture
     assert first.tool_calls and first.tool_calls[0].arguments == {"target": "decode", "seconds": 5}
     bad = t.steps[3]
     assert bad.tool_calls and bad.tool_calls[0].arguments == {}  # ATIF requires an object
-    assert [(r.tool_call_id, r.raw) for r in bad.extra.invalid_tool_arguments] == [
-        ("call_2", BAD_ARGS)
-    ]
+    assert [(r.tool_call_id, r.raw) for r in bad.extra.raw_tool_arguments] == [("call_2", BAD_ARGS)]
     assert bad.extra.tool_errors[0].source_call_id == "call_2"
     assert t.final_metrics.extra.tool_calls == fx.a_tool_calls
 
@@ -111,17 +111,24 @@ def test_task_and_environment_fingerprint(fx: Fixture) -> None:
     assert "netns:bwrap" in task.isolation and task.target_fingerprints == ["fp-decode-split-norm"]
     env = task.environment
     assert env.recorded and env.python and env.hardware.cpu_count and "pydantic" in env.packages
-    assert "environment" not in json.loads(t.extra.run.config_json)
+    assert env.sandbox is not None and env.sandbox.backend == "local"
     # A run that recorded no environment says so instead of borrowing the exporter's.
     b, _ = _trajectory(fx, fx.run_b)
     assert b.extra.task.environment.recorded is False and b.extra.task.environment.packages == {}
 
 
-def test_no_planted_secret_survives_in_the_record(fx: Fixture) -> None:
+def test_the_record_holds_no_secret_but_the_patches_the_export_redacts(
+    fx: Fixture, tmp_path: Path
+) -> None:
+    """The store redacted everything before writing it, except patches (their id is the hash of
+    their content): a secret in a patch's rationale reaches the record, and no export."""
     t, _ = _trajectory(fx, fx.run_a)
     text = t.model_dump_json()
-    assert [s for s in SECRETS if s in text] == []
-    assert ENV_SECRET not in text
+    assert [s for s in SECRETS if s in text] == [GITHUB] and ENV_SECRET not in text
+    assert GITHUB in t.extra.patches[1].rationale
+    out = tmp_path / "atif.jsonl"
+    export_dataset(open_store(fx.db, readonly=True), ExportFormat.ATIF, out)
+    assert [s for s in SECRETS if s in out.read_text()] == []
 
 
 def test_run_without_conversation_still_has_a_trajectory(fx: Fixture) -> None:

@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from trajectory_store import BAD_ARGS, SECRETS, Fixture
 from typer.testing import CliRunner
@@ -18,27 +16,9 @@ from infra_agent.store import open_store
 from infra_agent.trajectories import export as export_module
 from infra_agent.trajectories.atif import Trajectory
 from infra_agent.trajectories.export import ExportFilter, export_dataset
-from infra_agent.trajectories.formats import (
-    ExportFormat,
-    RlRow,
-    SftRow,
-    trajectory_from_parquet_row,
-)
-from infra_agent.trajectories.redact import Redactor
+from infra_agent.trajectories.formats import ExportFormat, RlRow, SftRow, read_rows
 
 FORMATS = [(fmt, parquet) for fmt in ExportFormat for parquet in (False, True)]
-
-
-def read_rows(path: Path, fmt: ExportFormat, parquet: bool) -> list[dict[str, Any]]:
-    """Rows as JSONL would hold them (Parquet JSON-text columns decoded)."""
-    if not parquet:
-        return [json.loads(line) for line in path.read_text().splitlines()]
-    rows = pq.read_table(path).to_pylist()
-    if fmt is ExportFormat.ATIF:
-        return [trajectory_from_parquet_row(r).model_dump(mode="json") for r in rows]
-    for r in rows:
-        r["tools"] = json.loads(r.pop("tools_json"))
-    return rows
 
 
 def check_round_trip(
@@ -84,12 +64,14 @@ def check_round_trip(
 
 
 def _reference(fx: Fixture) -> Trajectory:
+    from infra_agent.redact import Redactor
     from infra_agent.trajectories.build import build_trajectory, load_run
 
     store = open_store(fx.db, readonly=True)
     run = store.get_run(fx.run_a)
     assert run is not None
-    return build_trajectory(load_run(store, run), redactor=Redactor.from_environment())
+    built = build_trajectory(load_run(store, run)).model_dump(mode="json")
+    return Trajectory.model_validate(Redactor.from_environment().tree(built))
 
 
 @pytest.mark.parametrize(
@@ -100,7 +82,7 @@ def test_each_format_round_trips_and_leaks_no_secret(fx: Fixture, tmp_path: Path
     summary = export_dataset(open_store(fx.db, readonly=True), fmt, out, parquet=parquet)
     expected_rows = 3 if fmt is ExportFormat.ATIF else 2  # run C has no conversation
     assert summary.rows == expected_rows and out.is_file()
-    rows = read_rows(out, fmt, parquet)
+    rows = read_rows(out)
     assert len(rows) == expected_rows
     check_round_trip(fx, fmt, rows, _reference(fx))
     # No secret in the file's bytes, nor in its decoded values (Parquet pages are compressed).
@@ -248,23 +230,16 @@ def test_failure_midway_leaves_previous_output_and_no_temp_file(
 def test_invalid_row_is_refused_before_writing(
     fx: Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parquet: bool
 ) -> None:
-    real = export_module.run_row
+    from infra_agent.trajectories import formats
 
-    def robot_row(*args: Any) -> Any:
-        made = real(*args)
-        if made.row["messages"]:  # run C has none (skipped)
-            made.row["messages"][0]["role"] = "robot"
-        return made
+    real = formats.chat_messages
 
-    class RobotColumns(export_module.ChatColumns):  # the Parquet export's column-wise path
-        def message_columns(self, *args: Any) -> Any:
-            columns = super().message_columns(*args)
-            rows = columns["messages"].to_pylist()
-            rows[0][0]["role"] = "robot"
-            return {"messages": pa.array(rows, type=columns["messages"].type)}
+    def robot_messages(t: Trajectory) -> Any:
+        messages = real(t)
+        messages[0]["role"] = "robot"
+        return messages
 
-    monkeypatch.setattr(export_module, "run_row", robot_row)
-    monkeypatch.setattr(export_module, "ChatColumns", RobotColumns)
+    monkeypatch.setattr(formats, "chat_messages", robot_messages)
     out = tmp_path / "exports" / "sft"
     with pytest.raises(ValueError, match="robot"):
         export_dataset(
@@ -284,17 +259,17 @@ def test_column_checks_catch_nulls_and_bad_values(
     fmt: ExportFormat, column: str, bad: Any, fx: Fixture
 ) -> None:
     from infra_agent.trajectories.build import build_trajectory, load_run
-    from infra_agent.trajectories.formats import atif_parquet_row, rl_row
-    from infra_agent.trajectories.writers import arrow_table, check_table
+    from infra_agent.trajectories.formats import FORMATS, to_table
+    from infra_agent.trajectories.writers import check_table
 
     store = open_store(fx.db, readonly=True)
     run = store.get_run(fx.run_a)
     assert run is not None
-    t = build_trajectory(load_run(store, run), redactor=Redactor())
-    row = rl_row(t) if fmt is ExportFormat.RL else atif_parquet_row(t)
-    check_table(fmt, arrow_table(fmt, [row]))  # the real row passes
+    form = FORMATS[fmt]
+    row = form.row(build_trajectory(load_run(store, run)))
+    check_table(fmt, to_table([row], form.schema))  # the real row passes
     with pytest.raises(ValueError, match=column):
-        check_table(fmt, arrow_table(fmt, [row | {column: bad}]))
+        check_table(fmt, to_table([row | {column: bad}], form.schema))
 
 
 def test_out_is_a_directory(fx: Fixture, tmp_path: Path) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from infra_agent.trajectories.redact import REDACTED, Redactor, redact_text, secret_env_values
+from infra_agent.redact import REDACTED, Redactor, redact_text, secret_env_values
 
 
 @pytest.mark.parametrize(
@@ -106,17 +107,20 @@ def test_redacting_a_json_document_keeps_it_json_and_matches_per_string(text: st
     assert REDACTED in fast["content"]
 
 
-def test_redact_record_for_store_writers(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra_agent.experiments.verdict import Evidence, ExperimentResult, Verdict
+def test_store_writers_redact_every_record(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from infra_agent.store import open_store
     from infra_agent.store.records import DecisionAction, DecisionRecord, ExperimentRecord
-    from infra_agent.trajectories.redact import redact_record
+    from infra_agent.store.verdict import Evidence, ExperimentResult, Verdict
 
     monkeypatch.setenv("VENDOR_TOKEN", "tok-0000-plain-1111")
     result = ExperimentResult(
         task="t", patch_id="p", verdict=Verdict.FAILED, reasons=["crashed: tok-0000-plain-1111"],
         evidence=Evidence(log_tail="HTTP 401 Authorization: Bearer abcdefghijklmnopq", extra={"note": "x"}),
     )  # fmt: skip
-    exp = redact_record(ExperimentRecord(task="t", patch_id="p", result=result))
+    store = open_store(tmp_path / "runs.db")
+    store.put_experiment(written := ExperimentRecord(task="t", patch_id="p", result=result))
+    exp = store.get_experiment(written.id)
+    assert exp is not None
     assert (
         exp.result.reasons == [f"crashed: {REDACTED}"]
         and "abcdefghijklmnopq" not in exp.result.evidence.log_tail
@@ -124,7 +128,8 @@ def test_redact_record_for_store_writers(monkeypatch: pytest.MonkeyPatch) -> Non
     assert exp.result.evidence.extra == {"note": "x"} and exp.patch_id == "p"
     decision = DecisionRecord(proposal_id="x", reviewer="r", action=DecisionAction.REJECT, patch_hash="h",
                               comment="my key is sk-proj-4f9Qm2LxZr7TbN1vW8yKc3Hd")  # fmt: skip
-    assert redact_record(decision).comment == f"my key is {REDACTED}"
+    store.add_decision(decision)
+    assert store.decisions("x")[0].comment == f"my key is {REDACTED}"
 
 
 # -- the batch gate: an RE2 superset of the exact rules ---------------------------------------
@@ -178,7 +183,7 @@ def test_gate_space_class_is_exactly_pythons_unicode_whitespace() -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from infra_agent.trajectories.redact import _RE2_SPACE
+    from infra_agent.redact import _RE2_SPACE
 
     chars = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
     python = [re.fullmatch(r"\s", c) is not None for c in chars]
@@ -229,26 +234,23 @@ def test_gate_follows_case_folding_into_ascii() -> None:
             assert _gate_matches(redactor, [text]) == [True], repr(c)
 
 
-def test_batch_texts_and_tables_equal_per_string_redaction() -> None:
+def test_tables_equal_per_string_redaction() -> None:
     import pyarrow as pa
 
     redactor = Redactor(["zq8-plain-looking-value-4471"])
     texts = [*_SHAPE_TEXTS, "plain", "", "got zq8-plain-looking-value-4471"]
-    assert redactor.texts(texts) == [redactor.text(t) for t in texts]
-    clean = ["nothing here", "speedup 1.4x"]
-    assert redactor.texts(clean) is clean
     messages = pa.list_(pa.struct([("content", pa.string()), ("n", pa.int64())]))
     table = pa.table(
         {
             "messages": pa.array(
                 [[{"content": t, "n": i}] for i, t in enumerate(texts)] + [None], messages
             ),
-            "tools_json": pa.array([*texts, None]),
+            "text": pa.array([*texts, None]),
         }
     )
     out = redactor.table(table)
     assert out.schema == table.schema
-    assert out.column("tools_json").to_pylist() == [*map(redactor.text, texts), None]
+    assert out.column("text").to_pylist() == [*map(redactor.text, texts), None]
     assert out.column("messages").to_pylist() == [
         [{"content": redactor.text(t), "n": i}] for i, t in enumerate(texts)
     ] + [None]

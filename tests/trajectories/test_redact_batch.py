@@ -1,8 +1,9 @@
-"""Batch redaction (`Redactor.table` / `Redactor.texts`): the same strings as `text()` one by one,
-through the gate over distinct values or, for a small batch, through `text()` alone."""
+"""Batch redaction (`Redactor.table`): the same strings as `text()` one by one, through the gate
+over distinct values or, for a small batch, through `text()` alone; JSON values stay JSON."""
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from infra_agent.trajectories.redact import (
+from infra_agent.redact import (
     _COMPILED,
     _SHAPES,
     REDACTED,
@@ -126,15 +127,10 @@ def test_table_equals_text_of_every_string(filler: int, monkeypatch: pytest.Monk
     )
     sliced = whole.slice(7, 40)  # lists with nulls, sliced: offsets that do not start at 0
     for table in (whole, chunked, sliced):
-        for done in ((), ("tools_json",)):
-            out = redactor.table(table, done=done)
-            assert out.schema == table.schema
-            expected = [
-                {k: v if k in done else _one_by_one(v, redactor) for k, v in row.items()}
-                for row in table.to_pylist()
-            ]
-            assert out.to_pylist() == expected
-            assert out.to_pylist() != table.to_pylist()  # secrets were planted and removed
+        out = redactor.table(table)
+        assert out.schema == table.schema
+        assert out.to_pylist() == [_one_by_one(row, redactor) for row in table.to_pylist()]
+        assert out.to_pylist() != table.to_pylist()  # secrets were planted and removed
     assert (len(gate_calls) > 0) == (filler > 0)  # both paths are taken
     flat = str(redactor.table(whole).to_pylist())
     assert "hunter2hunter2" not in flat and "AKIAIOSFODNN7EXAMPLE" not in flat and REDACTED in flat
@@ -155,15 +151,25 @@ def test_table_is_returned_as_is_when_no_string_changes(monkeypatch: pytest.Monk
     assert redactor.table(small) is small
 
 
-@pytest.mark.parametrize("repeat", [1, 400], ids=["small batch: text() only", "gate"])
-def test_texts_equal_text_of_each(repeat: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    redactor = Redactor(["zq8-plain-looking-value-4471"])
-    values = [*_SECRETS, *_LOOK_ALIKES, "plain", ""] * repeat
-    gate_calls = _count_gate_calls(monkeypatch)
-    assert redactor.texts(values) == [redactor.text(v) for v in values]
-    assert gate_calls == ([1] if repeat > 1 else [])
-    clean = [*_LOOK_ALIKES, "nothing here"] * repeat
-    assert redactor.texts(clean) is clean
+def test_json_values_stay_json() -> None:
+    """Redaction inside a JSON column keeps each value JSON. A known secret ending in a backslash
+    matches the JSON text of a string that holds no secret (`"abc\\"` escapes a quote): cut
+    there, the text would not parse, so that value is redacted as parsed data instead."""
+    redactor = Redactor(["xyzabc\\"])
+    values = [
+        {"api_key": "sk-proj-4f9Qm2LxZr7TbN1vW8yKc3Hd"},
+        {"v": 'xyzabc"tail', "n": 1},
+        [1, "ok"],
+        None,
+    ]
+    storage = pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
+    assert redactor.text(storage[1].as_py()) != storage[1].as_py()  # the text alone breaks
+    table = pa.table({"j": pa.ExtensionArray.from_storage(pa.json_(), storage)})
+    out = redactor.table(table).column("j").to_pylist()
+    assert [None if v is None else json.loads(v) for v in out] == [
+        {"api_key": REDACTED},
+        *values[1:],
+    ]
 
 
 def test_gate_is_the_alternation_of_the_shape_gates() -> None:

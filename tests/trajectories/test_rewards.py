@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from infra_agent.experiments.verdict import (
+from infra_agent.store.records import DecisionAction, DecisionRecord, ProposalRecord, ProposalStatus
+from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,
     ExperimentResult,
@@ -14,7 +15,6 @@ from infra_agent.experiments.verdict import (
     PerformanceEvidence,
     Verdict,
 )
-from infra_agent.store.records import DecisionAction, DecisionRecord, ProposalRecord, ProposalStatus
 from infra_agent.trajectories.rewards import (
     COMPONENTS,
     RewardWeights,

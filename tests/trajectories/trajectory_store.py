@@ -19,15 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from infra_agent.experiments.verdict import (
-    CorrectnessEvidence,
-    Evidence,
-    ExperimentResult,
-    Flag,
-    PerformanceEvidence,
-    SandboxEvidence,
-    Verdict,
-)
+from infra_agent.sandboxes.host import capture_environment
 from infra_agent.store import RunStore, open_store
 from infra_agent.store.records import (
     DecisionAction,
@@ -42,7 +34,15 @@ from infra_agent.store.records import (
     StepRecord,
     ToolCall,
 )
-from infra_agent.trajectories.environment import ENVIRONMENT_KEY, capture_environment
+from infra_agent.store.verdict import (
+    CorrectnessEvidence,
+    Evidence,
+    ExperimentResult,
+    Flag,
+    PerformanceEvidence,
+    SandboxEvidence,
+    Verdict,
+)
 
 SECRET_ENV = "MYSVC_API_TOKEN"
 ENV_SECRET = "zq8-plain-looking-value-4471"  # matches no shape: only the env-var rule catches it
@@ -102,11 +102,10 @@ def _step(store: RunStore, run_id: str, at: datetime, **fields: object) -> StepR
 def build_store(db: Path) -> Fixture:
     store = open_store(db)
     task = "decode-split-norm"
-    env = capture_environment().model_dump(mode="json")
     run_a = RunRecord(
         task=task, objective="latency", policy="llm", model="glm-4.6",
         status=RunStatus.FINISHED, summary="1.6x faster decode kernel, approved",
-        config={"seed": 7, "budget_experiments": 10, ENVIRONMENT_KEY: env},
+        config={"seed": 7, "budget_experiments": 10}, environment=capture_environment("local"),
         created_at=T0,
     )  # fmt: skip
     store.put_run(run_a)

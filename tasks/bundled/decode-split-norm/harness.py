@@ -4,6 +4,7 @@ references computed here, decode steps timed by the harness's clock."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -89,9 +90,16 @@ class TaskHarness(Harness):
         return {"step_time_ms": 1e3 * seconds / self.params["steps"]}
 
     def diagnose(self, arm: Arm) -> Any:
-        """Step time against the number of splits: work that grows with splits is redundant."""
+        """Step time against the number of splits, and a profile of the worker at the fewest and
+        the most splits: the function whose time per step grows with the splits is where the
+        work is repeated."""
         import statistics
 
+        from infra_agent.feedback.pyprofile import (
+            growing_function,
+            profile_while,
+            python_descendant,
+        )
         from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
         k, v = self._load(arm, BENCH_SEED)
@@ -116,22 +124,51 @@ class TaskHarness(Harness):
         default = knobs["num_splits"]
         at_default = times.get(default) or (times[2] + slope * (default - 2))
         redundant = max(0.0, slope * default / at_default)
+        # Profile a long run (many steps) at 2 and at 8 splits: per-step samples per function.
+        pid = python_descendant(arm.worker.process.pid)  # type: ignore[attr-defined]
+        repeat = 40
+        long_q = q.repeat(repeat, 1, 1, 1)
+        steps = long_q.shape[0]
+        profiles = {}
+        for splits in (2, 8):
+            profiles[splits], _ = profile_while(
+                pid,
+                lambda s=splits: arm.worker.call(  # type: ignore[misc]
+                    "decode_server:decode", long_q, timeout_s=120, **{**knobs, "num_splits": s}
+                ),
+            )
+        within = [Path(arm.sandbox.root)]
+        found = growing_function(
+            profiles[2], profiles[8], within, low_units=steps, high_units=steps
+        )
+        if found is None:
+            localization = Localization(detail="no function's time grows with the splits")
+        else:
+            where, low, high = found
+            localization = Localization(
+                stage="work repeated once per split",
+                function=where.rsplit("/", 1)[-1],
+                detail=f"its samples per decode step grow from {low:.2f} at 2 splits to "
+                f"{high:.2f} at 8 although the keys and values read are the same",
+            )
         return Diagnosis(
             reproduced=redundant > 0.25,
             symptom=f"decode step {at_default:.2f} ms at num_splits={default}; every extra split "
             f"adds {slope:.2f} ms, about {redundant:.0%} of the step grows with the split count",
             measured={f"step_time_ms_splits{s}": t for s, t in times.items()}
             | {"ms_per_split": slope, "split_dependent_share": redundant},
-            localization=Localization(
-                stage="per-split softmax normalization",
-                function="attention.py:split_decode_attention",
-                detail="time grows linearly with num_splits although the keys and values read are "
-                "the same: each split repeats a pass over the whole sequence",
-            ),
+            localization=localization,
             evidence=[
                 "step time by num_splits: "
                 + ", ".join(f"{s}: {t:.2f} ms" for s, t in times.items()),
                 f"linear fit: {slope:.2f} ms per split",
+                *(
+                    f"profile at {s} splits: " + profiles[s].render(within, 4).replace("\n", "; ")
+                    for s in (2, 8)
+                ),  # fmt: skip
             ],
-            instruments=["harness timing (timed_call, median of 3)"],
+            instruments=[
+                "harness timing (timed_call, median of 3)",
+                "pyprofile worker (2 vs 8 splits)",
+            ],
         )

@@ -38,7 +38,7 @@ class TaskHarness(Harness):
         self, arm: Arm, seed: int, *, timed: bool
     ) -> tuple[Any, float, torch.Tensor, torch.Tensor]:
         x, w = make_inputs(self.params, seed)
-        arm.worker.put("x", x)  # refilled in place: same object, new content
+        arm.worker.put("x", x)  # a fresh object in the worker at each put
         arm.worker.put("w", w)
         if timed:
             out, seconds = arm.worker.timed_call(TARGET, ref("x"), ref("w"))

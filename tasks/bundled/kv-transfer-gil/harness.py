@@ -3,7 +3,6 @@ KV transfer; the transferred pages are checked against what was sent."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,10 +28,11 @@ class TaskHarness(Harness):
 
     def _timed(self, arm: Arm, kv: torch.Tensor, transfer: bool) -> tuple[Any, float]:
         return arm.worker.timed_call(
-            "engine:run_steps", kv, transfer=transfer, timeout_s=60, **self._kwargs()
+            "scheduler:run_steps", kv, transfer=transfer, timeout_s=60, **self._kwargs()
         )
 
-    def _verify(self, received: Any, kv: torch.Tensor) -> str | None:
+    def _verify(self, result: Any, kv: torch.Tensor) -> str | None:
+        received = result.get("received") if isinstance(result, dict) else None
         if not isinstance(received, torch.Tensor) or received.shape != kv.shape:
             return f"expected the received KV {tuple(kv.shape)}, got {getattr(received, 'shape', received)!r}"
         bad = int((received != kv).any(dim=-1).sum())
@@ -40,15 +40,29 @@ class TaskHarness(Harness):
             f"{bad} of {kv.shape[0] * kv.shape[1]} KV chunks did not arrive intact" if bad else None
         )
 
+    def _late(self, result: Any, kv: torch.Tensor) -> str | None:
+        """The invariant: no step returned before its transfer completed (the scheduler, outside
+        the editable code, compares what arrived with the step's pages as the step returns)."""
+        late = result.get("late_steps") if isinstance(result, dict) else None
+        if not isinstance(late, list):
+            return "the scheduler's report is missing"
+        if not late:
+            return None
+        return (
+            f"{len(late)} of {kv.shape[0]} steps returned before their KV transfer completed "
+            f"(steps {late[:6]}); the scheduler reuses a step's pages once it returns"
+        )
+
     def check(self, arm: Arm, seed: int) -> CheckResult:
         kv = make_kv(self.params, seed)
-        received = arm.worker.call("engine:run_steps", kv, timeout_s=60, **self._kwargs())
-        problem = self._verify(received, kv)
+        result = arm.worker.call("scheduler:run_steps", kv, timeout_s=60, **self._kwargs())
+        problem = self._verify(result, kv)
         return CheckResult(
             passed=problem is None,
             max_abs_err=None if problem else 0.0,
             tolerance="exact (every KV chunk received bit for bit)",
             detail=problem,
+            invariants={"transfer-before-return": self._late(result, kv)},
         )
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
@@ -57,9 +71,9 @@ class TaskHarness(Harness):
         kv = make_kv(self.params, seed)
         with_t, without = [], []
         for transfer in (True, False, False, True):
-            received, seconds = self._timed(arm, kv, transfer)
+            result, seconds = self._timed(arm, kv, transfer)
             if transfer:
-                problem = self._verify(received, kv)
+                problem = self._verify(result, kv) or self._late(result, kv)
                 if problem:
                     raise IncorrectOutput(problem)
             (with_t if transfer else without).append(seconds)
@@ -77,6 +91,7 @@ class TaskHarness(Harness):
         import time
 
         from infra_agent.feedback.gil import PySpyUnavailable, trace_pid
+        from infra_agent.feedback.pyprofile import python_descendant
         from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
         samples = [self.sample(arm, DIAGNOSE_SEED + i) for i in range(5)]
@@ -88,7 +103,7 @@ class TaskHarness(Harness):
 
         def long_run() -> None:
             try:
-                arm.worker.call("engine:run_steps", long_kv, timeout_s=120, **self._kwargs())
+                arm.worker.call("scheduler:run_steps", long_kv, timeout_s=120, **self._kwargs())
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
@@ -105,7 +120,7 @@ class TaskHarness(Harness):
             runner.join()
         if errors:
             raise errors[0]
-        thread, function, stack, detail = blame(report)
+        culprit = report.culprit()
         step = min(s["step_time_ms"] for s in samples)
         alone = min(s["dispatch_only_ms"] for s in samples)
         return Diagnosis(
@@ -117,8 +132,10 @@ class TaskHarness(Harness):
                 "step_time_ms": step,
                 "dispatch_only_ms": alone,
             },
-            localization=Localization(thread=thread, function=function, detail=detail),
-            blocking_stack=stack,
+            localization=Localization(
+                thread=culprit.thread, function=culprit.function, detail=culprit.detail
+            ),
+            blocking_stack=culprit.stack,
             evidence=[
                 *report.render().splitlines()[:6],
                 *(
@@ -131,69 +148,9 @@ class TaskHarness(Harness):
         )
 
 
-def _function(frame_label: str) -> str:
-    """'intranode_dispatch (dispatch.py:19)' -> 'dispatch.py:intranode_dispatch'."""
-    name, _, where = frame_label.partition(" (")
-    return f"{where.rstrip(')').rsplit(':', 1)[0]}:{name}" if where else name
-
-
-def blame(report: Any) -> tuple[str | None, str | None, list[str], str]:
-    """(holder thread, holder function, holder stack, one sentence) from a GilReport: the most
-    waiting thread's main blamed holder, or else the thread holding the GIL most."""
-    for entry in report.blame:
-        for ev in entry.evidence:
-            if ev.holder != "nobody" and ev.python_stack:
-                stack = [_function(f) for f in ev.python_stack]
-                return (
-                    ev.holder,
-                    stack[0],
-                    stack,
-                    f"holds the GIL in {ev.share:.0%} of the samples in which thread "
-                    f"'{entry.waiter}' waits for it ({entry.waiting:.0%} of its samples)",
-                )
-    holders = sorted(report.threads, key=lambda t: t.holding, reverse=True)
-    if holders and holders[0].holding > 0:
-        top = holders[0]
-        function = _function(top.top_functions[0].rsplit(" ", 1)[0]) if top.top_functions else None
-        detail = f"holds the GIL in {top.holding:.0%} of samples"
-        others = sorted(
-            (t for t in report.threads if t.thread != top.thread),
-            key=lambda t: t.waiting + t.running,
-            reverse=True,
-        )
-        if others:
-            other = others[0]
-            detail += (
-                f"; thread '{other.thread}' is not idle but has no GIL in "
-                f"{other.waiting + other.running:.0%} of samples (waiting for it)"
-            )
-        return top.thread, function, [function] if function else [], detail
-    return None, None, [], "no thread was seen holding the GIL"
-
-
 def overhead_pct(samples: list[dict[str, float]]) -> float:
     """Transfer overhead on step time over several samples, in percent: 1 - best step time without
     transfer / best step time with it (the minimum, because noise on a shared machine only adds)."""
     with_t = min(s["step_time_ms"] for s in samples)
     without = min(s["dispatch_only_ms"] for s in samples)
     return 100.0 * (1.0 - without / with_t)
-
-
-def python_descendant(pid: int) -> int:
-    """The first process at or below `pid` running Python (the sandbox may wrap the worker)."""
-
-    todo = [pid]
-    while todo:
-        current = todo.pop(0)
-        try:
-            cmdline = Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if b"python" in Path(cmdline.decode(errors="replace")).name.encode():
-            return current
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-            except OSError:
-                pass
-    return pid

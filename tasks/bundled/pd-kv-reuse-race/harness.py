@@ -17,6 +17,9 @@ from infra_agent.tasks.harness import (
     seeded_prompts,
 )
 
+FORCED_SEED_SALT = 0x5717
+"""Separates the forced-stall run's requests from the functional check's."""
+
 LOAD_KEYS = (
     "concurrency", "pages", "slot_elems", "writers", "write_us", "stall_prob", "stall_min_ms",
     "stall_max_ms", "timeout_ms", "decode_steps", "step_us",
@@ -62,14 +65,29 @@ class TaskHarness(Harness):
 
     def check(self, arm: Arm, seed: int) -> CheckResult:
         """Functional check without stalls and with a generous timeout (no aborts, so no reuse
-        race even on a starved machine): every output right."""
+        race even on a starved machine): every output right. Then the invariant, with the race
+        forced: many transfers stall past the timeout and are aborted, and decoding takes long
+        enough that a late write lands in the next owner's slots while it decodes; every request
+        must still decode from its own KV."""
         n = self.params["check_requests"]
         found = self.run(arm, n, seed, stall_prob=0.0, timeout_ms=60_000.0)
         ok = found["corruptions"] == 0
+        p = self.params
+        forced = self.run(
+            arm, p["forced_requests"], seed ^ FORCED_SEED_SALT,
+            stall_prob=p["forced_stall_prob"], decode_steps=p["forced_decode_steps"],
+        )  # fmt: skip
+        k, m = forced["corruptions"], forced["requests"]
         return CheckResult(
             passed=ok,
             tolerance="exact: every request's output is its own KV's checksum",
             detail=None if ok else f"{found['corruptions']} of {n} outputs wrong without any load",
+            invariants={
+                "reads-own-kv": None
+                if k == 0
+                else f"{k} of {m} requests decoded another request's KV with transfer stalls "
+                f"forced ({forced['aborts']} aborts; first: {forced['corrupted'][:5]})"
+            },
         )
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
@@ -77,8 +95,9 @@ class TaskHarness(Harness):
         found = self.run(arm, n, seed)
         k = found["corruptions"]
         return {
-            "corruption_ucb_per_10k": 1e4 * poisson_upper(k) / n,
             "corruptions_per_10k": 1e4 * k / n,
+            "corruptions": float(k),
+            "requests": float(n),
             "requests_per_s": n / found["seconds"],
         }
 
@@ -106,14 +125,49 @@ class TaskHarness(Harness):
         ]
 
     def diagnose(self, arm: Arm) -> Any:
-        """The corruption rate under load, and two differential runs of the same seeded load:
-        with stalls removed, and with a timeout no stall reaches (no aborts)."""
+        """The corruption rate under load; the same seeded load with a timeout no stall reaches
+        (no aborts); and a profile of the worker in both runs: the function that runs only when
+        corruption happens is where to look."""
+        from pathlib import Path
+
+        from infra_agent.feedback.pyprofile import (
+            growing_function,
+            profile_while,
+            python_descendant,
+        )
         from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
         n = self.params["health_requests"]
-        load = self.run(arm, n, DIAGNOSE_SEED)
-        no_abort = self.run(arm, n, DIAGNOSE_SEED, timeout_ms=self.params["stall_max_ms"] * 5)
+        quiet_ms = self.params["stall_max_ms"] * 5
+        pid = python_descendant(arm.worker.process.pid)  # type: ignore[attr-defined]
+        loaded, load = profile_while(pid, lambda: self.run(arm, n, DIAGNOSE_SEED), rate=200)
+        quiet, no_abort = profile_while(
+            pid, lambda: self.run(arm, n, DIAGNOSE_SEED, timeout_ms=quiet_ms), rate=200
+        )
+        assert isinstance(load, dict) and isinstance(no_abort, dict)
         rate = 1e4 * load["corruptions"] / n
+        within = [Path(arm.sandbox.root)]
+        found = growing_function(quiet, loaded, within, low_units=n, high_units=n)
+        # Only a function that runs (almost) only with aborts names the path; one that merely
+        # runs more often (retried work) does not.
+        if found is not None and found[1] > found[2] / 5:
+            found = None
+        needs_abort = load["corruptions"] > 0 and no_abort["corruptions"] == 0
+        localization = Localization(
+            stage="a path that runs only when requests time out" if needs_abort else None,
+            function=found[0].rsplit("/", 1)[-1] if found and needs_abort else None,
+            detail=f"corruption needs aborts: the same load with a {quiet_ms:g} ms timeout gives "
+            f"{no_abort['corruptions']} corruptions"
+            + (
+                f"; this function has {found[2]:.3f} samples per request with aborts and "
+                f"{found[1]:.3f} without"
+                if found
+                else "; no function the profile sees runs only with aborts (the abort path is "
+                "too short to sample)"
+            )
+            if needs_abort
+            else "",
+        )
         return Diagnosis(
             reproduced=load["corruptions"] > 0,
             symptom=f"{load['corruptions']} of {n} requests ({rate:.1f} per 10k) decoded another "
@@ -124,19 +178,18 @@ class TaskHarness(Harness):
                 "aborts": float(load["aborts"]),
                 "corruptions_without_aborts": float(no_abort["corruptions"]),
             },
-            localization=Localization(
-                stage="abort path (slot reuse after a decode-side timeout)",
-                function="decode.py:DecodeScheduler.abort",
-                detail="corruption needs an abort: the same load with a timeout no write exceeds "
-                f"gives {no_abort['corruptions']} corruptions; aborted requests' slots are reused "
-                "while their prefill write is still in flight",
-            ),
+            localization=localization,
             evidence=[
                 f"same seeded load, timeout {self.params['timeout_ms']:g} ms: "
                 f"{load['corruptions']} corrupted, {load['aborts']} aborts",
-                f"same load, timeout {self.params['stall_max_ms'] * 5:g} ms: "
+                f"same load, timeout {quiet_ms:g} ms: "
                 f"{no_abort['corruptions']} corrupted, {no_abort['aborts']} aborts",
                 f"first corrupted requests: {load['corrupted'][:8]}",
+                "profile with aborts: " + loaded.render(within, 4).replace("\n", "; "),
             ],
-            instruments=["harness stress run (every output checked)", "differential run"],
+            instruments=[
+                "harness stress run (every output checked)",
+                "differential run",
+                "pyprofile worker (with vs without aborts)",
+            ],
         )

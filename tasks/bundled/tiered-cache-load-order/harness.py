@@ -14,7 +14,6 @@ from infra_agent.tasks.harness import (
     CheckResult,
     Harness,
     IncorrectOutput,
-    poisson_upper,
     seeded_prompts,
 )
 
@@ -79,16 +78,29 @@ class TaskHarness(Harness):
         }
 
     def check(self, arm: Arm, seed: int) -> CheckResult:
-        """Functional check with the load finished before each forward (no overlap, no race)."""
+        """Functional check with the load finished before each forward (no overlap, no race).
+        Then the invariant, with the race forced: loads four times slower than compute, so the
+        forward catches up with the loader at every layer, and every output must still be right
+        (a reader that skips the per-layer wait reads a layer not yet loaded)."""
         n = self.params["check_requests"]
         found = self.run(arm, n, seed, overlap=False)
         ok = found["read_before_ready"] == 0
+        slow = 4.0 * self.params["compute_us"]
+        forced = self.run(arm, n, seed + 1, load_us=slow, stall_prob=0.0)
+        k = forced["read_before_ready"]
         return CheckResult(
             passed=ok,
             tolerance="exact: every request's output from its own KV",
             detail=None
             if ok
             else f"{found['read_before_ready']} of {n} outputs wrong without overlap",
+            invariants={
+                "reads-after-load": None
+                if k == 0
+                else f"{k} of {n} requests computed with a layer read before it was loaded "
+                f"(loads forced {slow:g} us per layer against {self.params['compute_us']:g} us "
+                f"of compute; first: {forced['corrupted'][:5]})"
+            },
         )
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
@@ -96,8 +108,9 @@ class TaskHarness(Harness):
         found = self.run(arm, n, seed)
         k = found["read_before_ready"]
         return {
-            "corruption_ucb_per_10k": 1e4 * poisson_upper(k) / n,
             "read_before_ready_per_10k": 1e4 * k / n,
+            "read_before_ready": float(k),
+            "requests": float(n),
             "overlap_ratio": max(found["overlap_ratio"], 1e-6),
             "requests_per_s": n / found["seconds"],
         }
@@ -128,12 +141,18 @@ class TaskHarness(Harness):
     def diagnose(self, arm: Arm) -> Any:
         """The read-before-ready rate with overlap, the same load without overlap, and the
         load/compute overlap from the timeline instrument."""
+        from pathlib import Path
+
+        from infra_agent.feedback.pyprofile import profile_while, python_descendant
         from infra_agent.feedback.timeline import TraceEvent, summarize
         from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
         n = self.params["health_requests"]
-        load = self.run(arm, n, DIAGNOSE_SEED)
+        pid = python_descendant(arm.worker.process.pid)  # type: ignore[attr-defined]
+        profile, load = profile_while(pid, lambda: self.run(arm, n, DIAGNOSE_SEED), rate=200)
+        assert isinstance(load, dict)
         serial = self.run(arm, n, DIAGNOSE_SEED, overlap=False)
+        threads = _threads(profile, [Path(arm.sandbox.root)])
         events = [
             TraceEvent(
                 name=str(name),
@@ -157,10 +176,14 @@ class TaskHarness(Harness):
                 "overlap_ratio": overlap.ratio or 0.0,
             },
             localization=Localization(
-                stage="layer-wise load vs forward ordering (a reader that skips the per-layer wait)",
+                stage="the order of the layer loads and the forward's reads"
+                if load["read_before_ready"] and not serial["read_before_ready"]
+                else None,
+                thread=" and ".join(threads) or None,
                 detail=f"with the load finished before each forward the same requests give "
-                f"{serial['read_before_ready']} wrong outputs: the race is between the load "
-                "thread and a reader of the device buffers",
+                f"{serial['read_before_ready']} wrong outputs (with overlap "
+                f"{load['read_before_ready']}): the threads that run during the forward are "
+                + (", ".join(f"{t} ({fn})" for t, fn in threads.items()) or "unknown"),
             ),
             evidence=[
                 f"overlap (timeline): time(load ∩ compute)/time(load) = {overlap.ratio:.3f}, "
@@ -170,3 +193,21 @@ class TaskHarness(Harness):
             ],
             instruments=["harness stress run (every output checked)", "timeline.summarize overlap"],
         )
+
+
+def _threads(profile: Any, within: list[Any]) -> dict[str, str]:
+    """Thread name -> its busiest workspace function, from a py-spy profile's stacks."""
+    from collections import Counter
+
+    from infra_agent.feedback.pyprofile import FunctionProfile
+
+    assert isinstance(profile, FunctionProfile)
+    busiest: dict[str, Counter[str]] = {}
+    for stack, count in profile.stacks.items():
+        head, *frames = stack.split(";")
+        name = head.split(": ", 1)[1] if ": " in head else head
+        one = FunctionProfile(pid=profile.pid, duration_s=0, samples=count, stacks={stack: count})
+        rows = one.functions(within, limit=1)
+        if rows:
+            busiest.setdefault(name, Counter())[rows[0].where.rsplit("/", 1)[-1]] += count
+    return {name: c.most_common(1)[0][0] for name, c in busiest.items()}

@@ -1,0 +1,226 @@
+"""`infra-agent tasks check TASK`: does a task do what its author says, measured?
+
+For a task author (bundled or a user's folder), three questions, each answered by running it:
+
+- **symptom**: with an injected fault (`inject.patch`), an experiment whose candidate is the
+  un-injected engine (`tasks.tree.uninjected_patch`): the symptom is reproduced when that
+  candidate is IMPROVED over the faulty baseline, and its ratio is the symptom's size. Without an
+  injected fault, the harness's `diagnose` (reproduce, then localize); a task with neither has
+  no symptom to check.
+- **reference**: an experiment with `reference.patch`; it must be IMPROVED.
+- **wrong fix**: an experiment with `wrong_fix.patch`; it must not be IMPROVED.
+
+    check = check_task(task, params={}, sandbox="local")   # TaskCheck, rows in that order
+    check.passed, check.render()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import typer
+from pydantic import BaseModel, Field
+from rich.console import Console
+from rich.table import Table
+
+from infra_agent.store.verdict import Verdict
+from infra_agent.tasks.manifest import Task
+from infra_agent.tasks.patch import Patch, load_patch
+
+Progress = Callable[[str], None]
+
+
+class CheckRow(BaseModel):
+    """One question of the check and its measured answer."""
+
+    question: str
+    """'symptom', 'reference' or 'wrong fix'."""
+    expected: str
+    """What a working task gives, e.g. 'IMPROVED'."""
+    verdict: str | None = None
+    """The experiment's verdict (or 'REPRODUCED' / 'NOT REPRODUCED' from a diagnosis)."""
+    ok: bool | None = None
+    """Whether the answer is what a working task gives (None: not applicable)."""
+    number: str = ""
+    """The decisive number: the ratio with its 95% interval, or the diagnosis's symptom."""
+    reasons: list[str] = Field(default_factory=list)
+    experiment_id: str | None = None
+    duration_s: float = 0.0
+
+
+class TaskCheck(BaseModel):
+    """What `tasks check --json` prints."""
+
+    task: str
+    objective: str
+    metric: str
+    rows: list[CheckRow]
+    duration_s: float
+
+    @property
+    def passed(self) -> bool:
+        return all(row.ok is not False for row in self.rows)
+
+    def render(self) -> str:
+        lines = [f"{self.task}: {'OK' if self.passed else 'PROBLEM'} ({self.duration_s:.0f} s)"]
+        for row in self.rows:
+            mark = {True: "ok", False: "FAIL", None: "n/a"}[row.ok]
+            lines.append(
+                f"- {row.question}: {row.verdict or '-'} (want {row.expected}) {mark}"
+                f"{'; ' + row.number if row.number else ''} [{row.duration_s:.0f} s]"
+            )
+            lines.extend(f"    {reason}" for reason in row.reasons[:2])
+        return "\n".join(lines)
+
+
+def _ratio(record: Any) -> str:
+    perf = record.result.evidence.performance
+    if perf is None:
+        return ""
+    return (
+        f"{perf.metric} {perf.speedup:.3g}x (95% CI {perf.ci_low:.3g}-{perf.ci_high:.3g}); "
+        f"medians {perf.baseline_median:.4g} -> {perf.candidate_median:.4g} {perf.unit}"
+    )
+
+
+def _experiment(
+    task: Task, question: str, patch: Patch, want_improved: bool, run: Callable[..., Any]
+) -> CheckRow:
+    started = time.monotonic()
+    record = run(task, patch)
+    verdict = record.result.verdict
+    improved = verdict == Verdict.IMPROVED
+    return CheckRow(
+        question=question,
+        expected="IMPROVED" if want_improved else "not IMPROVED",
+        verdict=verdict.value,
+        ok=improved if want_improved else not improved,
+        number=_ratio(record),
+        reasons=list(record.result.reasons),
+        experiment_id=record.id,
+        duration_s=round(time.monotonic() - started, 1),
+    )
+
+
+def check_task(
+    task: Task,
+    *,
+    params: dict[str, Any] | None = None,
+    sandbox: str = "local",
+    store: Any = None,
+    progress: Progress | None = None,
+) -> TaskCheck:
+    """Measure the task's symptom, its reference fix and its wrong fix (see the module doc)."""
+    from infra_agent.experiments.cascade import run_experiment
+    from infra_agent.experiments.diagnose import run_diagnosis
+    from infra_agent.tasks.tree import uninjected_patch
+
+    say = progress or (lambda _msg: None)
+    started = time.monotonic()
+
+    def run(task: Task, patch: Patch) -> Any:
+        return run_experiment(
+            task,
+            patch,
+            sandbox=sandbox,
+            params=params,
+            store=store,
+            progress=lambda stage: say(f"{current}: {stage}"),
+        )
+
+    rows: list[CheckRow] = []
+    current = "symptom"
+    clean = uninjected_patch(task)
+    if clean is not None:
+        say("symptom: the un-injected engine against the faulty baseline")
+        rows.append(_experiment(task, "symptom", clean, True, run))
+    else:
+        from infra_agent.experiments.arms import effective_params, load_harness
+
+        harness = load_harness(task, effective_params(task.manifest, params))
+        if callable(getattr(harness, "diagnose", None)):
+            say("symptom: diagnose (reproduce, then localize)")
+            t0 = time.monotonic()
+            diagnosis = run_diagnosis(str(task.root), params, sandbox=sandbox)
+            rows.append(
+                CheckRow(
+                    question="symptom",
+                    expected="REPRODUCED",
+                    verdict="REPRODUCED" if diagnosis.reproduced else "NOT REPRODUCED",
+                    ok=diagnosis.reproduced,
+                    number=diagnosis.symptom,
+                    duration_s=round(time.monotonic() - t0, 1),
+                )
+            )
+        else:
+            rows.append(CheckRow(question="symptom", expected="a symptom", number="no injected "
+                                 "fault and no diagnose in the harness"))  # fmt: skip
+    for question, path, want in (
+        ("reference", task.reference_patch, True),
+        ("wrong fix", task.wrong_fix_patch, False),
+    ):
+        current = question
+        if path is None:
+            rows.append(CheckRow(question=question, expected="IMPROVED" if want else
+                                 "not IMPROVED", number=f"no {question} patch"))  # fmt: skip
+            continue
+        say(f"{question}: {path.name}")
+        rows.append(_experiment(task, question, load_patch(path, author="tasks check"), want, run))
+    return TaskCheck(
+        task=task.name,
+        objective=task.manifest.objective,
+        metric=task.manifest.metric.name,
+        rows=rows,
+        duration_s=round(time.monotonic() - started, 1),
+    )
+
+
+def register(tasks_app: typer.Typer) -> None:
+    """Add `check` to the `tasks` command group."""
+
+    @tasks_app.command("check")
+    def check_command(
+        task: str = typer.Argument(..., help="Task name or folder."),
+        param: list[str] = typer.Option([], "--param", help="Task parameter NAME=VALUE (repeat)."),
+        sandbox: str | None = typer.Option(
+            None, "--sandbox", help="Sandbox backend: local or docker (default: configured)."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    ) -> None:
+        """Measure a task's symptom, its reference fix and its wrong fix (exit 1 if any is off)."""
+        from infra_agent.context import current
+        from infra_agent.experiments.cli import parse_params
+        from infra_agent.output import emit, err_console
+        from infra_agent.tasks.registry import find_task
+
+        settings = current().settings()
+        found = find_task(task)
+        with err_console.status(f"checking {found.name}") as status:
+            result = check_task(
+                found,
+                params=parse_params(param),
+                sandbox=sandbox or settings.sandbox.backend,
+                store=current().store(),
+                progress=lambda msg: status.update(f"checking {found.name}: {msg}"),
+            )
+
+        def render(console: Console) -> None:
+            table = Table(title=f"tasks check {result.task} ({result.metric})")
+            for column in ("question", "verdict", "want", "", "number", "time"):
+                table.add_column(column)
+            for row in result.rows:
+                mark = {True: "ok", False: "FAIL", None: "n/a"}[row.ok]
+                table.add_row(
+                    row.question, row.verdict or "-", row.expected, mark, row.number,
+                    f"{row.duration_s:.0f} s",
+                )  # fmt: skip
+            console.print(table)
+            console.print(
+                f"{'OK' if result.passed else 'PROBLEM'}: {result.task} in {result.duration_s:.0f} s"
+            )
+
+        emit(result, render, as_json=as_json)
+        if not result.passed:
+            raise typer.Exit(1)

@@ -1,0 +1,176 @@
+"""Rare-event rates (corrupted requests per 10k): pooled counts and exact intervals.
+
+A race that corrupts a few requests in ten thousand cannot be judged by comparing per-sample
+medians: most samples see no event at all. A rate metric (`[metric] events = ..., trials = ...`
+in task.toml) is judged on the counts pooled over every sample of each arm instead:
+
+- each arm's rate and the candidate's exact 95% upper bound (Poisson), which is what "fixed"
+  can be shown to: zero events in N trials bound the rate below 3.0/N;
+- the improvement factor (baseline rate / candidate rate, > 1 better) with an exact interval from
+  the conditional binomial test (given k = kb + kc events, kc is Binomial(k, p) with
+  p = nc / (nc + nb * factor)), Clopper-Pearson bounds on p turned into bounds on the factor;
+- a sequential stopping rule for the measurement: stop as soon as the interval excludes the
+  task's minimum effect either way (and, for an improvement, the candidate's upper bound is below
+  the task's `target` rate), so a fix is run until it is shown, a regression no longer than that.
+
+The point estimate adds one half to each count (the factor is finite when the candidate saw none);
+an upper end without any candidate event is unbounded and stored as UNBOUNDED.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from infra_agent.feedback.bench.compare import BenchVerdict, Comparison
+from infra_agent.tasks.harness import poisson_upper
+
+CONFIDENCE = 0.95
+UNBOUNDED = 1e6
+"""Stands for an improvement factor with no upper bound (no candidate event): JSON has no inf."""
+
+
+def _log_pmf(i: int, n: int, p: float) -> float:
+    return (
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+        + i * math.log(p) + (n - i) * math.log1p(-p)
+    )  # fmt: skip
+
+
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p)."""
+    if k < 0:
+        return 0.0
+    if k >= n or p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    return min(1.0, sum(math.exp(_log_pmf(i, n, p)) for i in range(k + 1)))
+
+
+def _bisect(f: object, want: float, increasing: bool) -> float:
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        value = f(mid)  # type: ignore[operator]
+        if (value < want) == increasing:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Exact two-sided interval for a binomial proportion after `k` successes in `n` trials."""
+    alpha = (1.0 - confidence) / 2
+    low = 0.0 if k == 0 else _bisect(lambda p: 1.0 - binom_cdf(k - 1, n, p), alpha, True)
+    high = 1.0 if k == n else _bisect(lambda p: binom_cdf(k, n, p), alpha, False)
+    return low, high
+
+
+@dataclass(frozen=True)
+class RateComparison:
+    """Pooled events and trials of both arms, and what they show."""
+
+    baseline_events: int
+    baseline_trials: int
+    candidate_events: int
+    candidate_trials: int
+    per: float
+    """Rates are events per this many trials (10,000: per 10k)."""
+
+    @property
+    def baseline_rate(self) -> float:
+        return self.per * self.baseline_events / max(self.baseline_trials, 1)
+
+    @property
+    def candidate_rate(self) -> float:
+        return self.per * self.candidate_events / max(self.candidate_trials, 1)
+
+    @property
+    def candidate_upper(self) -> float:
+        """The candidate's rate, exact 95% upper bound (one-sided), per `per` trials."""
+        return self.per * poisson_upper(self.candidate_events) / max(self.candidate_trials, 1)
+
+    @property
+    def factor(self) -> float:
+        """Baseline rate / candidate rate (> 1: fewer events), each count plus one half."""
+        b = (self.baseline_events + 0.5) / max(self.baseline_trials, 1)
+        c = (self.candidate_events + 0.5) / max(self.candidate_trials, 1)
+        return b / c
+
+    def interval(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
+        """Exact interval of the factor (conditional binomial test); (0, UNBOUNDED) when
+        neither arm saw an event."""
+        kb, kc = self.baseline_events, self.candidate_events
+        nb, nc = max(self.baseline_trials, 1), max(self.candidate_trials, 1)
+        if kb + kc == 0:
+            return 0.0, UNBOUNDED
+        p_low, p_high = clopper_pearson(kc, kb + kc, confidence)
+        low = nc * (1.0 - p_high) / (nb * p_high)
+        high = UNBOUNDED if p_low <= 0.0 else min(UNBOUNDED, nc * (1.0 - p_low) / (nb * p_low))
+        return low, high
+
+    def render(self) -> str:
+        low, high = self.interval()
+        top = "unbounded" if high >= UNBOUNDED else f"{high:.3g}"
+        unit = f"per {self.per:g}" if self.per != 10_000 else "per 10k"
+        return (
+            f"{self.baseline_events} of {self.baseline_trials} -> {self.candidate_events} of "
+            f"{self.candidate_trials} ({self.baseline_rate:.3g} -> {self.candidate_rate:.3g} {unit}; "
+            f"candidate below {self.candidate_upper:.3g} {unit} at 95%); fewer by {self.factor:.3g}x "
+            f"(95% CI {low:.3g}-{top})"
+        )
+
+
+def pooled(
+    baseline: dict[str, list[float]], candidate: dict[str, list[float]], events: str, trials: str,
+    per: float,
+) -> RateComparison:  # fmt: skip
+    """Counts pooled over the samples both arms have (same number per arm)."""
+    n = min(len(baseline.get(events, [])), len(candidate.get(events, [])))
+    return RateComparison(
+        baseline_events=int(sum(baseline[events][:n])),
+        baseline_trials=int(sum(baseline[trials][:n])),
+        candidate_events=int(sum(candidate[events][:n])),
+        candidate_trials=int(sum(candidate[trials][:n])),
+        per=per,
+    )
+
+
+def shown(rates: RateComparison, min_effect: float, target: float | None) -> str | None:
+    """'better' when the candidate is shown to have fewer events by more than half the minimum
+    effect (and, if the task names a target rate, shown below it), 'worse' when shown to have
+    more, None while neither is shown."""
+    low, high = rates.interval()
+    margin = 1.0 + min_effect / 2
+    if low > margin and (target is None or rates.candidate_upper < target):
+        return "better"
+    if high < 1.0 / margin:
+        return "worse"
+    return None
+
+
+def as_comparison(rates: RateComparison, n_samples: int, min_effect: float) -> Comparison:
+    """The rates in the shape the rest of the cascade reads (oriented > 1 = better)."""
+    low, high = rates.interval()
+    outcome = shown(rates, min_effect, None)
+    verdict: BenchVerdict = (
+        "FASTER" if outcome == "better" else "SLOWER" if outcome == "worse" else "AMBIGUOUS"
+    )
+    return Comparison(
+        speedup=rates.factor,
+        ci_low=low,
+        ci_high=high,
+        verdict=verdict,
+        n_baseline=n_samples,
+        n_candidate=n_samples,
+        baseline_median=rates.baseline_rate,
+        candidate_median=rates.candidate_rate,
+        higher_is_better=False,
+        equivalence=min_effect,
+        method=(
+            "pooled event counts; exact conditional binomial interval of the rate ratio "
+            "(Clopper-Pearson); candidate rate bounded by the exact Poisson 95% upper limit"
+        ),
+    )

@@ -1,0 +1,233 @@
+"""Where a running Python process spends its time, by function: `py-spy record` on a live pid.
+
+    profile = profile_pid(pid, duration_s=10)          # samples of active threads, not paused
+    profile.functions(within=[sglang_dir])             # FunctionTime rows, hottest first
+
+Each sample is one active (not idle) thread's stack. A function's *self* share counts the samples
+whose innermost frame *inside the given folders* is that function: time in libraries it calls
+(torch ops, the interpreter) is charged to the workspace function that called them, which is what
+an engineer patching that code wants to know. Its *total* share counts the samples with the
+function anywhere on the stack. `FunctionProfile.render()` is the short face.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from infra_agent.feedback.gil.pyspy import PySpyUnavailable, find_py_spy
+
+FRAME = re.compile(r"^(?P<name>.+) \((?P<file>.+):(?P<line>\d+)\)$")
+NESTED = re.compile(r"(?:\.<locals>\.<(?:lambda|listcomp|dictcomp|setcomp|genexpr)>)+$")
+"""A lambda or comprehension inside a function: its code is part of that function's body."""
+
+
+class FunctionTime(BaseModel):
+    """One function's share of a profile."""
+
+    function: str
+    """Qualified name as py-spy reads it, e.g. 'Scheduler.get_new_batch_prefill'."""
+    file: str
+    """Path relative to the folder it was found in (e.g. 'sglang/srt/managers/scheduler.py')."""
+    self_samples: int
+    total_samples: int
+    self_share: float
+    """Self samples / all active samples of the profile."""
+    total_share: float
+
+    @property
+    def where(self) -> str:
+        """'file:function', the form localizations use."""
+        return f"{self.file}:{self.function}"
+
+
+class FunctionProfile(BaseModel):
+    pid: int
+    duration_s: float
+    samples: int
+    """Active-thread samples recorded."""
+    stacks: dict[str, int] = Field(default_factory=dict, repr=False)
+    """Collapsed stacks ('thread;frame;...;frame') -> samples, as py-spy wrote them."""
+
+    def functions(self, within: list[Path], limit: int = 20) -> list[FunctionTime]:
+        """Functions whose file is under one of `within`, hottest by self share first."""
+        roots = [str(p.resolve()) + "/" for p in within]
+        selfs: Counter[tuple[str, str]] = Counter()
+        totals: Counter[tuple[str, str]] = Counter()
+        for stack, count in self.stacks.items():
+            frames = [_frame(f, roots) for f in stack.split(";")[1:]]
+            mine = [f for f in frames if f is not None]
+            if not mine:
+                continue
+            selfs[mine[-1]] += count
+            for key in set(mine):
+                totals[key] += count
+        rows = [
+            FunctionTime(
+                function=name,
+                file=file,
+                self_samples=selfs[(name, file)],
+                total_samples=n,
+                self_share=selfs[(name, file)] / max(self.samples, 1),
+                total_share=n / max(self.samples, 1),
+            )  # fmt: skip
+            for (name, file), n in totals.items()
+        ]
+        rows.sort(key=lambda r: (r.self_samples, r.total_samples), reverse=True)
+        return rows[:limit]
+
+    def inclusive(self, within: list[Path]) -> dict[str, int]:
+        """'file:function' -> samples with the function anywhere on the stack (once per sample)."""
+        roots = [str(p.resolve()) + "/" for p in within]
+        totals: Counter[str] = Counter()
+        for stack, count in self.stacks.items():
+            frames = {_frame(f, roots) for f in stack.split(";")[1:]}
+            for key in frames - {None}:
+                assert key is not None
+                totals[f"{key[1]}:{key[0]}"] += count
+        return dict(totals)
+
+    def render(self, within: list[Path], limit: int = 8) -> str:
+        rows = self.functions(within, limit)
+        head = f"pid {self.pid}: {self.samples} active samples in {self.duration_s:.1f} s"
+        lines = [f"  {r.self_share:6.1%} self {r.total_share:6.1%} total  {r.where}" for r in rows]
+        return "\n".join([head, *lines])
+
+
+def _frame(text: str, roots: list[str]) -> tuple[str, str] | None:
+    match = FRAME.match(text)
+    if match is None:
+        return None
+    path = match["file"]
+    for root in roots:
+        if path.startswith(root):
+            # Relative to the folder's parent: 'sglang/srt/...' for root '.../sglang/'.
+            parent = str(Path(root).parent) + "/"
+            return NESTED.sub("", match["name"]), path[len(parent) :]
+    return None
+
+
+def profile_pid(
+    pid: int,
+    *,
+    duration_s: float = 10.0,
+    rate: int = 50,
+    until: Callable[[], bool] | None = None,
+) -> FunctionProfile:
+    """Record `pid`'s active threads for up to `duration_s`, or until `until()` turns true (py-spy,
+    non-blocking: the target is never paused). Raises PySpyUnavailable when py-spy cannot
+    attach or records nothing."""
+    limit = max(1, math.ceil(duration_s))
+    with tempfile.TemporaryDirectory(prefix="infra-agent-profile-") as tmp:
+        out = Path(tmp) / "raw.txt"
+        argv = [find_py_spy(), "record", "--pid", str(pid), "--rate", str(rate)]
+        argv += ["--duration", str(limit), "--format", "raw", "--nonblocking", "--threads"]
+        argv += ["--full-filenames", "-o", str(out)]
+        started = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            while proc.poll() is None and time.monotonic() - started < limit + 30:
+                if until is not None and until():
+                    proc.send_signal(signal.SIGINT)  # py-spy writes what it has on Ctrl-C
+                    break
+                time.sleep(0.1)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        elapsed = time.monotonic() - started
+        if not out.is_file():
+            tail = output.strip().splitlines()[-1:] or ["no output"]
+            raise PySpyUnavailable(f"py-spy cannot record pid {pid}: {tail[0][:200]}")
+        stacks: dict[str, int] = {}
+        for line in out.read_text(errors="replace").splitlines():
+            stack, _, count = line.rpartition(" ")
+            if stack and count.isdigit():
+                stacks[stack] = stacks.get(stack, 0) + int(count)
+    return FunctionProfile(
+        pid=pid, duration_s=round(min(elapsed, limit), 2), samples=sum(stacks.values()),
+        stacks=stacks,
+    )  # fmt: skip
+
+
+def growing_function(
+    low: FunctionProfile,
+    high: FunctionProfile,
+    within: list[Path],
+    *,
+    low_units: float,
+    high_units: float,
+    share: float = 0.6,
+) -> tuple[str, float, float] | None:
+    """The function whose time per unit of work grows most from `low` to `high`, at the deepest
+    level that still accounts for `share` of the largest growth (a callee that carries its
+    caller's growth is the better answer). Returns ('file:function', per-unit samples at low,
+    at high), or None when nothing grows."""
+    a = {k: v / max(low_units, 1e-9) for k, v in low.inclusive(within).items()}
+    b = {k: v / max(high_units, 1e-9) for k, v in high.inclusive(within).items()}
+    growth = {k: b[k] - a.get(k, 0.0) for k in b}
+    if not growth or max(growth.values()) <= 0:
+        return None
+    top = max(growth.values())
+    carriers = [k for k, g in growth.items() if g >= share * top]
+    deepest = min(carriers, key=lambda k: b[k])
+    return deepest, a.get(deepest, 0.0), b[deepest]
+
+
+def profile_while(
+    pid: int, work: Callable[[], object], *, rate: int = 100, limit_s: float = 120.0
+) -> tuple[FunctionProfile, object]:
+    """Profile `pid` while `work()` runs on another thread of this process; returns the profile
+    and what `work` returned (its exception is re-raised)."""
+    import threading
+
+    done = threading.Event()
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            box["error"] = exc
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name="infra-agent-profiled-work", daemon=True)
+    thread.start()
+    try:
+        profile = profile_pid(pid, duration_s=limit_s, rate=rate, until=done.is_set)
+    finally:
+        thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return profile, box.get("result")
+
+
+def python_descendant(pid: int) -> int:
+    """The first process at or below `pid` running Python (a sandbox may wrap the one to
+    profile in bubblewrap or setpriv)."""
+    todo = [pid]
+    while todo:
+        current = todo.pop(0)
+        try:
+            cmdline = Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if "python" in Path(cmdline.decode(errors="replace")).name:
+            return current
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                pass
+    return pid

@@ -1,0 +1,224 @@
+"""Localizing a serving task's slowdown on the live server, by measurement.
+
+`diagnose_throughput(harness, arm)` reproduces the symptom with the task's own workload and
+localizes it with instruments attached to the arm's SGLang processes (nothing the task author
+wrote is read; the server runs the arm's baseline, fault included):
+
+1. a GIL trace of the scheduler process under the task's load (`feedback.gil`): when a thread
+   other than the scheduler's main thread holds the GIL while the main thread waits for it,
+   that thread and its function are the localization;
+2. otherwise a function profile of the scheduler process (`feedback.pyprofile`) at a light load
+   (a few requests in flight) and at the task's load, each function's time per generated
+   token (with its callees): where work that grows with the load (with the number of waiting or
+   running requests) enters, the outermost function growing as fast as the fastest-growing
+   work, is the localization (`growth_entry`);
+3. otherwise the SGLang function with the most self time at the task's load.
+
+Function names are as py-spy reads them (`Class.method`), files relative to the package
+('sglang/srt/managers/scheduler.py').
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from infra_agent.feedback.gil import PySpyUnavailable, trace_pid
+from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime, profile_pid
+from infra_agent.serving.datasets import random_sessions
+from infra_agent.serving.instruments import LoadRun, describe, server_processes
+from infra_agent.serving.overlay import installed_package
+from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
+
+LIGHT_CONCURRENCY = 4
+LIGHT_PROMPTS = 32
+"""Requests of the light-load profile (a slow server at a light load can take minutes)."""
+GROWTH = 2.0
+"""A function whose time per generated token is this many times higher at the task's load than
+at the light load scales with the load."""
+MIN_SHARE = 0.05
+"""...and it must hold at least this share of the scheduler's active samples."""
+
+
+def package_dirs(harness: Any, arm: Any) -> list[Path]:
+    """Where the arm's server imports SGLang from: its overlay (if any) and the installed
+    package (both read as 'sglang/...')."""
+    dirs = [installed_package(harness.deployment.sglang_version)]
+    overlay = arm.state.get("overlay")
+    if overlay is not None:
+        dirs.insert(0, Path(overlay) / "sglang")
+    return dirs
+
+
+def profiled_run(
+    harness: Any, arm: Any, seed: int, *, concurrency: int | None, prompts: int
+) -> tuple[FunctionProfile, Any]:
+    """The task's request shape at a given concurrency, with the scheduler profiled throughout."""
+    p = harness.params
+    server = harness.server(arm)
+    pid = server_processes(server)["scheduler"]
+    sessions = random_sessions(
+        prompts, int(p["input_len"]), int(p["output_len"]), vocab_size=harness.vocab, seed=seed
+    )
+    load = harness.load(seed).model_copy(update={"max_concurrency": concurrency})
+    with LoadRun(server, sessions, load) as run:
+        time.sleep(0.5)  # past the first arrivals
+        profile = profile_pid(pid, duration_s=600, until=run.done)
+    return profile, run.result
+
+
+def _per_token(rows: list[FunctionTime], tokens: int) -> dict[str, float]:
+    """Self samples per 1000 generated tokens, by function."""
+    return {r.where: 1000.0 * r.self_samples / max(tokens, 1) for r in rows}
+
+
+def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
+    """Reproduce the task's throughput and localize where the scheduler spends it."""
+    metric = harness.manifest.metric.name
+    values = [harness.sample(arm, DIAGNOSE_SEED + i)[metric] for i in range(samples)]
+    median = statistics.median(values)
+    dirs = package_dirs(harness, arm)
+    server = harness.server(arm)
+    roles = server_processes(server)
+    evidence = [f"{metric} per sample: " + ", ".join(f"{v:.4g}" for v in values)]
+    instruments = ["harness.sample"]
+
+    # 1. GIL: who holds it while the scheduler's main thread waits.
+    p = harness.params
+    sessions = random_sessions(
+        int(p["num_prompts"]), int(p["input_len"]), int(p["output_len"]),
+        vocab_size=harness.vocab, seed=DIAGNOSE_SEED + 7,
+    )  # fmt: skip
+    culprit = None
+    try:
+        with LoadRun(server, sessions, harness.load(DIAGNOSE_SEED + 7)):
+            time.sleep(0.5)
+            report = trace_pid(roles["scheduler"], duration_s=4.0)
+        instruments.append(f"gil.trace_pid scheduler ({report.method})")
+        evidence.extend(report.render().splitlines()[:4])
+        found = report.culprit()
+        main = next((t for t in report.threads if t.thread == "MainThread"), None)
+        holder = next((t for t in report.threads if t.thread == found.thread), None)
+        # Another thread holds the GIL while the serving thread waits for it (or, where the
+        # trace cannot tell a GIL wait from sleep, holds it most of the time).
+        if found.thread not in (None, "MainThread") and (
+            (main is not None and main.waiting >= 0.1)
+            or (holder is not None and holder.holding >= 0.5)
+        ):
+            culprit = found
+    except PySpyUnavailable as exc:
+        evidence.append(f"GIL trace unavailable: {exc}")
+
+    # 2./3. Function profiles at a light load and at the task's load.
+    light, light_run = profiled_run(
+        harness, arm, DIAGNOSE_SEED + 11,
+        concurrency=LIGHT_CONCURRENCY, prompts=min(int(p["num_prompts"]), LIGHT_PROMPTS),
+    )  # fmt: skip
+    heavy, heavy_run = profiled_run(
+        harness, arm, DIAGNOSE_SEED + 13,
+        concurrency=int(p["max_concurrency"]) or None, prompts=int(p["num_prompts"]),
+    )  # fmt: skip
+    instruments.append("pyprofile.profile_pid scheduler (light load, task load)")
+    light_rows, heavy_rows = light.functions(dirs, limit=200), heavy.functions(dirs, limit=200)
+    light_cost = _per_token(light_rows, _tokens(light_run))
+    heavy_cost = _per_token(heavy_rows, _tokens(heavy_run))
+    evidence.append(f"light load ({LIGHT_CONCURRENCY} in flight): {describe(light_run)}")
+    evidence.append(f"task load: {describe(heavy_run)}")
+    evidence.extend(
+        f"  {r.self_share:5.1%} self  {heavy_cost[r.where]:7.2f} vs "
+        f"{light_cost.get(r.where, 0.0):7.2f} samples/1k tokens  {r.where}"
+        for r in heavy_rows[:8]
+    )
+
+    localization: Localization
+    strong = True
+    if culprit is not None:
+        full = _resolve(culprit.function, heavy_rows)
+        localization = Localization(
+            stage="scheduler process: a thread holding the GIL",
+            thread=culprit.thread,
+            function=full or culprit.function,
+            detail=culprit.detail,
+        )
+    else:
+        growing = growth_entry(light, heavy, dirs, _tokens(light_run), _tokens(heavy_run))
+        if growing is not None:
+            where, share, ratio = growing
+            evidence.append(f"growth with the load: {where} {ratio:.1f}x per token")
+            localization = Localization(
+                stage="scheduler process: work that grows with the load",
+                function=where,
+                detail=f"{share:.0%} of the scheduler's samples at the task's load are in it or "
+                f"its callees; its time per generated token is {ratio:.1f}x what it is with "
+                f"{LIGHT_CONCURRENCY} requests in flight (the outermost function that grows as "
+                "fast as the fastest-growing work)",
+            )
+        elif heavy_rows:
+            top = heavy_rows[0]
+            strong = top.self_share >= 0.2
+            localization = Localization(
+                stage="scheduler process: the hottest SGLang function",
+                function=top.where,
+                detail=f"{top.self_share:.0%} of the scheduler's active samples are in this "
+                f"function or the library calls it makes ({top.total_share:.0%} with callees)",
+            )
+        else:
+            strong = False
+            localization = Localization(detail="the profile saw no SGLang frames")
+    unit = harness.manifest.metric.unit
+    return Diagnosis(
+        reproduced=strong,
+        symptom=f"{metric} median {median:.4g} {unit} over {samples} samples of the task's "
+        f"workload; {'one place stands out' if strong else 'no single place stands out'} in "
+        "the scheduler's GIL trace and profiles",
+        measured={metric: median, "profile_samples": float(heavy.samples)},
+        localization=localization,
+        evidence=evidence,
+        instruments=instruments,
+    )
+
+
+def growth_entry(
+    light: FunctionProfile,
+    heavy: FunctionProfile,
+    dirs: list[Path],
+    light_tokens: int,
+    heavy_tokens: int,
+) -> tuple[str, float, float] | None:
+    """Where work that grows with the load enters: of the functions holding at least
+    `MIN_SHARE` of the heavy profile (with callees) whose time per token grows at least `GROWTH`
+    times, those growing at least half as fast as the fastest, the outermost (the most samples):
+    its callers grow slower (they also do work that does not grow), its callees are parts of it.
+    Returns (function, share at the task's load, growth ratio) or None."""
+    a, b = light.inclusive(dirs), heavy.inclusive(dirs)
+    floor = 1.0 / max(light_tokens, 1)  # one sample: the light profile's resolution
+    ratios = {}
+    for where, n in b.items():
+        if n / max(heavy.samples, 1) < MIN_SHARE:
+            continue
+        per_heavy = n / max(heavy_tokens, 1)
+        per_light = max(a.get(where, 0) / max(light_tokens, 1), floor)
+        if per_heavy >= GROWTH * per_light:
+            ratios[where] = per_heavy / per_light
+    if not ratios:
+        return None
+    fastest = max(ratios.values())
+    outer = max((w for w, r in ratios.items() if r >= fastest / 2), key=lambda w: b[w])
+    return outer, b[outer] / max(heavy.samples, 1), ratios[outer]
+
+
+def _tokens(result: Any) -> int:
+    return sum(r.output_tokens for r in result.records) if result is not None else 0
+
+
+def _resolve(function: str | None, rows: list[FunctionTime]) -> str | None:
+    """'watchdog.py:WatchdogRaw._watchdog_once' from a GIL trace -> the profile's package path."""
+    if not function or ":" not in function:
+        return None
+    base, name = function.split(":", 1)
+    for row in rows:
+        if row.function == name and row.file.rsplit("/", 1)[-1] == base:
+            return row.where
+    return None

@@ -1,0 +1,88 @@
+"""Instruments run against a live SGLang server's processes while a workload runs.
+
+    roles = server_processes(server)            # {'scheduler': pid, 'detokenizer': pid, ...}
+    run = LoadRun(server, sessions, load)        # the workload on a thread of its own
+    with run:
+        profile = profile_pid(roles["scheduler"], duration_s=8, until=run.done)
+    run.result                                   # the WorkloadResult, once finished
+
+The processes are told apart by the titles SGLang gives them (`sglang::scheduler`,
+`sglang::detokenizer`); the HTTP front end and tokenizer is the process that runs
+`sglang.launch_server`.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from infra_agent.serving.datasets import Session
+from infra_agent.serving.server import Server, descendants
+from infra_agent.serving.workload import LoadSpec, WorkloadResult, run_workload
+
+ROLE_TITLES = {"sglang::scheduler": "scheduler", "sglang::detokenizer": "detokenizer"}
+
+
+def server_processes(server: Server) -> dict[str, int]:
+    """Role -> pid of the server's SGLang processes ('scheduler', 'detokenizer', 'tokenizer')."""
+    if server.proc is None:
+        return {}
+    roles: dict[str, int] = {}
+    for pid in sorted(descendants(server.proc.pid) | {server.proc.pid}):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        head = argv[0].decode(errors="replace").strip()
+        for title, role in ROLE_TITLES.items():
+            if head.startswith(title):
+                roles.setdefault(role, pid)
+        if b"sglang.launch_server" in argv and "python" in Path(head).name:
+            roles.setdefault("tokenizer", pid)
+    return roles
+
+
+class LoadRun:
+    """A workload against `server` on a thread of its own (`with`: started and joined)."""
+
+    def __init__(self, server: Server, sessions: list[Session], load: LoadSpec) -> None:
+        self.server, self.sessions, self.load = server, sessions, load
+        self.result: WorkloadResult | None = None
+        self.error: BaseException | None = None
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="infra-agent-load", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.result = self.server.call(run_workload, self.sessions, self.load)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the caller's thread
+            self.error = exc
+        finally:
+            self._finished.set()
+
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def __enter__(self) -> LoadRun:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._thread.join()
+        if exc is None and self.error is not None:
+            raise self.error
+
+    def output_tokens(self) -> int:
+        return sum(r.output_tokens for r in self.result.records) if self.result else 0
+
+
+def describe(result: Any) -> str:
+    """One line about a workload run: requests, output tokens, seconds."""
+    if result is None:
+        return "no workload result"
+    tokens = sum(r.output_tokens for r in result.records)
+    return f"{len(result.records)} requests, {tokens} output tokens in {result.duration_s:.1f} s"

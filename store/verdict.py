@@ -1,0 +1,184 @@
+"""The typed outcome of an experiment: a `Verdict`, the reasons in plain words, and the `Evidence`.
+
+This is the contract between the verification cascade, the run store, the review queue, the
+agent's tools and the dataset exports. Every number that decided a verdict is in here.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+EVIDENCE_SCHEMA_VERSION = 1
+
+
+class _Record(BaseModel):
+    # A measurement can be NaN or infinite (a zero baseline): kept as JSON's NaN / Infinity
+    # constants so that the record reads back (pydantic would write null, which a float refuses).
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
+
+class Verdict(str, Enum):
+    IMPROVED = "IMPROVED"
+    """Better than baseline on the task's metric, with a confidence interval excluding no-change."""
+    NO_CHANGE = "NO_CHANGE"
+    """Within noise."""
+    REGRESSED = "REGRESSED"
+    """Worse than baseline, with confidence."""
+    INCORRECT = "INCORRECT"
+    """Output wrong against the reference or less accurate than baseline against float64."""
+    FAILED = "FAILED"
+    """Crash, timeout or resource limit: the candidate could not be measured."""
+    REJECTED = "REJECTED"
+    """A rule was broken (patch outside editable files, forbidden construct, sandbox escape)."""
+
+
+class Flag(str, Enum):
+    SUSPICIOUS = "suspicious"
+    """Speedup above the task's plausibility bound or other oddity: forces human review."""
+    NOISY = "noisy"
+    """The measurement was noisy (high IQR, drift); the verdict is less certain."""
+    ACCURACY_NEAR_THRESHOLD = "accuracy_near_threshold"
+    """Correct, but within 20% of the tolerance."""
+    HEALTH_WARNING = "health_warning"
+    """The output-health guard fired more often than on baseline (serving targets)."""
+    DIFFERENT_NODES = "different_nodes"
+    """Baseline and candidate were measured on different machines."""
+    UNDERPOWERED = "underpowered"
+    """NO_CHANGE from a measurement that could not resolve the effect asked for (budget or
+    noise): it rules out only larger changes."""
+
+
+class CorrectnessEvidence(_Record):
+    passed: bool
+    checks: int = 0
+    """How many fresh inputs were checked."""
+    max_abs_err: float | None = None
+    """Max |candidate - reference| over all checks."""
+    max_rel_err: float | None = None
+    tolerance: str | None = None
+    """The tolerance applied, in words (e.g. 'atol=1e-5 rtol=1.3e-6 (float32)')."""
+    baseline_err_f64: float | None = None
+    """Baseline's error against the float64 reference (task's error measure)."""
+    candidate_err_f64: float | None = None
+    """Candidate's error against the float64 reference."""
+    detail: str | None = None
+    """First failing check, in words."""
+
+
+class PerformanceEvidence(_Record):
+    metric: str
+    """e.g. 'latency_ms' or 'output_throughput'."""
+    unit: str
+    """e.g. 'ms' or 'tok/s'."""
+    higher_is_better: bool
+    baseline_median: float
+    candidate_median: float
+    speedup: float
+    """Improvement factor oriented so that > 1 is better (baseline/candidate for times and
+    errors); what it is called is `gain`."""
+    ci_low: float
+    """95% confidence interval of `speedup`."""
+    ci_high: float
+    n_samples: int
+    """Samples per arm."""
+    baseline_samples: list[float] = Field(default_factory=list)
+    candidate_samples: list[float] = Field(default_factory=list)
+    noise: list[str] = Field(default_factory=list)
+    """Noise flags from the benchmark instrument (e.g. 'high_iqr', 'drift')."""
+    min_effect: float | None = None
+    """The task's minimum effect (relative) the decision used; None in records made before it
+    was kept here."""
+    gain: str = "speedup"
+    """What the factor is: 'speedup' (time, throughput), 'error ratio' (accuracy tasks: baseline
+    error / candidate error), 'rate ratio' (rare events: baseline rate / candidate rate)."""
+    method: str = ""
+    """How it was measured (interleaving, bootstrap, repetitions)."""
+    pair_noise: float | None = None
+    """sd of the log per-pair speedups: the noise one pair of samples carries (0.03 = 3%)."""
+    detectable_effect: float | None = None
+    """Smallest speedup this measurement finds IMPROVED with 80% probability (e.g. 1.07)."""
+    wanted_effect: float | None = None
+    """The detectable effect asked for (the task's precision, or the caller's `detect`)."""
+    calibration: str = ""
+    """What the experiment said after its calibration, before the bulk of the samples."""
+
+    @field_validator(
+        "baseline_median", "candidate_median", "speedup", "ci_low", "ci_high", mode="before"
+    )
+    @classmethod
+    def _null_is_nan(cls, value: Any) -> Any:
+        """A NaN an earlier version stored as null reads back as NaN."""
+        return math.nan if value is None else value
+
+
+class SandboxEvidence(_Record):
+    backend: str
+    """'local' or 'docker'."""
+    isolation: list[str] = Field(default_factory=list)
+    """Isolation actually in force, e.g. ['netns:bwrap', 'rlimit:as', 'env:scrubbed']."""
+    missing: list[str] = Field(default_factory=list)
+    """Isolation that was asked for but could not be applied."""
+
+
+class Evidence(_Record):
+    schema_version: int = EVIDENCE_SCHEMA_VERSION
+    stage_reached: str = ""
+    """Last cascade stage run: apply, static, correctness, performance, health."""
+    correctness: CorrectnessEvidence | None = None
+    performance: PerformanceEvidence | None = None
+    health: dict[str, float | int | str | bool] = Field(default_factory=dict)
+    """Task health checks (e.g. corruption counts, guard trips), name -> value."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Any other task metric measured, name -> value (units in the name)."""
+    rule_violations: list[str] = Field(default_factory=list)
+    sandbox: SandboxEvidence | None = None
+    durations_s: dict[str, float] = Field(default_factory=dict)
+    """Wall time per cascade stage, seconds."""
+    log_tail: str = ""
+    """Last lines of the candidate's stderr when it failed."""
+    extra: dict[str, object] = Field(default_factory=dict)
+    """Task-specific evidence (e.g. accuracy divergence point); rendered as JSON if unknown."""
+
+
+class ExperimentResult(_Record):
+    """The outcome of one experiment: what the CLI prints with --json and the store records."""
+
+    schema_version: int = EVIDENCE_SCHEMA_VERSION
+    task: str
+    patch_id: str
+    verdict: Verdict
+    reasons: list[str]
+    flags: list[Flag] = Field(default_factory=list)
+    evidence: Evidence = Field(default_factory=Evidence)
+
+    def render(self) -> str:
+        """A short rendering for a model or a person: the decisive numbers first."""
+        lines = [
+            f"{self.verdict.value}"
+            + (f" [{', '.join(f.value for f in self.flags)}]" if self.flags else "")
+        ]
+        perf = self.evidence.performance
+        if perf is not None:
+            lines.append(
+                f"{perf.gain} {perf.speedup:.3f}x (95% CI {perf.ci_low:.3f}-{perf.ci_high:.3g}, "
+                f"n={perf.n_samples}/arm); {perf.metric} baseline {perf.baseline_median:.4g} {perf.unit}"
+                f" -> candidate {perf.candidate_median:.4g} {perf.unit}"
+            )
+            if perf.calibration:
+                lines.append(perf.calibration)
+        corr = self.evidence.correctness
+        if corr is not None:
+            acc = f"correctness {'pass' if corr.passed else 'FAIL'} ({corr.checks} checks"
+            if corr.max_abs_err is not None:
+                acc += f", max abs err {corr.max_abs_err:.3g}"
+            if corr.candidate_err_f64 is not None and corr.baseline_err_f64 is not None:
+                acc += f", err vs f64 cand {corr.candidate_err_f64:.3g} / base {corr.baseline_err_f64:.3g}"
+            lines.append(acc + ")")
+        for name, value in self.evidence.health.items():
+            lines.append(f"health {name}: {value}")
+        lines.extend(f"- {r}" for r in self.reasons)
+        return "\n".join(lines)

@@ -1,0 +1,12 @@
+"""sglang-garbled-under-load: outputs under load against the same tokens scored alone.
+
+Everything is in `infra_agent.serving.corruption_harness.LoadCorruptionHarness`; this file names the deployment.
+"""
+
+from pathlib import Path
+
+from infra_agent.serving.corruption_harness import LoadCorruptionHarness
+
+
+class TaskHarness(LoadCorruptionHarness):
+    deployment_path = Path(__file__).parent / "deployment.toml"

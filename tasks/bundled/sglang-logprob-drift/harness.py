@@ -1,0 +1,12 @@
+"""sglang-logprob-drift: log-probabilities returned with sampled tokens, against the un-injected engine.
+
+Everything is in `infra_agent.serving.logprob_harness.LogprobHarness`; this file names the deployment.
+"""
+
+from pathlib import Path
+
+from infra_agent.serving.logprob_harness import LogprobHarness
+
+
+class TaskHarness(LogprobHarness):
+    deployment_path = Path(__file__).parent / "deployment.toml"

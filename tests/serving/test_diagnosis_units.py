@@ -1,0 +1,148 @@
+"""The serving diagnosis instruments on real processes and real traces, without a server: the
+function profile (py-spy on a live child), the precision audit (torch.profiler on real ops in a
+module laid out like SGLang's), and the log-probability distance."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from infra_agent.feedback.pyprofile import profile_pid
+from infra_agent.serving.accuracy import Answer
+from infra_agent.serving.logprob_harness import logprob_distance
+from infra_agent.serving.precision import findings, qualified
+
+SAMPLER = textwrap.dedent(
+    """
+    import torch
+
+
+    class Sampler:
+        def forward(self, logits, reduced):
+            logits = logits.float()
+            probs = torch.softmax(logits, dim=-1)
+            if reduced:
+                probs = probs.to(torch.bfloat16)
+            return torch.log(probs)
+
+
+    def model(hidden, weight, reduced):
+        logits = hidden.to(torch.bfloat16) @ weight  # the model's dtype
+        return Sampler().forward(logits, reduced)
+    """
+)
+
+
+@pytest.fixture
+def fake_package(tmp_path: Path) -> Path:
+    module = tmp_path / "sglang" / "srt" / "layers" / "fake_sampler.py"
+    module.parent.mkdir(parents=True)
+    for folder in (module.parent, module.parent.parent, module.parent.parent.parent):
+        (folder / "__init__.py").write_text("")
+    module.write_text(SAMPLER)
+    sys.path.insert(0, str(tmp_path))
+    yield tmp_path / "sglang"
+    sys.path.remove(str(tmp_path))
+    for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+        del sys.modules[name]
+
+
+def trace(reduced: bool, tmp: Path) -> list[dict]:
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    mod = importlib.import_module("sglang.srt.layers.fake_sampler")
+    hidden, weight = torch.randn(4, 16), torch.randn(16, 1024).to(torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True, record_shapes=True) as prof:
+        mod.model(hidden, weight, reduced)
+    path = tmp / f"trace-{reduced}.json"
+    prof.export_chrome_trace(str(path))
+    return json.loads(path.read_text())["traceEvents"]
+
+
+def test_precision_audit_names_the_function_that_drops_to_16_bits(
+    fake_package: Path, tmp_path: Path
+) -> None:
+    clean = findings(trace(False, tmp_path), vocab=1024)
+    assert clean == []  # the bf16 matmul (the LM head) is by design, not a finding
+    found = findings(trace(True, tmp_path), vocab=1024)
+    assert found[0].op == "aten::to" and found[0].input_type == "float"
+    assert any(f.op.startswith("aten::log") for f in found)
+    first = found[0]
+    assert first.function.startswith("sglang/srt/layers/fake_sampler.py(")
+    assert qualified(first.function, [fake_package]) == (
+        "sglang/srt/layers/fake_sampler.py:Sampler.forward"
+    )
+
+
+def test_function_profile_charges_library_time_to_the_workspace_function(tmp_path: Path) -> None:
+    work = tmp_path / "pkg"
+    work.mkdir()
+    (work / "busy.py").write_text(
+        "import random\n"
+        "data = [random.random() for _ in range(200000)]\n"
+        "def hot():\n    return sorted(data)\n"  # time in C, charged to hot()
+        "def cold():\n    return sorted(data[:5000])\n"
+        "while True:\n    hot()\n    cold()\n"
+    )
+    child = subprocess.Popen([sys.executable, str(work / "busy.py")])
+    try:
+        time.sleep(0.5)
+        profile = profile_pid(child.pid, duration_s=2.0)
+    finally:
+        child.kill()
+        child.wait()
+    rows = profile.functions([work])
+    assert profile.samples > 20
+    assert rows[0].function == "hot" and rows[0].file == "pkg/busy.py"
+    assert rows[0].self_share > 0.6
+    assert rows[1].function in ("cold", "<module>") and rows[1].self_share < 0.3
+    assert "hot" in profile.render([work])
+
+
+def test_logprob_distance_compares_up_to_the_first_divergence() -> None:
+    ref = [Answer(ids=[1, 2, 3], top=[{1: -0.1, 5: -2.0}, {2: -0.2}, {3: -0.3}])]
+    same = logprob_distance(ref, ref)
+    assert same.mean_nats == 0.0 and same.pairs == 4
+    moved = [Answer(ids=[1, 9, 3], top=[{1: -0.11, 5: -2.0}, {2: -0.25}, {3: -9.0}])]
+    d = logprob_distance(moved, ref)
+    # Positions 0 and 1 (where the tokens part) are compared; position 2 is not.
+    assert d.pairs == 3 and d.max_nats == pytest.approx(0.05)
+
+
+def test_growth_entry_names_where_work_that_grows_with_the_load_enters(tmp_path: Path) -> None:
+    from infra_agent.feedback.pyprofile import FunctionProfile
+    from infra_agent.serving.diagnosis import growth_entry
+
+    root = tmp_path / "sglang"
+    f = str(root / "srt" / "sched.py")
+
+    def stack(*names: str) -> str:
+        return "thread (1): MainThread;" + ";".join(f"{n} ({f}:1)" for n in names)
+
+    loop, step, prio, match = "Loop.run", "Loop.step", "Policy.calc_priority", "Policy._matches"
+    light = FunctionProfile(pid=1, duration_s=1, samples=100, stacks={
+        stack(loop, step, "Model.forward"): 97, stack(loop, step, prio): 1,
+        stack(loop, step, prio, match): 2,
+    })  # fmt: skip
+    heavy = FunctionProfile(pid=1, duration_s=1, samples=1000, stacks={
+        stack(loop, step, "Model.forward"): 400, stack(loop, step, prio): 50,
+        stack(loop, step, prio, match): 550,
+    })  # fmt: skip
+    # 1000 tokens each: the model's time per token grows 4x, the policy's 200x, its matching
+    # 275x: the policy is where the growing work enters (its callers also do work that does not).
+    found = growth_entry(light, heavy, [root], light_tokens=1000, heavy_tokens=1000)
+    assert found is not None
+    where, share, ratio = found
+    assert where == "sglang/srt/sched.py:Policy.calc_priority"
+    assert share == pytest.approx(0.6) and ratio == pytest.approx(200.0)
+    flat = FunctionProfile(pid=1, duration_s=1, samples=100, stacks=dict(light.stacks))
+    assert growth_entry(light, flat, [root], light_tokens=1000, heavy_tokens=1000) is None

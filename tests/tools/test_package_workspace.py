@@ -1,0 +1,67 @@
+"""A serving task's workspace through the agent's tools: the whole installed SGLang package,
+with the task's injected fault in it, the fault's patch and the install itself out of reach."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from infra_agent.serving.env import find_sglang_env
+from infra_agent.store import open_store
+from infra_agent.tasks.manifest import load_task
+from infra_agent.tasks.registry import find_task
+from infra_agent.tools.context import ToolContext
+from infra_agent.tools.registry import default_registry
+
+pytestmark = pytest.mark.skipif(
+    find_sglang_env() is None,
+    reason="SGLang environment not created (python -m infra_agent.serving.env --ensure)",
+)
+SAMPLER = "sglang/srt/layers/sampler.py"
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> ToolContext:
+    from infra_agent.serving.overlay import installed_package
+
+    folder = tmp_path / "mine"
+    shutil.copytree(find_task("sglang-cpu-tiny").root, folder)
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace('name = "sglang-cpu-tiny"', 'name = "mine"'))
+    lines = (installed_package().parent / SAMPLER).read_text().splitlines(keepends=True)
+    (folder / "inject.patch").write_text(
+        f"--- a/{SAMPLER}\n+++ b/{SAMPLER}\n@@ -1,3 +1,4 @@\n"
+        + f" {lines[0]}+FAULT_MARK = 1\n"
+        + "".join(" " + line for line in lines[1:3])
+    )
+    return ToolContext(task=load_task(folder), store=open_store(tmp_path / "runs.db"), run_id="r")
+
+
+def call(ctx: ToolContext, name: str, **args: object) -> str:
+    result = default_registry().call(name, json.dumps(args), ctx)
+    assert result.error is None, result.error
+    return result.content
+
+
+def test_any_sglang_module_can_be_listed_read_and_searched(ctx: ToolContext) -> None:
+    top = call(ctx, "list_files")
+    assert "files match" in top and "sglang/" in top  # summarized by folder, not 200 names
+    managers = call(ctx, "list_files", pattern="sglang/srt/managers/*.py")
+    assert "sglang/srt/managers/scheduler.py  (editable)" in managers
+    text = call(ctx, "read_file", path="sglang/srt/managers/scheduler.py", max_lines=5)
+    assert text.startswith("sglang/srt/managers/scheduler.py: lines 1-5 of ")
+    hits = call(ctx, "search_files", regex=r"class Scheduler\b", pattern="sglang/srt/**/*.py")
+    assert "sglang/srt/managers/scheduler.py:" in hits
+
+
+def test_the_injected_fault_is_simply_part_of_the_code(ctx: ToolContext) -> None:
+    assert "FAULT_MARK = 1" in call(ctx, "read_file", path=SAMPLER, max_lines=3)
+    assert "FAULT_MARK" in call(ctx, "search_files", regex="FAULT_MARK", pattern="*.py")
+    for hidden in ("../inject.patch", "inject.patch", "../sglang-0.5.23.dist-info/RECORD"):
+        result = default_registry().call("read_file", json.dumps({"path": hidden}), ctx)
+        assert result.error and (
+            "outside the task workspace" in result.error or "no file" in result.error
+        )
