@@ -62,6 +62,7 @@ def _register() -> None:
     # Imported here so that a broken group shows up as an error in that group only in tests,
     # and `infra-agent --help` stays fast (groups import their heavy dependencies lazily).
     from infra_agent.agent.cli import register as register_agent
+    from infra_agent.evals.cli import app as eval_app
     from infra_agent.experiments.check import register as register_check
     from infra_agent.experiments.cli import register as register_experiments
     from infra_agent.feedback.cli import app as feedback_app
@@ -79,6 +80,7 @@ def _register() -> None:
     app.add_typer(runs_app, name="runs")
     app.add_typer(review_app, name="review")
     app.add_typer(config_app, name="config")
+    app.add_typer(eval_app, name="eval")
     register_export(app)  # export
 
 

@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
             None, "--script", help="Replies to replay with --policy scripted."
         ),
         strategy: str = typer.Option(
-            "coordinate", "--search-strategy", help="coordinate | random (search policy)."
+            "tpe", "--search-strategy", help="tpe (Optuna) | random (search policy)."
         ),
         batch: int = typer.Option(1, "--batch", help="Configurations per search step."),
         executor: str = typer.Option(
@@ -145,8 +145,8 @@ def register(app: typer.Typer) -> None:
         else:
             if executor not in (None, "local", "ray"):
                 raise UserError(f"--executor: '{executor}' is not local or ray")
-            if strategy not in ("coordinate", "random"):
-                raise UserError(f"--search-strategy: '{strategy}' is not coordinate or random")
+            if strategy not in ("tpe", "random"):
+                raise UserError(f"--search-strategy: '{strategy}' is not tpe or random")
             chosen, reason = resolve_policy(policy, settings.llm, script)
             the_task = find_run_task(RunConfig(task=task or settings.tasks.default))
             objective = target or the_task.manifest.objective

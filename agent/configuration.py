@@ -44,7 +44,9 @@ class RunConfig(BaseModel):
     """Task scale parameter overrides."""
     script: str | None = None
     """Script file of the scripted policy (test equipment)."""
-    search_strategy: Literal["coordinate", "random"] = "coordinate"
+    search_strategy: Literal["tpe", "random"] = "tpe"
+    """`tpe`: Optuna's TPE over the knobs; `random`: the control. Runs stored before TPE replaced
+    the coordinate search resume with TPE."""
     search_batch: int = 1
     """Configurations the search policy proposes per turn (a parallel executor runs them at once)."""
     executor: Literal["local", "ray"] | None = None
@@ -53,6 +55,11 @@ class RunConfig(BaseModel):
     parallel: int = 1
     """Experiments at once on the executor."""
     seed: int = 0
+    feedback: Literal["dense", "sparse"] = "dense"
+    """`dense` offers every tool; `sparse` only reading, editing, run_experiment and finish (no
+    instruments), the setting `infra-agent eval --feedback sparse` compares against."""
+    tools: list[str] = Field(default_factory=list)
+    """The tool names the run offered its policy (recorded when the run starts)."""
     max_invalid_replies: int = 5
     """Consecutive replies without a valid tool call before the run stops."""
     max_model_failures: int = 3
@@ -70,6 +77,11 @@ class RunConfig(BaseModel):
         if name not in POLICIES:
             raise ValueError(f"unknown policy '{name}' (one of {', '.join(POLICIES)})")
         return name
+
+    @field_validator("search_strategy", mode="before")
+    @classmethod
+    def _coordinate_is_now_tpe(cls, value: Any) -> Any:
+        return "tpe" if value == "coordinate" else value
 
 
 def resolve_policy(requested: str, llm: LLMSettings, script: Path | None) -> tuple[str, str]:

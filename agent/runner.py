@@ -121,7 +121,7 @@ def _context(
         task=task,
         store=store,
         policy=policy,
-        tools=default_registry(),
+        tools=default_registry(config.feedback),
         tool_context=tool_context,
         log=RunLog(store, run.id),
         run_experiment=run_experiment,
@@ -261,7 +261,8 @@ def start_run(
     store_path = settings.store.path()
     store = open_store(store_path)
     task = find_run_task(config)
-    config = config.model_copy(update={"task_root": str(task.root)})
+    tools = default_registry(config.feedback).names()
+    config = config.model_copy(update={"task_root": str(task.root), "tools": tools})
     policy = build_policy(config, settings.llm, task)  # fail on bad input before recording a run
     run = RunRecord(
         task=task.name,

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_search.py [--task decode-split-norm] [--budget 6] [--quick]
 
-For each strategy (coordinate search seeded by the skeletons, random search over the same value
+For each strategy (Optuna TPE seeded by the skeletons, random search over the same value
 lists) a full agent run with `--budget` experiments; plus one A/A experiment of the default
 configuration (what "doing nothing" measures as). Prints per strategy: the best proven speedup
 (IMPROVED, CI excluding 1), the experiments needed to reach 90% of it, the verdict mix, and wall
@@ -66,7 +66,7 @@ def main() -> None:
         task_ref = str(quick_copy(args.task, Path(tmp))) if args.quick else args.task
         settings = load_settings(overrides={"store.db": str(Path(tmp) / "runs.db")})
         rows = []
-        for strategy in ("coordinate", "random"):
+        for strategy in ("tpe", "random"):
             config = RunConfig(
                 task=task_ref, policy="search", search_strategy=strategy,  # type: ignore[arg-type]
                 budget=Budget(experiments=args.budget), seed=7,
@@ -105,7 +105,7 @@ def main() -> None:
     label, verdict, text, wall = default_row
     print(f"{label:<22}{'1.000x':>12}{'-':>8}  {verdict} {text:<27}{wall:>8.0f}")
     coord, rand = rows[0][1], rows[1][1]
-    print(f"ratio best speedup coordinate / random: {coord / rand:.3f}")
+    print(f"ratio best speedup tpe / random: {coord / rand:.3f}")
 
 
 if __name__ == "__main__":

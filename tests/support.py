@@ -117,3 +117,28 @@ class ExperimentGate:
         """Experiments of the task that reached their prepare stage so far."""
         path = self.folder / "started"
         return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def quick_decode_task(parent: Path) -> Path:
+    """A copy of decode-split-norm under `parent` with a smaller problem and measurement budget
+    (same code and harness), named decode-split-norm-quick."""
+    import re
+    import shutil
+
+    from infra_agent.tasks.registry import find_task
+
+    folder = parent / "decode-split-norm-quick"
+    shutil.copytree(find_task("decode-split-norm").root, folder)
+    toml = folder / "task.toml"
+    text = toml.read_text().replace(
+        'name = "decode-split-norm"', 'name = "decode-split-norm-quick"'
+    )
+    text = re.sub(
+        r"\[budget\][^\[]*",
+        "[budget]\ncall_timeout_s = 30.0\nmin_samples = 5\nmax_samples = 12\n"
+        "measure_budget_s = 3.0\ncorrectness_checks = 1\n\n",
+        text,
+    )
+    text = re.sub(r"seq_len = \d+", "seq_len = 1024", text)
+    toml.write_text(re.sub(r"steps = \d+", "steps = 2", text))
+    return folder

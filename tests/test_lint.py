@@ -18,6 +18,7 @@ MYPY_TARGETS = [
     "infra_agent.context",
     "infra_agent.redact",
     "infra_agent.store",
+    "infra_agent.evals",
     "infra_agent.experiments",
     "infra_agent.tasks.manifest",
     "infra_agent.tasks.harness",

@@ -30,5 +30,21 @@ AGENT_TOOLS: list[Tool] = [  # type: ignore[type-arg]
 ]
 
 
-def default_registry() -> ToolRegistry:
+SPARSE_TOOLS = (
+    "describe_task",
+    "list_files",
+    "read_file",
+    "search_files",
+    "propose_patch",
+    "propose_knobs",
+    "run_experiment",
+    "finish",
+)
+"""Sparse feedback: reading, editing, run_experiment and finish; no instruments, no skeletons."""
+
+
+def default_registry(feedback: str = "dense") -> ToolRegistry:
+    """Every tool (`dense`), or only the sparse-feedback ones (`sparse`)."""
+    if feedback == "sparse":
+        return ToolRegistry([t for t in AGENT_TOOLS if t.name in SPARSE_TOOLS])
     return ToolRegistry(list(AGENT_TOOLS))

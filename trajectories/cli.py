@@ -58,6 +58,9 @@ def register(app: typer.Typer) -> None:
         parquet: bool = typer.Option(False, "--parquet", help="Write Parquet instead of JSONL."),
         task: list[str] = typer.Option([], "--task", help="Only runs of this task (repeatable)."),
         run: list[str] = typer.Option([], "--run", help="Only this run id (repeatable)."),
+        eval_id: str | None = typer.Option(
+            None, "--eval", help="Only the runs of this eval's attempts (infra-agent eval)."
+        ),
         since: str | None = typer.Option(
             None, "--since", help="Runs created on/after (ISO date or time, UTC)."
         ),
@@ -99,6 +102,12 @@ def register(app: typer.Typer) -> None:
             weights = parse_weights(weight)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+        if eval_id is not None:
+            from infra_agent.store.evals import eval_run_ids
+
+            if run:
+                raise UserError("--eval selects the runs itself; drop --run")
+            run = eval_run_ids(current().store_path(), eval_id)
         flt = ExportFilter(
             tasks=task,
             runs=run,

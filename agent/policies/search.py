@@ -1,14 +1,14 @@
 """The `search` policy: no model; tunes the task's knobs with experiments and verdicts.
 
-Strategy `coordinate` (the default) is a greedy coordinate search that needs no state of its own,
-so a resumed run picks up exactly where it was: the incumbent is the best `IMPROVED` configuration
-measured so far (the task's defaults until there is one); the candidates are its neighbours, one
-knob changed at a time, with values from the skeletons' knob advice first and then a small grid
-over the knob's domain, taken round-robin over the knobs (each knob's most promising value before
-any knob's second); a knob value seen only in configurations that broke (REJECTED, INCORRECT,
-FAILED) is not tried again; the next `batch` unmeasured neighbours are proposed and verified. It stops
-when every neighbour of the incumbent has been measured. Strategy `random` samples whole
-configurations from the same value lists (the benchmark's control).
+Strategy `tpe` (the default) is Optuna's Tree-structured Parzen Estimator over the knobs' value
+lists (the skeletons' knob advice, then a small grid over each knob's domain, the default
+included). It keeps no state of its own, so a resumed run picks up exactly where it was: every
+turn rebuilds an in-memory study from the run's measured experiments (value: the speedup, oriented
+so > 1 is better; a configuration that broke, REJECTED, INCORRECT or FAILED, counts as 0) and asks
+it for the next unmeasured configurations. Before TPE takes over, the advised values are tried one
+knob at a time from the task's defaults (what the skeletons learned from reviewed runs comes
+first). It stops when every configuration of the space has been measured. Strategy `random`
+samples whole configurations from the same value lists (the benchmark's control).
 
 Each turn is written as the tool calls a model would make (`propose_knobs`, then
 `run_experiment`), so the run log reads like any other run and the same graph executes it.
@@ -16,6 +16,7 @@ Each turn is written as the tool calls a model would make (`propose_knobs`, then
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -112,6 +113,19 @@ def canonical(knobs: dict[str, Any], manifest: TaskManifest) -> dict[str, Any]:
     return {k: v for k, v in sorted(knobs.items()) if manifest.knobs[k].default != v}
 
 
+_ASKS = 128
+"""TPE suggestions drawn per turn at most before enumerating the space instead."""
+_STARTUP = 3
+"""Random configurations TPE draws before it models the results (Optuna's default is 10, more
+than most budgets here)."""
+
+
+def _value(outcome: Any) -> float:
+    if outcome.verdict in _BROKEN:
+        return 0.0
+    return float(outcome.speedup) if outcome.speedup is not None else 1.0
+
+
 class SearchPolicy:
     """Knob search without a model (see the module docstring)."""
 
@@ -123,12 +137,17 @@ class SearchPolicy:
         manifest: TaskManifest,
         advice: dict[str, list[Any]] | None = None,
         *,
-        strategy: Literal["coordinate", "random"] = "coordinate",
+        strategy: Literal["tpe", "random"] = "tpe",
         batch: int = 1,
         seed: int = 0,
     ) -> None:
         self.manifest = manifest
+        self.advice = {_key(n): list(v) for n, v in (advice or {}).items()}
         self.space = candidate_values(manifest, advice or {})
+        defaults = self._defaults()
+        for name, values in self.space.items():  # the default is a point of the space too
+            if defaults[name] not in values:
+                values.append(defaults[name])
         self.strategy = strategy
         self.batch = max(1, batch)
         self.seed = seed
@@ -144,56 +163,89 @@ class SearchPolicy:
                 best, speedup = {**self._defaults(), **e.knobs}, e.speedup
         return best, speedup
 
-    def _measured(self, state: AgentState) -> set[str]:
-        return {json.dumps(e.knobs, sort_keys=True, default=str) for e in state.experiments}
-
-    def broken_values(self, state: AgentState) -> set[tuple[str, Any]]:
-        """Knob values seen only in configurations that broke (REJECTED, INCORRECT, FAILED):
-        not tried again in other combinations."""
-        seen_ok: set[tuple[str, Any]] = set()
-        seen_bad: set[tuple[str, Any]] = set()
-        for e in state.experiments:
-            pairs = {(k, _hashable(v)) for k, v in e.knobs.items()}
-            (seen_bad if e.verdict in _BROKEN else seen_ok).update(pairs)
-        return seen_bad - seen_ok
+    def _text(self, config: dict[str, Any]) -> str:
+        return json.dumps(canonical(config, self.manifest), sort_keys=True, default=str)
 
     def next_configs(self, state: AgentState) -> list[dict[str, Any]]:
-        """The next configurations to verify (empty: nothing left to try)."""
-        measured = self._measured(state)
+        """The next configurations to verify, as changes from the defaults (empty: nothing left)."""
+        measured = {
+            self._text({**self._defaults(), **e.knobs}): _value(e) for e in state.experiments
+        }
+        measured[self._text(self._defaults())] = 1.0  # baseline is what every arm is compared to
         out: list[dict[str, Any]] = []
 
-        def add(config: dict[str, Any]) -> None:
-            key = canonical(config, self.manifest)
-            text = json.dumps(key, sort_keys=True, default=str)
-            if key and text not in measured and key not in out:
-                out.append(key)
+        def add(config: dict[str, Any]) -> bool:
+            text = self._text(config)
+            if text in measured or any(self._text(c) == text for c in out):
+                return False
+            out.append(canonical(config, self.manifest))
+            return True
 
         if self.strategy == "random":
             rng = random.Random(self.seed + len(state.experiments))
             for _ in range(200):
                 if len(out) >= self.batch:
                     break
-                add(
-                    {
-                        n: rng.choice([self.manifest.knobs[n].default, *vs])
-                        for n, vs in self.space.items()
-                    }
-                )
+                add({n: rng.choice(vs) for n, vs in self.space.items()})
             return out
-        incumbent, _ = self.incumbent(state)
-        broken = self.broken_values(state)
-        # Neighbours by rank, round-robin over knobs: every knob's most promising value first.
-        ranked = sorted(
-            (rank, order, name, value)
-            for order, (name, values) in enumerate(self.space.items())
-            for rank, value in enumerate(values)
-            if value != incumbent[name] and (name, _hashable(value)) not in broken
-        )
-        for _, _, name, value in ranked:
-            if len(out) >= self.batch:
-                break
-            add({**incumbent, name: value})
+        defaults = self._defaults()
+        for name, values in self.space.items():  # advice first, one knob at a time
+            for value in self.advice.get(_key(name), []):
+                if len(out) < self.batch and value in values:
+                    add({**defaults, name: value})
+        size = 1
+        for values in self.space.values():
+            size *= len(values)
+        if len(out) < self.batch and len(measured) < size:
+            self._ask_tpe(state, measured, add, self.batch - len(out))
+        if len(out) < self.batch:  # TPE keeps suggesting measured points: enumerate the rest
+            names = list(self.space)
+            for combo in itertools.islice(itertools.product(*self.space.values()), 100_000):
+                if len(out) >= self.batch:
+                    break
+                add(dict(zip(names, combo, strict=True)))
         return out
+
+    def _ask_tpe(
+        self, state: AgentState, measured: dict[str, float], add: Any, wanted: int
+    ) -> None:
+        import optuna
+        from optuna.distributions import BaseDistribution, CategoricalDistribution
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        names = list(self.space)
+        dists: dict[str, BaseDistribution] = {
+            n: CategoricalDistribution(list(range(len(vs)))) for n, vs in self.space.items()
+        }
+        sampler = optuna.samplers.TPESampler(
+            seed=self.seed * 100_003 + len(state.experiments), n_startup_trials=_STARTUP
+        )
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+
+        def indices(config: dict[str, Any]) -> dict[str, int] | None:
+            try:
+                return {n: self.space[n].index(config[n]) for n in names}
+            except ValueError:  # measured with a value outside the space (advice changed)
+                return None
+
+        for e in state.experiments:
+            params = indices({**self._defaults(), **e.knobs})
+            if params is not None:
+                study.add_trial(
+                    optuna.trial.create_trial(params=params, distributions=dists, value=_value(e))
+                )
+        for _ in range(_ASKS):
+            trial = study.ask(dists)
+            config = {n: self.space[n][trial.params[n]] for n in names}
+            text = self._text(config)
+            if text in measured:  # tell TPE what it already knows and ask again
+                study.tell(trial, measured[text])
+                continue
+            if add(config):
+                wanted -= 1
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)  # not measured yet
+            if wanted <= 0:
+                return
 
     def next_turn(self, state: AgentState, tools: list[dict[str, Any]]) -> ModelTurn:
         configs = self.next_configs(state)

@@ -4,8 +4,6 @@ copy of a bundled task (same code and harness, smaller measurement budget)."""
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from infra_agent.tasks.registry import find_task
 
 
 def chunk(
@@ -132,19 +128,6 @@ def fake_endpoint() -> Iterator[FakeEndpoint]:
 @pytest.fixture
 def quick_task(tmp_path: Path) -> Path:
     """decode-split-norm with a smaller problem and measurement budget (same code and harness)."""
-    source = find_task("decode-split-norm").root
-    folder = tmp_path / "decode-split-norm-quick"
-    shutil.copytree(source, folder)
-    toml = folder / "task.toml"
-    text = toml.read_text().replace(
-        'name = "decode-split-norm"', 'name = "decode-split-norm-quick"'
-    )
-    text = re.sub(
-        r"\[budget\][^\[]*",
-        "[budget]\ncall_timeout_s = 30.0\nmin_samples = 5\nmax_samples = 12\n"
-        "measure_budget_s = 3.0\ncorrectness_checks = 1\n\n",
-        text,
-    )
-    text = re.sub(r"seq_len = \d+", "seq_len = 1024", text)
-    toml.write_text(re.sub(r"steps = \d+", "steps = 2", text))
-    return folder
+    from support import quick_decode_task
+
+    return quick_decode_task(tmp_path)

@@ -47,49 +47,56 @@ def test_scripted_is_never_silent_and_llm_needs_an_endpoint(tmp_path: Path) -> N
     assert name == "scripted" and "test equipment" in reason
 
 
-def test_search_follows_skeleton_advice_and_builds_on_proven_wins() -> None:
+def test_search_tries_skeleton_advice_first_then_tpe() -> None:
     manifest = find_task("sglang-cpu-tiny").manifest
     policy = SearchPolicy(manifest, knob_advice(load_skeletons()))
     state = AgentState(run_id="r")
     assert policy.next_configs(state) == [{"max-running-requests": 128}]
     state.experiments.append(_measured({"max-running-requests": 128}, "IMPROVED", 1.8))
-    # the next move keeps the win and tries the next knob's most promising value
-    both = {"chunked-prefill-size": 4096, "max-running-requests": 128}
-    assert policy.next_configs(state) == [both]
-    state.experiments.append(_measured(both, "NO_CHANGE", 1.79))
-    nxt = policy.next_configs(state)[0]
-    assert (
-        nxt["max-running-requests"] == 128 and len(nxt) == 2 and "chunked-prefill-size" not in nxt
-    )
+    nxt = policy.next_configs(state)
+    assert len(nxt) == 1 and nxt[0] != {"max-running-requests": 128} and nxt[0]
+    assert all(v in policy.space[k] for k, v in nxt[0].items())
     turn = policy.next_turn(state, [])
     assert turn.message is not None
     assert [c.name for c in turn.message.tool_calls] == ["propose_knobs", "run_experiment"]
 
 
-def test_search_does_not_retry_a_value_that_broke() -> None:
+def test_tpe_search_is_a_function_of_the_measured_history() -> None:
+    """A resumed run rebuilds the study from its experiments: same history, same next move."""
     manifest = find_task("decode-split-norm").manifest
-    policy = SearchPolicy(manifest, {}, batch=100)
     state = AgentState(run_id="r")
-    state.experiments.append(_measured({"threads": 2}, "REJECTED", 1.0))
-    state.experiments.append(_measured({"num_splits": 2}, "IMPROVED", 2.0))
-    configs = policy.next_configs(state)
-    assert all(c.get("num_splits") == 2 or list(c) == ["num_splits"] for c in configs)
-    assert {"num_splits": 2, "threads": 2} not in configs
-    assert {"num_splits": 2, "threads": 3} in configs
+    for knobs, verdict, speedup in [({"num_splits": 2}, "IMPROVED", 2.0),
+                                    ({"threads": 2}, "REJECTED", 1.0),
+                                    ({"block_size": 64}, "NO_CHANGE", 1.0),
+                                    ({"num_splits": 16}, "REGRESSED", 0.5)]:  # fmt: skip
+        state.experiments.append(_measured(knobs, verdict, speedup))
+    a = SearchPolicy(manifest, {}, batch=3, seed=5).next_configs(state)
+    b = SearchPolicy(manifest, {}, batch=3, seed=5).next_configs(state)
+    assert a == b and len(a) == 3
+    measured = {json.dumps(e.knobs, sort_keys=True) for e in state.experiments}
+    assert not measured & {json.dumps(c, sort_keys=True) for c in a}
 
 
-def test_search_finishes_when_every_neighbour_is_measured() -> None:
+def test_search_finishes_when_the_space_is_measured() -> None:
     manifest = find_task("decode-split-norm").manifest
-    policy = SearchPolicy(manifest, {}, batch=100)
+    policy = SearchPolicy(manifest, {}, batch=1000)
     state = AgentState(run_id="r")
     configs = policy.next_configs(state)
-    defaults = {n: k.default for n, k in manifest.knobs.items()}
-    assert len(configs) == sum(
-        len([v for v in vs if v != defaults[n]]) for n, vs in policy.space.items()
-    )
+    size = 1
+    for values in policy.space.values():
+        size *= len(values)
+    assert len(configs) == size - 1  # every configuration but the defaults, once
+    assert len({json.dumps(c, sort_keys=True) for c in configs}) == size - 1
     state.experiments.extend(_measured(c, "NO_CHANGE", 1.0) for c in configs)
     turn = policy.next_turn(state, [])
     assert turn.message is not None and [c.name for c in turn.message.tool_calls] == ["finish"]
+
+
+def test_runs_stored_with_the_coordinate_search_resume_with_tpe() -> None:
+    from infra_agent.agent.configuration import RunConfig
+
+    config = RunConfig.model_validate({"task": "t", "search_strategy": "coordinate"})
+    assert config.search_strategy == "tpe"
 
 
 def test_random_search_is_seeded_and_never_repeats() -> None:

@@ -1,0 +1,178 @@
+"""`infra-agent eval`: run a policy over a suite with K attempts, resume it, and report it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from infra_agent.errors import UserError
+
+app = typer.Typer(
+    help="Evaluate a policy over a task suite (dense or sparse feedback); attempts are records.",
+    invoke_without_command=True,
+)
+
+
+@app.callback()
+def evaluate(
+    ctx: typer.Context,
+    suite: list[str] = typer.Option(
+        [], "--suite", help="A suite from suites.toml (seed, sglang, all) or a task (repeatable)."
+    ),
+    policy: str = typer.Option("search", "--policy", help="search | scripted | llm."),
+    model: list[str] = typer.Option([], "--model", help="LLM profile (not built yet)."),
+    attempts: int = typer.Option(1, "--attempts", help="Attempts per task (pass@k)."),
+    feedback: str = typer.Option("dense", "--feedback", help="dense | sparse (no instruments)."),
+    budget: str = typer.Option(None, "--budget", help="Each attempt's budget, as for optimize."),
+    script: Path = typer.Option(None, "--script", help="Replies for --policy scripted."),
+    sandbox: str = typer.Option(None, "--sandbox", help="local | docker."),
+    executor: str = typer.Option(None, "--executor", help="local | ray: a turn's experiments."),
+    parallel: int = typer.Option(1, "--parallel", help="Experiments at once on the executor."),
+    suites_file: Path = typer.Option(None, "--suites-file", help="Suites TOML of your own."),
+    resume: str = typer.Option(None, "--resume", help="Continue eval EVAL_ID."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON document."),
+) -> None:
+    """Run every task of the suite `--attempts` times with the policy; print the report."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from infra_agent.agent.cli import parse_budget
+    from infra_agent.agent.configuration import RunConfig, resolve_policy
+    from infra_agent.agent.state import Budget
+    from infra_agent.context import current
+    from infra_agent.evals.runner import create_eval, run_eval
+    from infra_agent.evals.suites import resolve
+    from infra_agent.output import status_console
+
+    settings = current().settings()
+    out = status_console(as_json)
+    if resume:
+        if suite or script or budget:
+            raise UserError("--resume continues an eval with its own suite and settings")
+        eval_id = resume
+    else:
+        if policy not in ("search", "scripted", "llm"):
+            raise UserError(f"--policy: '{policy}' is not search, scripted or llm")
+        if feedback not in ("dense", "sparse"):
+            raise UserError(f"--feedback: '{feedback}' is not dense or sparse")
+        if executor not in (None, "local", "ray"):
+            raise UserError(f"--executor: '{executor}' is not local or ray")
+        if model:
+            raise UserError(
+                "--model: comparing LLM profiles in one eval is not built yet; run one eval per "
+                "profile (llm.profile in the config) and `eval report A B`"
+            )
+        chosen, reason = resolve_policy(policy, settings.llm, script)  # type: ignore[arg-type]
+        label, tasks = resolve(suite, suites_file)
+        base = RunConfig(
+            task="-",
+            policy=chosen,  # type: ignore[arg-type]
+            policy_reason=reason,
+            budget=Budget(**parse_budget(budget)),
+            sandbox=sandbox or settings.sandbox.backend,
+            script=str(script.resolve()) if script else None,
+            executor=executor,  # type: ignore[arg-type]
+            parallel=parallel,
+            feedback=feedback,  # type: ignore[arg-type]
+        )
+        model_name = settings.llm.active().model if chosen == "llm" else None
+        record = create_eval(
+            settings.store.path(),
+            suite=label,
+            tasks=tasks,
+            base=base,
+            attempts=attempts,
+            model=model_name,
+        )
+        eval_id = record.id
+        out.print(f"eval {eval_id}: {reason}; {len(tasks)} task(s) x {attempts} attempt(s)")
+    try:
+        run_eval(eval_id, settings, progress=out.print)
+    except KeyboardInterrupt:
+        out.print(
+            f"interrupted; resume with: infra-agent --db {settings.store.path()} eval --resume {eval_id}"
+        )
+        sys.exit(130)
+    _report([eval_id], as_json=as_json, html_file=None)
+
+
+def _report(eval_ids: list[str], *, as_json: bool, html_file: Path | None) -> None:
+    from infra_agent.context import current
+    from infra_agent.evals.metrics import summarize
+    from infra_agent.evals.report import render_html, render_terminal
+    from infra_agent.output import emit
+    from infra_agent.store.evals import EvalStore
+
+    path = current().settings().store.path()
+    if not path.exists():
+        raise UserError(f"no run store at {path}")
+    store = EvalStore(path, readonly=True)
+    try:
+        summaries = []
+        for eval_id in eval_ids:
+            record = store.get_eval(eval_id)
+            if record is None:
+                raise UserError(f"no eval '{eval_id}' in {path}")
+            summaries.append(summarize(record, store.attempts(eval_id)))
+    finally:
+        store.close()
+    if html_file is not None:
+        text = render_html(summaries)
+        tmp = html_file.with_name(html_file.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(html_file)
+    emit(
+        summaries[0] if len(summaries) == 1 else summaries,
+        lambda console: render_terminal(summaries, console),
+        as_json=as_json,
+    )
+
+
+@app.command("report")
+def report(
+    eval_ids: list[str] = typer.Argument(..., help="One eval, or several side by side."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    html_file: Path = typer.Option(None, "--html", help="Write a self-contained HTML report."),
+) -> None:
+    """Metrics per agent x feedback x task; several evals side by side (dense vs sparse)."""
+    _report(eval_ids, as_json=as_json, html_file=html_file)
+
+
+@app.command("compare")
+def compare(
+    first: str = typer.Argument(..., help="An eval (e.g. dense feedback)."),
+    second: str = typer.Argument(
+        ..., help="Another (e.g. sparse feedback, or the search baseline)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    html_file: Path = typer.Option(None, "--html", help="Write a self-contained HTML report."),
+) -> None:
+    """Two evals side by side (the same as `eval report A B`)."""
+    _report([first, second], as_json=as_json, html_file=html_file)
+
+
+@app.command("list")
+def list_evals(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """The evals in the run store, newest first."""
+    from infra_agent.context import current
+    from infra_agent.output import emit
+    from infra_agent.store.evals import EvalStore
+
+    path = current().settings().store.path()
+    found = []
+    if path.exists():
+        store = EvalStore(path, readonly=True)
+        found = store.list_evals()
+        store.close()
+
+    def render(console: object) -> None:
+        for e in found:
+            console.print(  # type: ignore[attr-defined]
+                f"{e.id}  {e.status:<11} {e.policy:<9} {e.feedback:<6} suite {e.suite} "
+                f"x{e.attempts}  {e.created_at:%Y-%m-%d %H:%M}"
+            )
+
+    emit(found, render, as_json=as_json)

@@ -1,0 +1,127 @@
+"""Eval metrics per (policy or model) x feedback x task, and across tasks.
+
+solved: the share of attempts with a correct, IMPROVED patch; pass@k: the unbiased estimator
+over n attempts with c solved (1 - C(n-c, k) / C(n, k)); fast_p: the share of attempts whose
+best IMPROVED ratio exceeds p (KernelBench's fast_p, p in 1.0, 1.2, 1.5, 2.0; at p = 1.0 it is
+the solve rate); to the first win: medians over the attempts that won. Intervals are Wilson
+95% intervals for shares over attempts.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from infra_agent.store.evals import AttemptRecord, EvalRecord
+
+FAST_P = (1.0, 1.2, 1.5, 2.0)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 0.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+class Cell(BaseModel):
+    """One (agent, feedback, task) cell, or a whole suite when task is '*'."""
+
+    agent: str
+    """The policy, or the model for the llm policy."""
+    feedback: str
+    task: str
+    attempts: int
+    not_applicable: int = 0
+    failed: int = 0
+    solved: int
+    solve_rate: float
+    solve_ci: tuple[float, float]
+    best_speedup: float | None = None
+    speedups: list[float] = Field(default_factory=list)
+    """Each attempt's best IMPROVED ratio (solved attempts only)."""
+    fast_p: dict[str, float] = Field(default_factory=dict)
+    pass_at_k: dict[str, float] = Field(default_factory=dict)
+    first_win: dict[str, float | None] = Field(default_factory=dict)
+    """Medians to the first win: turns, experiments, tokens, cost_usd, wall_s."""
+    invalid_calls: int = 0
+    rejected: int = 0
+    tools: list[str] = Field(default_factory=list)
+
+
+def agent_label(record: EvalRecord) -> str:
+    return f"{record.policy}:{record.model}" if record.model else record.policy
+
+
+def cell(agent: str, feedback: str, task: str, attempts: list[AttemptRecord], k: int) -> Cell:
+    results = [a.result for a in attempts if a.result is not None]
+    n = len(attempts)
+    best = [r.best_speedup for r in results if r.solved and r.best_speedup is not None]
+    solved = sum(1 for r in results if r.solved)
+    wins = [r.first_win for r in results if r.first_win is not None]
+    tools = sorted({t for r in results for t in r.tools})
+    return Cell(
+        agent=agent,
+        feedback=feedback,
+        task=task,
+        attempts=n,
+        not_applicable=sum(1 for a in attempts if a.status == "not_applicable"),
+        failed=sum(1 for a in attempts if a.status == "failed"),
+        solved=solved,
+        solve_rate=solved / n if n else 0.0,
+        solve_ci=wilson(solved, n),
+        best_speedup=max(best) if best else None,
+        speedups=best,
+        fast_p={f"{p:g}": (sum(1 for b in best if b > p) / n if n else 0.0) for p in FAST_P},
+        pass_at_k={str(j): pass_at_k(n, solved, j) for j in range(1, k + 1) if j <= n},
+        first_win={
+            field: _median([float(getattr(w, field)) for w in wins])
+            for field in ("turns", "experiments", "tokens", "cost_usd", "wall_s")
+        },
+        invalid_calls=sum(r.invalid_calls for r in results),
+        rejected=sum(r.rejected for r in results),
+        tools=tools,
+    )
+
+
+class EvalSummary(BaseModel):
+    """What `infra-agent eval report --json` prints."""
+
+    eval: dict[str, Any]
+    cells: list[Cell]
+    """Per task, then one '*' row for the whole suite."""
+    attempts: list[dict[str, Any]]
+
+
+def summarize(record: EvalRecord, attempts: list[AttemptRecord]) -> EvalSummary:
+    agent = agent_label(record)
+    cells = [
+        cell(agent, record.feedback, task, [a for a in attempts if a.task == task], record.attempts)
+        for task in record.tasks
+    ]
+    suite = cell(agent, record.feedback, "*", attempts, record.attempts)
+    if cells:  # pass@k of a suite: the mean over its tasks (each task's attempts are its n)
+        suite.pass_at_k = {
+            j: statistics.fmean(c.pass_at_k.get(j, 0.0) for c in cells) for j in suite.pass_at_k
+        }
+    cells.append(suite)
+    return EvalSummary(
+        eval=record.model_dump(mode="json"),
+        cells=cells,
+        attempts=[a.model_dump(mode="json") for a in attempts],
+    )

@@ -1,0 +1,207 @@
+"""`infra-agent eval report`: a terminal table, JSON, and a self-contained HTML report with plots.
+
+Several evals side by side (`eval report A B`) put agents and feedback settings next to each
+other: the same policy or model with dense and sparse feedback, or a model beside the search
+baseline on the same budget.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+from infra_agent.evals.metrics import FAST_P, Cell, EvalSummary
+
+
+def _fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def rows(summaries: list[EvalSummary]) -> list[dict[str, str]]:
+    """The table both renderings show, one row per cell."""
+    out = []
+    for s in summaries:
+        for c in s.cells:
+            out.append(
+                {
+                    "eval": s.eval["id"],
+                    "agent": c.agent,
+                    "feedback": c.feedback,
+                    "task": "all tasks" if c.task == "*" else Path(c.task).name,
+                    "solved": f"{c.solved}/{c.attempts}"
+                    + (f" ({c.not_applicable} n/a)" if c.not_applicable else ""),
+                    "solve 95% CI": f"{c.solve_ci[0]:.2f}-{c.solve_ci[1]:.2f}",
+                    "best": _fmt(c.best_speedup, ".3f", "x"),
+                    **{f"fast_{k}": f"{v:.2f}" for k, v in c.fast_p.items()},
+                    **{f"pass@{k}": f"{v:.2f}" for k, v in c.pass_at_k.items()},
+                    "turns→win": _fmt(c.first_win.get("turns"), ".0f"),
+                    "exp→win": _fmt(c.first_win.get("experiments"), ".0f"),
+                    "tokens→win": _fmt(c.first_win.get("tokens"), ".0f"),
+                    "wall→win": _fmt(c.first_win.get("wall_s"), ".0f", " s"),
+                    "invalid": str(c.invalid_calls),
+                    "rejected": str(c.rejected),
+                }
+            )
+    return out
+
+
+_TERMINAL = ("task", "solved", "solve 95% CI", "best", "fast_p", "pass@k", "exp→win", "tokens→win")
+
+
+def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
+    """The decisive columns (the HTML report and --json have all of them)."""
+    from rich.table import Table
+
+    for s in summaries:
+        c0 = s.eval
+        table = Table(
+            title=f"eval {c0['id']}: {c0['policy']}{' ' + c0['model'] if c0.get('model') else ''}, "
+            f"{c0['feedback']} feedback, suite {c0['suite']}, {c0['attempts']} attempt(s)"
+        )
+        for name in _TERMINAL:
+            table.add_column(name, overflow="fold")
+        for row, c in zip(rows([s]), s.cells, strict=True):
+            fast = "/".join(row[f"fast_{p}"] for p in c.fast_p)
+            passes = " ".join(f"@{k}:{v:.2f}" for k, v in c.pass_at_k.items())
+            values = {**row, "fast_p": fast, "pass@k": passes}
+            table.add_row(*(values[k] for k in _TERMINAL), end_section=c.task == "*")
+        console.print(table)
+        tools = sorted({t for c in s.cells for t in c.tools})
+        console.print(
+            f"fast_p at p = {', '.join(f'{p:g}' for p in FAST_P)}; tools offered: {', '.join(tools)}"
+        )
+        for a in s.attempts:
+            if a["status"] in ("not_applicable", "failed"):
+                console.print(f"  {a['task']} #{a['index'] + 1}: {a['status']}: {a['reason']}")
+
+
+def _png(fig: Any) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=96, bbox_inches="tight")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def plots(summaries: list[EvalSummary]) -> dict[str, str]:
+    """Title -> a PNG data URL (embedded, so the report is one file)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [
+        (f"{c.agent} · {c.feedback} ({s.eval['id']})", s.eval["id"])
+        for s in summaries
+        for c in s.cells[:1]
+    ]
+    tasks: list[str] = []
+    for s in summaries:
+        tasks += [c.task for c in s.cells if c.task != "*" and c.task not in tasks]
+
+    def by_task(s: EvalSummary) -> dict[str, Cell]:
+        return {c.task: c for c in s.cells}
+
+    out: dict[str, str] = {}
+    width = 0.8 / max(1, len(summaries))
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(tasks)), 3.6))
+    for i, s in enumerate(summaries):
+        cells = by_task(s)
+        xs = [j + i * width for j in range(len(tasks))]
+        ys = [cells[t].solve_rate if t in cells else 0.0 for t in tasks]
+        lo = [
+            y - (cells[t].solve_ci[0] if t in cells else 0) for t, y in zip(tasks, ys, strict=True)
+        ]
+        hi = [
+            (cells[t].solve_ci[1] if t in cells else 0) - y for t, y in zip(tasks, ys, strict=True)
+        ]
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=groups[i][0])
+    labels = [Path(t).name for t in tasks]
+    ax.set_xticks([j + width * (len(summaries) - 1) / 2 for j in range(len(tasks))], labels)
+    ax.tick_params(axis="x", rotation=30)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("solve rate (95% CI)")
+    ax.legend(fontsize=8)
+    out["Solve rate per task (dense and sparse side by side)"] = _png(fig)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(tasks)), 3.6))
+    for i, s in enumerate(summaries):
+        cells = by_task(s)
+        for j, t in enumerate(tasks):
+            values = cells[t].speedups if t in cells else []
+            ax.scatter(
+                [j + i * width] * len(values), values, label=groups[i][0] if j == 0 else None
+            )
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    for p in FAST_P[1:]:
+        ax.axhline(p, color="grey", linewidth=0.5, linestyle=":")
+    ax.set_xticks(range(len(tasks)), labels)
+    ax.tick_params(axis="x", rotation=30)
+    ax.set_ylabel("best proven ratio per attempt")
+    ax.legend(fontsize=8)
+    out["Speedup distribution (each solved attempt's best IMPROVED result)"] = _png(fig)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(tasks)), 3.4))
+    for key, ax in zip(("experiments", "tokens"), axes, strict=True):
+        for i, s in enumerate(summaries):
+            cells = by_task(s)
+            ys = [(cells[t].first_win.get(key) or 0.0) if t in cells else 0.0 for t in tasks]
+            ax.bar([j + i * width for j in range(len(tasks))], ys, width, label=groups[i][0])
+        ax.set_xticks(range(len(tasks)), labels)
+        ax.tick_params(axis="x", rotation=30)
+        ax.set_ylabel(f"median {key} to first win")
+    axes[0].legend(fontsize=8)
+    out["Experiments and tokens to the first win (0: never won)"] = _png(fig)
+    plt.close(fig)
+    return out
+
+
+def render_html(summaries: list[EvalSummary]) -> str:
+    """One HTML file, no external resources: the table, the tools each eval offered, plots."""
+    data = rows(summaries)
+    keys: list[str] = []
+    for r in data:  # evals with different attempt counts have different pass@k columns
+        keys += [k for k in r if k not in keys]
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
+    body = "".join(
+        "<tr class='{}'>".format("suite" if r["task"] == "all tasks" else "")
+        + "".join(f"<td>{html.escape(r.get(k, '-'))}</td>" for k in keys)
+        + "</tr>"
+        for r in data
+    )
+    evals = "".join(
+        f"<li><b>{html.escape(s.eval['id'])}</b>: {html.escape(s.eval['policy'])}"
+        f"{' ' + html.escape(s.eval['model']) if s.eval.get('model') else ''}, "
+        f"{html.escape(s.eval['feedback'])} feedback, suite {html.escape(s.eval['suite'])}, "
+        f"{s.eval['attempts']} attempt(s) per task, budget "
+        f"{html.escape(str(s.eval['config'].get('budget', {})))}; tools offered: "
+        f"<code>{html.escape(', '.join(sorted({t for c in s.cells for t in c.tools})))}</code></li>"
+        for s in summaries
+    )
+    figures = "".join(
+        f"<figure><img alt='{html.escape(title)}' src='{url}'><figcaption>{html.escape(title)}"
+        "</figcaption></figure>"
+        for title, url in plots(summaries).items()
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>infra-agent eval report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #222; }}
+table {{ border-collapse: collapse; font-size: 0.85rem; }}
+th, td {{ border: 1px solid #ccc; padding: 0.25rem 0.5rem; text-align: right; }}
+th {{ background: #f3f3f3; }} tr.suite td {{ font-weight: bold; background: #fafafa; }}
+td:nth-child(-n+4) {{ text-align: left; }}
+figure {{ margin: 1.5rem 0; }} img {{ max-width: 100%; }}
+</style></head><body>
+<h1>infra-agent eval report</h1>
+<ul>{evals}</ul>
+<p>solved: a correct, IMPROVED patch (the verification cascade's verdict); fast_p: the share of
+attempts whose best proven ratio exceeds p; pass@k: unbiased estimate over the attempts;
+→win: medians to the first IMPROVED experiment.</p>
+<table id="metrics"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+{figures}
+</body></html>
+"""

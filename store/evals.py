@@ -1,0 +1,173 @@
+"""Evaluations in the run store: an eval and its attempts, each attempt linked to its run.
+
+Two tables in the same SQLite file as the runs (`evals`, `eval_attempts`), each row a whole
+record as JSON, like the other records. An attempt's id is `<eval id>/<task>/<k>`, so a resumed
+eval finds exactly the attempts it already made.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from infra_agent.store.records import new_id, now
+
+AttemptStatus = Literal["pending", "running", "finished", "failed", "not_applicable"]
+
+
+class FirstWin(BaseModel):
+    """What an attempt spent until its first IMPROVED experiment."""
+
+    turns: int
+    experiments: int
+    tokens: int
+    cost_usd: float
+    wall_s: float
+
+
+class AttemptResult(BaseModel):
+    """The numbers of one finished attempt, read from its run."""
+
+    solved: bool
+    """At least one experiment came out IMPROVED (correct, and better beyond the task's
+    min_effect with a CI and a sign test that agree)."""
+    best_speedup: float | None = None
+    """The best IMPROVED experiment's ratio, oriented so > 1 is better (speedup, or the metric's
+    change for accuracy and correctness tasks)."""
+    verdicts: list[str] = Field(default_factory=list)
+    speedups: list[float | None] = Field(default_factory=list)
+    turns: int = 0
+    experiments: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    wall_s: float = 0.0
+    invalid_calls: int = 0
+    """Tool calls answered with an error (unknown tool, bad arguments, refused)."""
+    rejected: int = 0
+    """Patches the static rules refused (REJECTED)."""
+    first_win: FirstWin | None = None
+    tools: list[str] = Field(default_factory=list)
+    """The tools the run offered its policy."""
+    stop_reason: str | None = None
+
+
+class EvalRecord(BaseModel):
+    id: str = Field(default_factory=lambda: new_id("eval"))
+    suite: str
+    tasks: list[str]
+    policy: str
+    model: str | None = None
+    feedback: Literal["dense", "sparse"] = "dense"
+    attempts: int = 1
+    config: dict[str, Any] = Field(default_factory=dict)
+    """What every attempt's run is started with (budget, sandbox, script, ...)."""
+    status: Literal["running", "finished", "interrupted"] = "running"
+    created_at: datetime = Field(default_factory=now)
+    updated_at: datetime = Field(default_factory=now)
+
+
+class AttemptRecord(BaseModel):
+    id: str
+    eval_id: str
+    task: str
+    index: int
+    status: AttemptStatus = "pending"
+    run_id: str | None = None
+    abandoned_runs: list[str] = Field(default_factory=list)
+    """Runs of this attempt killed before their first checkpoint (started again)."""
+    reason: str = ""
+    result: AttemptResult | None = None
+    updated_at: datetime = Field(default_factory=now)
+
+    @staticmethod
+    def make_id(eval_id: str, task: str, index: int) -> str:
+        return f"{eval_id}/{task}/{index}"
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS evals (id TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS eval_attempts (
+    id TEXT PRIMARY KEY, eval_id TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS eval_attempts_by_eval ON eval_attempts (eval_id, seq);
+"""
+
+
+class EvalStore:
+    """Evals and attempts in the run store's SQLite file (its own connection, WAL like the rest)."""
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+        self.path = path
+        uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+        self.conn = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None)
+        if not readonly:
+            self.conn.executescript(_SCHEMA)
+
+    def _has_tables(self) -> bool:
+        row = self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='evals'"
+        ).fetchone()
+        return row is not None
+
+    def put_eval(self, record: EvalRecord) -> None:
+        record.updated_at = now()
+        self.conn.execute(
+            "INSERT INTO evals (id, body) VALUES (?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+            (record.id, record.model_dump_json()),
+        )
+
+    def get_eval(self, eval_id: str) -> EvalRecord | None:
+        if not self._has_tables():
+            return None
+        row = self.conn.execute("SELECT body FROM evals WHERE id = ?", (eval_id,)).fetchone()
+        return EvalRecord.model_validate_json(row[0]) if row else None
+
+    def list_evals(self) -> list[EvalRecord]:
+        if not self._has_tables():
+            return []
+        rows = self.conn.execute("SELECT body FROM evals").fetchall()
+        found = [EvalRecord.model_validate_json(r[0]) for r in rows]
+        return sorted(found, key=lambda e: e.created_at, reverse=True)
+
+    def put_attempt(self, record: AttemptRecord) -> None:
+        record.updated_at = now()
+        self.conn.execute(
+            "INSERT INTO eval_attempts (id, eval_id, seq, body) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET body = excluded.body",  # keeps the row's order
+            (record.id, record.eval_id, record.index, record.model_dump_json()),
+        )
+
+    def attempts(self, eval_id: str) -> list[AttemptRecord]:
+        if not self._has_tables():
+            return []
+        rows = self.conn.execute(
+            "SELECT body FROM eval_attempts WHERE eval_id = ? ORDER BY rowid", (eval_id,)
+        ).fetchall()
+        return [AttemptRecord.model_validate_json(r[0]) for r in rows]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def eval_run_ids(path: Path, eval_id: str) -> list[str]:
+    """The runs of an eval's attempts, in attempt order (UserError if the eval is unknown or has
+    no run yet)."""
+    from infra_agent.errors import UserError
+
+    if not path.exists():
+        raise UserError(f"no run store at {path}")
+    store = EvalStore(path, readonly=True)
+    try:
+        if store.get_eval(eval_id) is None:
+            raise UserError(f"no eval '{eval_id}' in {path}")
+        runs = [a.run_id for a in store.attempts(eval_id) if a.run_id]
+    finally:
+        store.close()
+    if not runs:
+        raise UserError(f"eval {eval_id} has no runs yet")
+    return runs
