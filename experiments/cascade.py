@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from infra_agent.errors import UserError
 from infra_agent.experiments import rules
 from infra_agent.experiments.arms import (
     ArmStartError,
@@ -102,13 +103,14 @@ class Experiment:
 
     def __init__(
         self, task: Task, patch: Patch, *, backend: str, params: dict[str, Any],
-        progress: Progress | None, bootstrap_seed: int,
+        progress: Progress | None, bootstrap_seed: int, detect: float | None = None,
     ) -> None:  # fmt: skip
         self.task, self.patch, self.backend = task, patch, backend
         self.manifest = task.manifest
         self.params = params
         self.progress = progress or (lambda _msg: None)
         self.bootstrap_seed = bootstrap_seed
+        self.detect = detect
         self.evidence = Evidence()
         self.flags: list[Flag] = []
         self.reasons: list[str] = []
@@ -243,7 +245,7 @@ class Experiment:
         try:
             m = measure(
                 harness, base, cand, self.manifest, self.seeds, deadline=self.deadline,
-                bootstrap_seed=self.bootstrap_seed, progress=self.progress,
+                bootstrap_seed=self.bootstrap_seed, progress=self.progress, detect=self.detect,
             )  # fmt: skip
         except ArmError as exc:
             raise _failure(exc.arm, exc.error) from exc
@@ -376,16 +378,31 @@ def run_experiment(
     run_id: str | None = None,
     progress: Progress | None = None,
     seed: int | None = None,
+    detect: float | None = None,
 ) -> ExperimentRecord:
     """Run one experiment and return its record (also stored when `store` is given).
 
-    A bad invocation (unknown parameter or backend) raises UserError before anything runs or is
-    recorded. A patch this task refuses (it does not apply, is too large, targets a missing or
-    non-editable file, sets an unknown knob or a bad value) is an experiment too: REJECTED at the
-    apply stage, recorded with its reason. `seed` only fixes the statistics' bootstrap; input
-    seeds always come from os.urandom."""
+    A bad invocation (unknown parameter or backend, a `detect` outside (min_effect, 10) or for a
+    rate metric) raises UserError before anything runs or is recorded. A patch this task refuses
+    (it does not apply, is too large, targets a missing or non-editable file, sets an unknown knob
+    or a bad value) is an experiment too: REJECTED at the apply stage, recorded with its reason.
+    `seed` only fixes the statistics' bootstrap; input seeds always come from os.urandom.
+    `detect` asks for a finer resolution than the task's (0.05: see a 5% change); the verdict
+    says when the budget could not reach it."""
     from infra_agent.sandboxes import create_sandbox, ensure_backend
 
+    if detect is not None and not 0.0 < detect < 10.0:
+        raise UserError(f"detect must be a relative change in (0, 10), e.g. 0.05; got {detect}")
+    if detect is not None and task.manifest.metric.events is not None:
+        raise UserError(
+            f"detect applies to a speedup; task '{task.name}' has a rate metric, sampled until "
+            "the difference is shown (its target and budget set the precision)"
+        )
+    if detect is not None and detect <= task.manifest.min_effect:
+        raise UserError(
+            f"detect {detect:g} is not above the task's min_effect {task.manifest.min_effect:g}: "
+            "a change that small is NO_CHANGE by the task's rule, whatever the budget"
+        )
     ensure_backend(sandbox)  # docker: starts a private engine when none answers
     resolved = effective_params(task.manifest, params)
     started_at, t0 = now(), time.monotonic()
@@ -399,7 +416,7 @@ def run_experiment(
     else:
         experiment = Experiment(
             task, patch, backend=sandbox, params=resolved, progress=progress,
-            bootstrap_seed=seed if seed is not None else 0,
+            bootstrap_seed=seed if seed is not None else 0, detect=detect,
         )  # fmt: skip
         result = experiment.run(create_sandbox)
     record = ExperimentRecord(

@@ -105,6 +105,12 @@ def register(app: typer.Typer) -> None:
         author: str = typer.Option("human", "--author", help="Who proposed the patch."),
         rationale: str = typer.Option("", "--rationale", help="Why the patch should help."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        detect: float | None = typer.Option(
+            None,
+            "--detect",
+            help="Smallest relative change the experiment must resolve, e.g. 0.05 for 5% "
+            "(default: the task's target_ci_width). The verdict says when the budget cannot.",
+        ),
     ) -> None:
         """Verify a patch against its task's baseline and print the verdict with its evidence."""
         from infra_agent.context import current
@@ -129,12 +135,15 @@ def register(app: typer.Typer) -> None:
         with err_console.status(f"experiment on {found.name}: starting") as status:
 
             def progress(message: str) -> None:
+                if message.startswith("calibration:"):  # what it can detect: keep it on screen
+                    err_console.print(message)
                 status.update(f"experiment on {found.name}: {message}")
 
             try:
                 record = run_experiment(
-                    found, loaded, sandbox=backend, params=params, store=store, progress=progress
-                )
+                    found, loaded, sandbox=backend, params=params, store=store,
+                    progress=progress, detect=detect,
+                )  # fmt: skip
             except KeyboardInterrupt as exc:
                 # Raised as an error (not left to typer, which turns it into a return value):
                 # exit status 130, nothing recorded, sandboxes already cleaned by the cascade.

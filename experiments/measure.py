@@ -2,25 +2,31 @@
 
 Samples come in rounds of four in ABBA / BAAB order on two fresh seeds, so each arm runs each
 input once and slow drift of the machine hits both arms alike. Pairs (same seed) feed a paired
-bootstrap of the ratio of medians (`feedback.bench.compare_samples`). Sampling stops once the 95%
-interval of the speedup is narrower than `target_ci_width` (relative; for a rate metric: once the
-difference is shown either way) and every constraint is shown satisfied or broken, with at least
-`min_samples` per arm; or at `max_samples`, or when `measure_budget_s` is spent.
+bootstrap of the per-pair ratios (`feedback.bench.compare_samples`). After a calibration of
+`CALIBRATION_PAIRS` pairs the experiment states the noise it measured and the smallest change it
+can detect at its budget (`experiments/power.py`), and whether that is as fine as asked: the
+task's `target_ci_width`, or a finer `detect` of the caller. Sampling stops once the interval is
+that precise (for a rate metric, judged on pooled counts by `experiments/rates.py`: once the
+difference is shown either way) and every constraint is shown satisfied or broken
+(`experiments/constraints.py`), with at least `min_samples` per arm; or at `max_samples`, or
+when `measure_budget_s` is spent. A NO_CHANGE that stopped short of the precision asked for is
+flagged `underpowered` and says what it could and could not see.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from infra_agent.experiments import rates
+from infra_agent.experiments import constraints, power, rates
 from infra_agent.experiments.arms import SeedSource
 from infra_agent.feedback.bench import Comparison, compare_samples
 from infra_agent.store.verdict import Flag, PerformanceEvidence, Verdict
 from infra_agent.tasks.harness import Arm, Harness
-from infra_agent.tasks.manifest import Constraint, TaskManifest
+from infra_agent.tasks.manifest import TaskManifest
 
 
 class ArmError(Exception):
@@ -36,6 +42,10 @@ class ExperimentTimeout(Exception):
     """The whole experiment ran past `budget.experiment_timeout_s`."""
 
 
+CALIBRATION_PAIRS = 4
+"""Pairs measured before an experiment states what it can detect (two ABBA rounds)."""
+
+
 @dataclass
 class Measurement:
     comparison: Comparison
@@ -43,6 +53,10 @@ class Measurement:
     """Metric name -> samples, in measurement order."""
     candidate: dict[str, list[float]] = field(default_factory=dict)
     rounds: int = 0
+    wanted: float = math.inf
+    """The detectable effect asked for (a speedup, e.g. 1.10)."""
+    plan: power.Plan | None = None
+    """What the calibration said the budget can resolve."""
 
 
 def _take(harness: Harness, arm: Arm, seed: int, manifest: TaskManifest) -> dict[str, float]:
@@ -61,6 +75,20 @@ def _take(harness: Harness, arm: Arm, seed: int, manifest: TaskManifest) -> dict
     return {k: float(v) for k, v in sample.items()}
 
 
+def wanted_effect(manifest: TaskManifest, detect: float | None = None) -> float:
+    """The detectable effect an experiment aims for: 1 + `detect` when a caller asks for one,
+    else what the task's `target_ci_width` resolves."""
+    if detect is not None:
+        return 1.0 + detect
+    width = power.se_of_width(manifest.budget.target_ci_width)
+    return power.detectable_effect(width, manifest.min_effect)
+
+
+def _ratios(base: list[float], cand: list[float], higher_is_better: bool) -> list[float]:
+    pairs = zip(base, cand, strict=False)
+    return [c / b for b, c in pairs] if higher_is_better else [b / c for b, c in pairs]
+
+
 def measure(
     harness: Harness,
     baseline: Arm,
@@ -71,11 +99,17 @@ def measure(
     deadline: float,
     bootstrap_seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    detect: float | None = None,
 ) -> Measurement:
-    """Sample both arms until the interval is tight enough or a budget runs out."""
+    """Sample both arms until the interval resolves the wanted effect (a rate metric: until the
+    difference is shown) and every constraint is shown either way, or a budget runs out."""
     budget, metric = manifest.budget, manifest.metric.name
+    rate = manifest.metric.events is not None
+    wanted = math.inf if rate else wanted_effect(manifest, detect)
+    se_goal = power.se_for_effect(wanted, manifest.min_effect)
     base: dict[str, list[float]] = {}
     cand: dict[str, list[float]] = {}
+    plan: power.Plan | None = None
     started = time.monotonic()
     rounds = 0
     while True:
@@ -91,13 +125,22 @@ def measure(
                 target.setdefault(key, []).append(value)
         rounds += 1
         n = min(len(base[metric]), len(cand[metric]))
+        spent = time.monotonic() - started
+        if not rate and plan is None and n >= min(CALIBRATION_PAIRS, max(budget.max_samples, 2)):
+            ratios = _ratios(base[metric][:n], cand[metric][:n], manifest.metric.higher_is_better)
+            plan = power.plan(
+                power.Noise.of(ratios, spent), wanted=wanted, min_effect=manifest.min_effect,
+                max_pairs=budget.max_samples, seconds_left=budget.measure_budget_s - spent, taken=n,
+            )  # fmt: skip
+            if progress is not None:
+                progress(plan.render())
         if n < max(budget.min_samples, 2):
             continue
-        rate = manifest.metric.events is not None
         if rate:  # pooled counts; sequential: stop once the difference is shown either way
             counts = _pooled(base, cand, manifest)
             comparison = rates.as_comparison(counts, n, manifest.min_effect)
             done = rates.shown(counts, manifest.min_effect, manifest.metric.target) is not None
+            shown = counts.render()
         else:
             comparison = compare_samples(
                 base[metric][:n],
@@ -107,16 +150,19 @@ def measure(
                 seed=bootstrap_seed,
                 equivalence=manifest.min_effect,
             )
-            done = (comparison.ci_high - comparison.ci_low) / comparison.speedup < (
-                budget.target_ci_width
+            se = power.se_of_interval(comparison.ci_low, comparison.ci_high)
+            done = se <= se_goal
+            seen = power.detectable_effect(se, manifest.min_effect)
+            shown = (
+                f"{gain_name(manifest)} {comparison.speedup:.3f}x "
+                f"(95% CI {comparison.ci_low:.3f}-{comparison.ci_high:.3f}), "
+                f"detects {seen - 1:.1%}, asked {wanted - 1:.1%}"
             )
-        done = done and not _constraints_open(base, cand, manifest)  # shown either way first
-        spent = time.monotonic() - started
+        done = done and not constraints.still_open(base, cand, manifest)  # shown either way first
         if progress is not None:
-            shown = counts.render() if rate else f"{gain_name(manifest)} {comparison.speedup:.3f}x"
             progress(f"performance: n={n}/arm, {shown}")
         if done or n >= budget.max_samples or spent > budget.measure_budget_s:
-            return Measurement(comparison, base, cand, rounds)
+            return Measurement(comparison, base, cand, rounds, wanted, plan)
 
 
 def gain_name(manifest: TaskManifest) -> str:
@@ -157,14 +203,12 @@ def sign_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float,
 def pair_ratios(m: Measurement, manifest: TaskManifest) -> list[float]:
     """Per-pair speedups (same seed, measured next to each other), > 1 is better."""
     name = manifest.metric.name
-    pairs = zip(m.baseline[name], m.candidate[name], strict=False)
-    if manifest.metric.higher_is_better:
-        return [c / b for b, c in pairs]
-    return [b / c for b, c in pairs]
+    return _ratios(m.baseline[name], m.candidate[name], manifest.metric.higher_is_better)
 
 
 def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
     c, metric = m.comparison, manifest.metric
+    rate = metric.events is not None
     return PerformanceEvidence(
         metric=metric.name,
         unit=metric.unit,
@@ -180,11 +224,19 @@ def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
         noise=c.noise,
         min_effect=manifest.min_effect,
         gain=gain_name(manifest),
+        pair_noise=None if rate else _pair_noise(pair_ratios(m, manifest)),
+        detectable_effect=None
+        if rate
+        else power.detectable_effect(
+            power.se_of_interval(c.ci_low, c.ci_high), manifest.min_effect
+        ),
+        wanted_effect=m.wanted if math.isfinite(m.wanted) else None,
+        calibration=m.plan.render() if m.plan is not None else "",
         method=(
             f"interleaved ABBA rounds on fresh seeds ({m.rounds} rounds); {c.method}"
             + (
                 ""
-                if metric.events is not None
+                if rate
                 else "; a decision also needs the sign test's 95% interval of per-pair "
                 "ratios to agree"
             )
@@ -202,10 +254,11 @@ def decide(
     two worker processes running the same code differ by a percent or two, which a 95% interval
     alone would call a change in one A/A experiment of ten on a loaded machine) and the sign
     test's interval of per-pair ratios excludes 1.0 (where it applies: at least 6 pairs);
-    REGRESSED symmetrically; NO_CHANGE otherwise. A rate metric is judged on pooled counts
-    instead (experiments.rates). Every constraint must be shown satisfied (its interval within
-    the limit): one shown broken is a REGRESSED, one not shown satisfied keeps the verdict from
-    IMPROVED."""
+    REGRESSED symmetrically; NO_CHANGE otherwise, flagged `underpowered` when the measurement
+    could not resolve the effect asked for. A rate metric is judged on pooled counts instead
+    (experiments.rates). Every constraint must be shown satisfied (its interval within the
+    limit): one shown broken is a REGRESSED, one not shown satisfied keeps the verdict from
+    IMPROVED. The metric's companion is compared beside it and does not decide."""
     c, metric = m.comparison, manifest.metric
     sp, lo, hi, effect = c.speedup, c.ci_low, c.ci_high, manifest.min_effect
     margin = 1.0 + effect / 2
@@ -262,11 +315,16 @@ def decide(
     for name in sorted(set(m.baseline) & set(m.candidate)):
         if name == metric.name:
             continue
-        medians[f"baseline_{name}"] = _median(m.baseline[name])
-        medians[f"candidate_{name}"] = _median(m.candidate[name])
+        medians[f"baseline_{name}"] = statistics.median(m.baseline[name])
+        medians[f"candidate_{name}"] = statistics.median(m.candidate[name])
+    # What the measurement of the metric could see (judged on the metric's own verdict: a
+    # constraint's outcome says nothing of its precision), and its companion.
+    seen = ([], []) if metric.events is not None else resolution(m, manifest, verdict)
     for constraint in manifest.constraints:
-        verdict = _constraint(m, constraint, verdict, reasons)
-    return verdict, reasons, flags, medians
+        verdict = constraints.check(m.baseline, m.candidate, constraint, verdict, reasons)
+    if metric.events is None:  # right after the main reason
+        reasons[1:1] = seen[1] + companion(m, manifest, medians)
+    return verdict, reasons, flags + seen[0], medians
 
 
 def _decide_rate(m: Measurement, manifest: TaskManifest) -> tuple[Verdict, list[str]]:
@@ -291,56 +349,64 @@ def _decide_rate(m: Measurement, manifest: TaskManifest) -> tuple[Verdict, list[
     return Verdict.NO_CHANGE, [f"{why}: {counts.render()}"]
 
 
-def constraint_interval(
-    baseline: dict[str, list[float]], candidate: dict[str, list[float]], constraint: Constraint
-) -> tuple[float, float, float] | None:
-    """The constraint's ratio (grows as the candidate gets worse) and its paired 95% interval,
-    or None if the harness did not measure its metric."""
-    b, k = baseline.get(constraint.metric), candidate.get(constraint.metric)
-    if not b or not k:
-        return None
+def companion(m: Measurement, manifest: TaskManifest, metrics: dict[str, float]) -> list[str]:
+    """The metric's companion compared like the metric (paired bootstrap), in words; its
+    speedup and interval are added to `metrics`. Nothing when the harness did not report it."""
+    name = manifest.metric.companion
+    b, k = m.baseline.get(name or ""), m.candidate.get(name or "")
+    if name is None or not b or not k:
+        return []
     n = min(len(b), len(k))
-    comp = compare_samples(b[:n], k[:n], higher_is_better=constraint.higher_is_better, paired=True)
-    return 1 / comp.speedup, 1 / comp.ci_high, 1 / comp.ci_low
-
-
-def _constraints_open(
-    baseline: dict[str, list[float]], candidate: dict[str, list[float]], manifest: TaskManifest
-) -> bool:
-    """True while some constraint is neither shown satisfied nor shown broken."""
-    for constraint in manifest.constraints:
-        found = constraint_interval(baseline, candidate, constraint)
-        if found is not None and found[1] <= constraint.max_ratio < found[2]:
-            return True
-    return False
-
-
-def _constraint(
-    m: Measurement, constraint: Constraint, verdict: Verdict, reasons: list[str]
-) -> Verdict:
-    """Check one constraint; returns the verdict it leaves. Shown satisfied: the whole 95%
-    interval of its ratio within the limit. Shown broken (the whole interval beyond it):
-    REGRESSED. Neither: 'constraint not shown satisfied', never IMPROVED."""
-    found = constraint_interval(m.baseline, m.candidate, constraint)
-    if found is None:
-        reasons.append(f"constraint metric '{constraint.metric}' was not measured by the harness")
-        return Verdict.FAILED
-    ratio, ratio_low, ratio_high = found
-    bm, km = _median(m.baseline[constraint.metric]), _median(m.candidate[constraint.metric])
-    numbers = (
-        f"{constraint.metric} median {bm:.4g} -> {km:.4g} (ratio {ratio:.3f}, 95% CI "
-        f"{ratio_low:.3f}-{ratio_high:.3f}, allowed {constraint.max_ratio:g})"
+    comp = compare_samples(
+        b[:n], k[:n], higher_is_better=manifest.metric.higher_is_better, paired=True
     )
-    if ratio_low > constraint.max_ratio:
-        reasons.append(f"constraint broken: {numbers}")
-        return Verdict.REGRESSED if verdict != Verdict.FAILED else verdict
-    if ratio_high > constraint.max_ratio:
-        reasons.append(f"constraint not shown satisfied: {numbers}")
-        return Verdict.NO_CHANGE if verdict == Verdict.IMPROVED else verdict
-    return verdict
+    metrics.update(
+        {
+            f"{name}_speedup": comp.speedup,
+            f"{name}_ci_low": comp.ci_low,
+            f"{name}_ci_high": comp.ci_high,
+        }
+    )
+    return [
+        f"beside it (does not decide): {name} {comp.speedup:.3f}x (95% CI {comp.ci_low:.3f}-"
+        f"{comp.ci_high:.3f}), median {comp.baseline_median:.4g} -> {comp.candidate_median:.4g}"
+    ]
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+def _pair_noise(ratios: list[float]) -> float | None:
+    """sd of the log per-pair speedups (None with fewer than 2 pairs)."""
+    return statistics.stdev(math.log(r) for r in ratios) if len(ratios) >= 2 else None
+
+
+def resolution(
+    m: Measurement, manifest: TaskManifest, verdict: Verdict
+) -> tuple[list[Flag], list[str]]:
+    """What the measurement could see, in words; a NO_CHANGE that could not see the effect asked
+    for is flagged `underpowered` and says so first."""
+    c = m.comparison
+    seen = power.detectable_effect(power.se_of_interval(c.ci_low, c.ci_high), manifest.min_effect)
+    noise = _pair_noise(pair_ratios(m, manifest))
+    said = f"per-pair noise {noise:.1%}, " if noise is not None else ""
+    line = (
+        f"resolution: this measurement detects changes of {seen - 1:.1%} or more "
+        f"(80% power; {said}n={min(c.n_baseline, c.n_candidate)}/arm)"
+    )
+    if not math.isfinite(m.wanted) or seen <= m.wanted * (1 + 1e-9):
+        return [], [line + (f"; asked {m.wanted - 1:.1%}" if math.isfinite(m.wanted) else "")]
+    if verdict is not Verdict.NO_CHANGE:
+        return [], [line + f"; asked {m.wanted - 1:.1%}, and the effect was large enough anyway"]
+    goal = power.se_for_effect(m.wanted, manifest.min_effect)
+    needed = None if noise is None else power.pairs_for(noise, goal)
+    more = (
+        f"about {needed} samples/arm would: raise the budget's max_samples / measure_budget_s, "
+        "or measure on a quieter machine"
+        if needed
+        else f"no sample count can: it is at or below the task's minimum effect of "
+        f"{manifest.min_effect:.0%}"
+    )
+    return [Flag.UNDERPOWERED], [
+        f"underpowered: NO_CHANGE only rules out changes of {seen - 1:.1%} or more; "
+        f"{m.wanted - 1:.1%} was asked for, which this budget cannot resolve at the noise "
+        f"measured ({more})",
+        line,
+    ]

@@ -149,11 +149,11 @@ def loaded_then_alone(
 
 
 class LoadCorruptionHarness(ServingHarness):
-    def sessions(self, seed: int) -> list[Session]:
+    def sessions(self, prompts: int, *, seed: int) -> list[Session]:
         """Coding-agent conversations: a prefix all share, a context each, short turns."""
         p = self.params
         return coding_agent_sessions(
-            int(p["num_prompts"]),
+            prompts,
             vocab_size=self.vocab,
             shared_prefix_len=int(p["shared_prefix_len"]),
             context_len=int(p["input_len"]),
@@ -167,7 +167,10 @@ class LoadCorruptionHarness(ServingHarness):
         p = self.params
         conc = concurrency if concurrency is not None else int(p["max_concurrency"]) or None
         scored = self.server(arm).call(
-            loaded_then_alone, self.sessions(seed), seed % (2**31), concurrency=conc
+            loaded_then_alone,
+            self.sessions(int(p["num_prompts"]), seed=seed),
+            seed % (2**31),
+            concurrency=conc,
         )
         short = [s for s in scored if len(s.output) != int(p["output_len"])]
         if short:

@@ -12,7 +12,16 @@ check(arm, seed): the accuracy gate: greedy answers with top-k log-probs against
     server's answers to the same prompts (the baseline is compared with a second baseline run,
     which measures the server's own nondeterminism).
 sample(arm, seed): one workload run -> {output_throughput (tok/s), ttft/tpot percentiles (ms),
-    goodput, ...}; every request must return exactly its max_new_tokens (no truncation games).
+    goodput, output_tokens_per_cpu_s, ...}; every request must return exactly its max_new_tokens
+    (no truncation games).
+
+One server runs at a time: whenever an arm is used, the other arm's server is paused (every
+process SIGSTOPped, `Server.pause`), so the idle server (SGLang's scheduler polls without sleeping)
+and anything a patched server does while it waits take no CPU from the arm being measured. A
+sample that follows a switch of arms first sends `warmup_prompts` requests of the workload's
+shape and discards them (caches and pages of a server that sat stopped are cold). Each sample
+also reports output tokens per CPU-second of the server's processes, which contention from other
+work on the machine moves less than wall-clock throughput (the task's metric `companion`).
 health(arm, seed): the output health guard over a longer-output workload plus every output the
     arm produced while sampled; health_problems names each rule the candidate trips more often.
 diagnose(arm): the task's throughput, and where the server spends its time, from a GIL trace
@@ -25,7 +34,9 @@ request goes through `Server.call`; the evidence's health table names the server
 confined under bubblewrap, or host with the reason; `serving/fileview.py`). The arm's sandbox
 provides its patched workspace copy. Params (task.toml [params]): num_prompts, input_len,
 output_len, max_concurrency (0: all at once), request_rate (0: all at once), api,
-health_prompts, health_output_len, gate_prompts, gate_output_len, temperature.
+health_prompts, health_output_len, gate_prompts, gate_output_len, temperature, warmup_prompts
+(0: none), pause_idle_arm (false: both servers run all the time, e.g. where a paused server
+would miss a collective's timeout).
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ from typing import Any, ClassVar
 from infra_agent.feedback.health import HealthReport, compare_health, score_outputs
 from infra_agent.serving import knobs as knob_catalogue
 from infra_agent.serving.accuracy import Answer, GateConfig, answer, compare_answers, gate_prompts
-from infra_agent.serving.datasets import random_sessions
+from infra_agent.serving.datasets import Session, random_sessions
 from infra_agent.serving.deployment import DeploymentSpec, load_deployment
 from infra_agent.serving.metrics import summarize
 from infra_agent.serving.overlay import build_overlay
@@ -61,6 +72,8 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "gate_prompts": 8,
     "gate_output_len": 24,
     "vocab_size": VOCAB_SIZE,
+    "warmup_prompts": 16,
+    "pause_idle_arm": True,
 }
 
 
@@ -72,6 +85,8 @@ class ServingHarness(Harness):
         super().__init__(manifest, {**DEFAULT_PARAMS, **params})
         self.deployment: DeploymentSpec = load_deployment(self.deployment_path)
         self.arms: dict[str, Arm] = {}
+        self.active: str | None = None
+        """The arm whose server runs (the others' are paused)."""
         self.references: dict[int, list[Answer]] = {}
         self.gate = GateConfig(
             prompts=int(self.params["gate_prompts"]), output_len=int(self.params["gate_output_len"])
@@ -121,11 +136,13 @@ class ServingHarness(Harness):
             self.deployment.sglang_version,
         )
         arm.state["overlay"] = overlay
+        self.activate(None)  # the other arm's server must not slow this start
         arm.state["server"] = Server.start(
             self.deployment, workdir, knobs=args, overlay=overlay, model_cache=workdir / "models"
         )
         arm.state["outputs"] = []
         self.arms[arm.name] = arm
+        self.active = arm.name
         # Warm-up: first requests pay for lazy initialisation.
         self.server(arm).call(
             run_workload,
@@ -142,6 +159,7 @@ class ServingHarness(Harness):
             shutil.rmtree(workdir, ignore_errors=True)
 
     def server(self, arm: Arm) -> Server:
+        """The arm's running server, made the active one (the other arm's is paused)."""
         server: Server | None = arm.state.get("server")
         if server is None:
             raise RuntimeError(f"{arm.name}: no server (prepare was not run)")
@@ -149,7 +167,22 @@ class ServingHarness(Harness):
             raise ServerFailed(
                 f"{arm.name}: the server died", kind="crash", log_tail=server.log_tail()
             )
+        self.activate(arm.name)
         return server
+
+    def activate(self, name: str | None) -> None:
+        """Resume arm `name`'s server and pause every other (None: pause all), when
+        `pause_idle_arm` is on."""
+        if not self.params["pause_idle_arm"]:
+            self.active = name
+            return
+        for other, arm in self.arms.items():
+            server: Server | None = arm.state.get("server")
+            if server is not None and other != name:
+                server.pause()
+        if name is not None:
+            self.arms[name].state["server"].resume()
+        self.active = name
 
     @property
     def vocab(self) -> int:
@@ -185,17 +218,25 @@ class ServingHarness(Harness):
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
         p = self.params
-        sessions = random_sessions(
-            int(p["num_prompts"]),
-            int(p["input_len"]),
-            int(p["output_len"]),
-            vocab_size=self.vocab,
-            seed=seed,
-        )
-        result = self.server(arm).call(run_workload, sessions, self.load(seed))
+        switched = self.active != arm.name
+        server = self.server(arm)
+        if switched and int(p["warmup_prompts"]) > 0:
+            warm = self.sessions(int(p["warmup_prompts"]), seed=seed ^ 0x5EED)
+            server.call(run_workload, warm, self.load(seed ^ 0x5EED))
+        sessions = self.sessions(int(p["num_prompts"]), seed=seed)
+        cpu_before = server.cpu_seconds()
+        result = server.call(run_workload, sessions, self.load(seed))
+        result.server_cpu_s = server.cpu_seconds() - cpu_before
         _verify(result.records, [t.output_len for s in sessions for t in s.turns])
         arm.state["outputs"].extend(result.records)
         return summarize(result).sample()
+
+    def sessions(self, prompts: int, *, seed: int) -> list[Session]:
+        """`prompts` single-turn sessions of the task's workload shape."""
+        p = self.params
+        return random_sessions(
+            prompts, int(p["input_len"]), int(p["output_len"]), vocab_size=self.vocab, seed=seed
+        )
 
     def health(self, arm: Arm, seed: int) -> dict[str, float | int | str | bool]:
         p = self.params

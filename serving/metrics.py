@@ -52,6 +52,21 @@ class RunMetrics(BaseModel):
     itl_ms: dict[str, float]
     e2e_latency_ms: dict[str, float]
     spec_accept_length_mean: float | None = None
+    client_cpu_s: float | None = None
+    """CPU seconds the load generator used."""
+    server_cpu_s: float | None = None
+    """CPU seconds the server's processes used during the run."""
+    client_loop_lag_ms: dict[str, float] = {}
+    """p50/p99 of how late the load generator's event loop woke: its TTFT and inter-token
+    timestamps can be late by as much."""
+
+    @property
+    def output_tokens_per_cpu_s(self) -> float | None:
+        """Output tokens per CPU-second of the server's processes: work per CPU time, which CPU
+        contention moves less than tokens per wall-clock second."""
+        if not self.server_cpu_s or self.server_cpu_s <= 0:
+            return None
+        return self.output_tokens / self.server_cpu_s
 
     def sample(self) -> dict[str, float]:
         out = {
@@ -61,6 +76,13 @@ class RunMetrics(BaseModel):
             "goodput": self.goodput,
             "failed": float(self.failed),
         }
+        if (per_cpu := self.output_tokens_per_cpu_s) is not None:
+            out["output_tokens_per_cpu_s"] = per_cpu
+        for name in ("server_cpu_s", "client_cpu_s"):
+            if (value := getattr(self, name)) is not None:
+                out[name] = value
+        for key, value in self.client_loop_lag_ms.items():
+            out[f"client_loop_lag_{key}_ms"] = value
         for name, pct in (
             ("ttft", self.ttft_ms),
             ("tpot", self.tpot_ms),
@@ -76,6 +98,11 @@ class RunMetrics(BaseModel):
             f"goodput {self.goodput:.2f} req/s; TTFT p50 {self.ttft_ms['p50']:.0f} ms "
             f"p99 {self.ttft_ms['p99']:.0f} ms; TPOT p50 {self.tpot_ms['p50']:.1f} ms; "
             f"{self.completed}/{self.requests} ok in {self.duration_s:.1f} s"
+            + (
+                f"; {self.output_tokens_per_cpu_s:.0f} output tok per server CPU-s"
+                if self.output_tokens_per_cpu_s is not None
+                else ""
+            )
             + (f"; {self.failed} failed" if self.failed else "")
             + (f"; {self.aborted} aborted by the health guard" if self.aborted else "")
         )
@@ -129,4 +156,7 @@ def summarize(result: WorkloadResult, slo: SLO | None = None) -> RunMetrics:
         itl_ms=_pct([x for r in ok for x in r.itl_s]),
         e2e_latency_ms=_pct([r.latency_s for r in ok]),
         spec_accept_length_mean=float(np.mean(accept)) if accept else None,
+        client_cpu_s=result.client_cpu_s,
+        server_cpu_s=result.server_cpu_s,
+        client_loop_lag_ms={k: v * 1e3 for k, v in result.client_loop_lag_s.items()},
     )

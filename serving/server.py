@@ -12,8 +12,11 @@ on a thread inside that namespace; `server.url` is a host-loopback relay for cal
 take a URL. Without the privileges for it the server runs on the host network and says so
 (`server.network.render()`, first line of its log). `stop()` sends SIGTERM to the whole group,
 waits `stop_timeout_s`, then SIGKILLs the group and any descendant that left it, waits until none
-is alive, and closes the namespace's thread, relay and descriptor (the namespace dies with them). A broken flag, a crash during start or a server that is not ready in time raises
-`ServerFailed` (a `CandidateFailure`, so the experiment engine records FAILED) with the log tail.
+is alive, and closes the namespace's thread, relay and descriptor (the namespace dies with them).
+A broken flag, a crash during start or a server that is not ready in time raises `ServerFailed`
+(a `CandidateFailure`, so the experiment engine records FAILED) with the log tail. `pause()`
+stops every process of the server until `resume()` (an experiment's idle arm takes no CPU);
+`cpu_seconds()` is the CPU time its processes used (`serving/proctree.py`).
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from typing import Any, TypeVar
 
 from infra_agent.errors import UserError
 from infra_agent.sandboxes import cleanup as cleanup_registry
-from infra_agent.serving import fileview, netns
+from infra_agent.serving import fileview, netns, proctree
 from infra_agent.serving.deployment import ArgValue, DeploymentSpec, args_to_argv
 from infra_agent.serving.env import ensure_sglang_env, env_python
+from infra_agent.serving.proctree import alive as _alive
+from infra_agent.serving.proctree import descendants
 from infra_agent.serving.tiny_model import write_tiny_model
 from infra_agent.tasks.harness import CandidateFailure
 
@@ -125,41 +130,6 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
-def descendants(pid: int) -> set[int]:
-    """All live descendants of `pid` (from /proc)."""
-    tree = _children_map()
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _get(url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url + path, timeout=timeout_s) as resp:
@@ -195,6 +165,7 @@ class Server:
         self.ready_s: float | None = None
         """Seconds from process start to the first 200 from the health path."""
         self._known: set[int] = set()
+        self._paused = False
         self._ns_fd: int | None = None
         self._ns_thread: netns.NamespaceThread | None = None
         self._relay: netns.Relay | None = None
@@ -224,6 +195,8 @@ class Server:
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """fn(url, *args, **kwargs) where the server's address is reachable: the namespace's own
         thread when isolated (sockets fn opens live there), this thread otherwise."""
+        if self._paused:
+            raise RuntimeError(f"server on port {self.port} is paused: resume() it first")
         if self.network.mode == "host":
             return fn(self.direct_url, *args, **kwargs)
         if self._ns_thread is None:
@@ -390,6 +363,31 @@ class Server:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def paused(self) -> bool:
+        """True between `pause()` and `resume()`."""
+        return self._paused
+
+    def pause(self) -> None:
+        """Stop (SIGSTOP) every process of the server: it takes no CPU until `resume()`."""
+        if self.proc is not None and not self._paused:
+            self._paused = True
+            self._known |= proctree.freeze(self.proc.pid)
+
+    def resume(self) -> None:
+        """Continue a paused server."""
+        if self.proc is not None and self._paused:
+            proctree.thaw(self.proc.pid)
+            self._paused = False
+
+    def processes(self) -> set[int]:
+        """The server's live processes (launcher, scheduler, detokenizer, ...)."""
+        return proctree.tree(self.proc.pid) if self.proc is not None else set()
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by the server's processes (and the children they reaped)."""
+        return proctree.cpu_seconds(self.processes())
+
     def stop(self) -> int:
         """Stop the server and every process it started. Returns how many needed SIGKILL."""
         if self.proc is None:
@@ -397,6 +395,10 @@ class Server:
         pid = self.proc.pid
         group = set(self._known) | descendants(pid) | {pid}
         self._signal_group(pid, signal.SIGTERM)
+        if self._paused:  # a stopped process holds SIGTERM until it runs again
+            self._signal_group(pid, signal.SIGCONT)
+            proctree.thaw(pid)
+            self._paused = False
         deadline = time.monotonic() + self.spec.stop_timeout_s
         while time.monotonic() < deadline:
             self.proc.poll()

@@ -17,12 +17,12 @@ import asyncio
 import random
 from collections import Counter
 
-import httpx
+import aiohttp
 from pydantic import BaseModel, Field
 
 from infra_agent.feedback.health import check_output
 from infra_agent.serving.datasets import FIRST_ID, random_sessions
-from infra_agent.serving.workload import LoadSpec, RequestRecord, _send
+from infra_agent.serving.workload import LINE_LIMIT, LoadSpec, RequestRecord, _send
 
 
 class StressSpec(BaseModel):
@@ -67,7 +67,9 @@ async def _stress(url: str, spec: StressSpec) -> tuple[list[RequestRecord], int]
     done = asyncio.Event()
     background = 0
     probes: list[RequestRecord] = []
-    async with httpx.AsyncClient(timeout=greedy.timeout_s) as client:
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=greedy.timeout_s), read_bufsize=LINE_LIMIT
+    ) as client:
         t0 = asyncio.get_running_loop().time()
 
         async def load(worker: int) -> None:

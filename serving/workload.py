@@ -21,11 +21,15 @@ import random
 import time
 from typing import Any, Literal
 
-import httpx
+import aiohttp
+import orjson
 from pydantic import BaseModel, Field
 
 from infra_agent.feedback.health import StreamGuard
 from infra_agent.serving.datasets import Session, Turn
+
+LINE_LIMIT = 1 << 24
+"""Longest line of a response stream the client reads, bytes."""
 
 
 class LoadSpec(BaseModel):
@@ -78,6 +82,12 @@ class WorkloadResult(BaseModel):
     duration_s: float
     """From the first request sent to the last response finished."""
     load: LoadSpec
+    client_cpu_s: float | None = None
+    """CPU seconds this load generator's thread used (it shares the cores with the server)."""
+    client_loop_lag_s: dict[str, float] = Field(default_factory=dict)
+    """p50/p99 of how late the client's event loop woke (its timestamps are late by as much)."""
+    server_cpu_s: float | None = None
+    """CPU seconds the server's processes used during the run (set by whoever can read them)."""
 
 
 def _payload(
@@ -108,7 +118,7 @@ def _payload(
 
 
 async def _send(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     url: str,
     load: LoadSpec,
     record: RequestRecord,
@@ -122,17 +132,17 @@ async def _send(
     last = sent
     tokens = 0
     try:
-        async with client.stream("POST", url + path, json=body, timeout=load.timeout_s) as resp:
-            if resp.status_code != 200:
-                record.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+        async with client.post(url + path, json=body) as resp:
+            if resp.status != 200:
+                record.error = f"HTTP {resp.status}: {(await resp.read())[:300]!r}"
                 return
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in resp.content:  # server-sent events, one line at a time
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
-                chunk = json.loads(data)
+                chunk = orjson.loads(data)
                 if "error" in chunk:
                     record.error = str(chunk["error"])[:300]
                     return
@@ -153,7 +163,7 @@ async def _send(
                         break
         record.output_tokens = max(tokens, int(record.meta.get("completion_tokens", 0)))
         record.success = not record.error and record.aborted_rule is None
-    except (httpx.HTTPError, json.JSONDecodeError, OSError) as exc:
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError, OSError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:300]
     finally:
         record.latency_s = time.monotonic() - sent
@@ -188,14 +198,28 @@ def _absorb(load: LoadSpec, record: RequestRecord, chunk: dict[str, Any]) -> tup
     return (1 if delta else 0), delta
 
 
+async def _loop_lag(lags: list[float], period_s: float = 0.01) -> None:
+    """How late this event loop wakes up (seconds past a `period_s` sleep), until cancelled: a
+    chunk that arrives while the loop is busy is timestamped that late."""
+    while True:
+        started = time.monotonic()
+        await asyncio.sleep(period_s)
+        lags.append(time.monotonic() - started - period_s)
+
+
 async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadResult:
     rng = random.Random(load.seed)
     limit = asyncio.Semaphore(load.max_concurrency or 1_000_000)
     records: list[RequestRecord] = []
-    limits = httpx.Limits(
-        max_connections=load.max_concurrency or 1000, max_keepalive_connections=64
-    )
-    async with httpx.AsyncClient(limits=limits, timeout=load.timeout_s) as client:
+    lags: list[float] = []
+    connector = aiohttp.TCPConnector(limit=load.max_concurrency or 1000)
+    # read_bufsize bounds one line of the stream (cumulative text of a long output).
+    async with aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=load.timeout_s),
+        read_bufsize=LINE_LIMIT,
+    ) as client:
+        watch = asyncio.create_task(_loop_lag(lags))
         t0 = time.monotonic()
 
         async def session(index: int, s: Session) -> None:
@@ -231,12 +255,25 @@ async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadRes
                 await asyncio.sleep(rng.expovariate(load.request_rate))
         await asyncio.gather(*tasks)
         duration = time.monotonic() - t0
-    return WorkloadResult(records=records, duration_s=duration, load=load)
+        watch.cancel()
+    return WorkloadResult(
+        records=records, duration_s=duration, load=load, client_loop_lag_s=_quantiles(lags)
+    )
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {f"p{q}": ordered[min(len(ordered) - 1, len(ordered) * q // 100)] for q in (50, 99)}
 
 
 def run_workload(url: str, sessions: list[Session], load: LoadSpec | None = None) -> WorkloadResult:
     """Drive `sessions` against the server at `url` and return every request's record."""
-    return asyncio.run(_run(url, sessions, load or LoadSpec()))
+    started = time.thread_time()
+    result = asyncio.run(_run(url, sessions, load or LoadSpec()))
+    result.client_cpu_s = time.thread_time() - started
+    return result
 
 
 __all__ = ["LoadSpec", "RequestRecord", "WorkloadResult", "run_workload", "Turn", "Session"]

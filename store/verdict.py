@@ -47,6 +47,9 @@ class Flag(str, Enum):
     """The output-health guard fired more often than on baseline (serving targets)."""
     DIFFERENT_NODES = "different_nodes"
     """Baseline and candidate were measured on different machines."""
+    UNDERPOWERED = "underpowered"
+    """NO_CHANGE from a measurement that could not resolve the effect asked for (budget or
+    noise): it rules out only larger changes."""
 
 
 class CorrectnessEvidence(_Record):
@@ -94,6 +97,14 @@ class PerformanceEvidence(_Record):
     error / candidate error), 'rate ratio' (rare events: baseline rate / candidate rate)."""
     method: str = ""
     """How it was measured (interleaving, bootstrap, repetitions)."""
+    pair_noise: float | None = None
+    """sd of the log per-pair speedups: the noise one pair of samples carries (0.03 = 3%)."""
+    detectable_effect: float | None = None
+    """Smallest speedup this measurement finds IMPROVED with 80% probability (e.g. 1.07)."""
+    wanted_effect: float | None = None
+    """The detectable effect asked for (the task's precision, or the caller's `detect`)."""
+    calibration: str = ""
+    """What the experiment said after its calibration, before the bulk of the samples."""
 
     @field_validator(
         "baseline_median", "candidate_median", "speedup", "ci_low", "ci_high", mode="before"
@@ -157,6 +168,8 @@ class ExperimentResult(_Record):
                 f"n={perf.n_samples}/arm); {perf.metric} baseline {perf.baseline_median:.4g} {perf.unit}"
                 f" -> candidate {perf.candidate_median:.4g} {perf.unit}"
             )
+            if perf.calibration:
+                lines.append(perf.calibration)
         corr = self.evidence.correctness
         if corr is not None:
             acc = f"correctness {'pass' if corr.passed else 'FAIL'} ({corr.checks} checks"

@@ -36,6 +36,10 @@ class Metric(BaseModel):
     """Unit for people, e.g. 'ms', 'tok/s', 'corruptions/10k'."""
     higher_is_better: bool
     """Direction: True for throughput-like metrics, False for times and error rates."""
+    companion: str | None = None
+    """Another sample key of the same direction, shown beside this one with its own interval;
+    it does not decide (serving: output tokens per server CPU-second, which contention from
+    other work on the machine moves less than wall-clock throughput)."""
     events: str | None = None
     """A rate metric (rare events, e.g. corrupted requests): the sample key counting events.
     Verdicts then pool the counts of all samples (experiments.rates) instead of comparing
@@ -54,6 +58,8 @@ class Metric(BaseModel):
             raise ValueError("a rate metric names both 'events' and 'trials'")
         if self.events is not None and self.higher_is_better:
             raise ValueError("a rate metric counts bad events: higher_is_better must be false")
+        if self.events is not None and self.companion is not None:
+            raise ValueError("a rate metric is judged on pooled counts: it takes no companion")
         return self
 
 

@@ -4,11 +4,14 @@
 the microbenchmark runner and the verification cascade (experiments). It is deterministic for a
 given `seed`.
 
-Method: bootstrap of the ratio of medians (percentile interval). Unpaired by default (each arm
-resampled on its own); with `paired=True` and equal lengths, pairs (b_i, c_i) measured next to
-each other (ABAB interleaving) are resampled together, which cancels slow drift shared by both
-arms. The speedup is oriented so that > 1 means the candidate is better:
-baseline/candidate for times (`higher_is_better=False`), candidate/baseline for throughputs.
+Method: bootstrap (percentile interval). Unpaired by default: the ratio of medians, each arm
+resampled on its own. With `paired=True` and equal lengths, pairs (b_i, c_i) measured next to
+each other (ABAB interleaving, or on the same input) are compared pair by pair: the statistic is
+the median of the per-pair ratios, resampled by pairs, which cancels whatever both members of a
+pair share (slow drift of the machine, an input that is slower for both arms) instead of letting
+it widen the interval; it is the quantity the sign test speaks about. The speedup is oriented
+so that > 1 means the candidate is better: baseline/candidate for times
+(`higher_is_better=False`), candidate/baseline for throughputs.
 
 Verdict (in this order):
 - SAME: the whole interval lies inside the equivalence band [1/(1+m), 1+m] (m = `equivalence`,
@@ -49,7 +52,8 @@ class Comparison(BaseModel):
     """Baseline vs candidate on one metric. `speedup` > 1 means the candidate is better."""
 
     speedup: float
-    """Improvement factor: baseline/candidate medians for times, candidate/baseline otherwise."""
+    """Improvement factor: baseline/candidate medians for times, candidate/baseline otherwise
+    (paired: the median of the per-pair ratios)."""
     ci_low: float
     """Lower end of the `confidence` interval of `speedup`."""
     ci_high: float
@@ -132,11 +136,11 @@ def _noise_flags(arms: dict[str, np.ndarray]) -> tuple[list[str], list[str]]:
 def _bootstrap_ratios(
     base: np.ndarray, cand: np.ndarray, *, paired: bool, seed: int, resamples: int
 ) -> np.ndarray:
-    """Bootstrap distribution of median(base)/median(cand)."""
+    """Bootstrap distribution of median(base)/median(cand), or of median(base/cand) over pairs."""
     rng = np.random.default_rng(seed)
     if paired:
         idx = rng.integers(0, base.size, size=(resamples, base.size))
-        return np.median(base[idx], axis=1) / np.median(cand[idx], axis=1)
+        return np.asarray(np.median((base / cand)[idx], axis=1))
     bi = rng.integers(0, base.size, size=(resamples, base.size))
     ci = rng.integers(0, cand.size, size=(resamples, cand.size))
     return np.median(base[bi], axis=1) / np.median(cand[ci], axis=1)
@@ -187,14 +191,17 @@ def compare_samples(
     alpha = 1.0 - confidence
     lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
     b_med, c_med = float(np.median(base)), float(np.median(cand))
-    speedup = c_med / b_med if higher_is_better else b_med / c_med
+    if paired:
+        speedup = float(np.median(cand / base if higher_is_better else base / cand))
+    else:
+        speedup = c_med / b_med if higher_is_better else b_med / c_med
     # The percentile interval of a median can exclude the point estimate on tiny samples.
     lo, hi = min(float(lo), speedup), max(float(hi), speedup)
     noise, detail = _noise_flags({"baseline": base, "candidate": cand})
     enough = base.size >= MIN_SAMPLES and cand.size >= MIN_SAMPLES
     verdict = decide(lo, hi, equivalence, enough)
     method = (
-        f"bootstrap of the ratio of medians ({'paired' if paired else 'unpaired'}, "
+        f"bootstrap of the {'median of per-pair ratios (paired' if paired else 'ratio of medians (unpaired'}, "
         f"{resamples} resamples, percentile {confidence:.0%} interval, seed {seed}); "
         f"SAME if the interval lies within ±{equivalence:.0%}"
     )

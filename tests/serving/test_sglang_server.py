@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from infra_agent.errors import UserError
-from infra_agent.serving import fileview, netns
+from infra_agent.serving import fileview, netns, proctree
 from infra_agent.serving.accuracy import GateConfig, answer, compare_answers, gate_prompts
 from infra_agent.serving.datasets import coding_agent_sessions, random_sessions
 from infra_agent.serving.deployment import load_deployment
@@ -134,9 +134,24 @@ def test_broken_flag_fails_with_the_log_tail(tmp_path: Path) -> None:
     assert "invalid choice" in err.value.log_tail
 
 
-def test_knob_experiment_has_cis_from_repetitions() -> None:
+def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A knob experiment through the cascade: CIs from repetitions, the calibration statement and
+    the resolution in the verdict, output tokens per CPU-second beside throughput, and the other
+    arm's server stopped (no CPU used) through every sample."""
     from infra_agent.experiments import run_experiment
 
+    idle: list[tuple[str, float]] = []  # (state letters of the idle server, its CPU seconds used)
+    sample = ServingHarness.sample
+
+    def watched(self: ServingHarness, arm, seed: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+        other = next(a for name, a in self.arms.items() if name != arm.name).state["server"]
+        cpu = other.cpu_seconds()
+        out = sample(self, arm, seed)
+        states = "".join(sorted({proctree._stat(p)[0] for p in other.processes()}))  # type: ignore[index]
+        idle.append((states, other.cpu_seconds() - cpu))
+        return out
+
+    monkeypatch.setattr(ServingHarness, "sample", watched)
     patch = load_patch(TASK.root / "knobs.toml")
     record = run_experiment(TASK, patch, params=SMALL)
     result = record.result
@@ -149,6 +164,14 @@ def test_knob_experiment_has_cis_from_repetitions() -> None:
     assert len(perf.baseline_samples) >= 3 and len(perf.candidate_samples) >= 3
     assert perf.ci_low <= perf.speedup <= perf.ci_high
     assert result.evidence.correctness is not None and result.evidence.correctness.passed
+    # Stated before measuring, and in the verdict: the noise and what the budget can detect.
+    assert perf.calibration.startswith("calibration: per-pair noise") and perf.pair_noise
+    assert perf.detectable_effect is not None and perf.detectable_effect > 1.0
+    assert any(r.startswith("resolution: this measurement detects") for r in result.reasons)
+    assert result.evidence.metrics["output_tokens_per_cpu_s_speedup"] > 0
+    assert any("output_tokens_per_cpu_s" in r for r in result.reasons)
+    # The idle arm's server was stopped and took no CPU while the other arm was measured.
+    assert len(idle) == 2 * perf.n_samples and all(s == "T" and cpu == 0 for s, cpu in idle), idle
 
 
 def test_degenerate_sampler_patch_is_not_improved() -> None:

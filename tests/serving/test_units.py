@@ -83,6 +83,14 @@ def test_metrics_throughput_percentiles_goodput() -> None:
     assert m.ttft_ms["p50"] == pytest.approx(200.0)
     assert m.sample()["output_throughput"] == m.output_throughput
     assert "output tok/s" in m.render()
+    assert "output_tokens_per_cpu_s" not in m.sample()  # nobody read the server's CPU time
+    # With the server's CPU seconds: output tokens per CPU-second beside the throughput.
+    timed = WorkloadResult(records=records, duration_s=2.0, load=LoadSpec(), server_cpu_s=1.5,
+                           client_cpu_s=0.25)  # fmt: skip
+    sample = summarize(timed).sample()
+    assert sample["output_tokens_per_cpu_s"] == pytest.approx(33 / 1.5)
+    assert sample["server_cpu_s"] == 1.5 and sample["client_cpu_s"] == 0.25
+    assert "per server CPU-s" in summarize(timed).render()
 
 
 def lp(*probs: float) -> dict[int, float]:

@@ -1,0 +1,111 @@
+"""A server's processes as /proc shows them: the tree, their CPU time, and a freeze.
+
+An experiment measures one arm's server at a time. `freeze(root)` stops every process of the
+other arm's server (SIGSTOP), so it takes no CPU from the arm being measured: an idle SGLang
+scheduler polls its sockets without sleeping and holds a whole core, and a patched server could
+do any other work while it waits. `thaw(root)` continues them. `cpu_seconds(pids)` sums the
+user and system time of processes and of the children they reaped (clock ticks, 10 ms here).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+FREEZE_WAIT_S = 5.0
+"""How long `freeze` waits for every process to report itself stopped."""
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (index 0 is the state), or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def children_map() -> dict[int, list[int]]:
+    """Parent pid -> its children's pids, for every process on the machine."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendants of `pid` (from /proc)."""
+    tree = children_map()
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def tree(root: int) -> set[int]:
+    """`root` and its live descendants."""
+    return {p for p in descendants(root) | {root} if alive(p)}
+
+
+def cpu_seconds(pids: set[int]) -> float:
+    """User + system CPU seconds of `pids` and of the children they have reaped."""
+    total = 0
+    for pid in pids:
+        fields = _stat(pid)
+        if fields is not None:
+            total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return total / CLOCK_TICKS
+
+
+def cpu_by_name(pids: set[int]) -> dict[str, float]:
+    """CPU seconds per process name (/proc/PID/comm, e.g. 'sglang::schedul'), summed."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0.0) + cpu_seconds({pid})
+    return out
+
+
+def _signal(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def freeze(root: int) -> set[int]:
+    """SIGSTOP `root` and every descendant (again for any started meanwhile) and wait until each
+    reports itself stopped. Returns the frozen pids. TimeoutError if one keeps running."""
+    frozen: set[int] = set()
+    while new := tree(root) - frozen:
+        _signal(new, signal.SIGSTOP)
+        frozen |= new
+    deadline = time.monotonic() + FREEZE_WAIT_S
+    while running := {p for p in frozen if (f := _stat(p)) is not None and f[0] not in "TtZX"}:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"processes {sorted(running)} did not stop")
+        time.sleep(0.005)
+    return frozen
+
+
+def thaw(root: int) -> None:
+    """SIGCONT `root` and every descendant."""
+    _signal(tree(root), signal.SIGCONT)

@@ -1,0 +1,136 @@
+"""Pausing a server (the idle arm of an experiment) and reading its CPU time, on a stand-in
+server whose child spins like an idle SGLang scheduler (fast; the real server is exercised in
+test_sglang_server.py)."""
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from infra_agent.serving import proctree
+from infra_agent.serving.deployment import DeploymentSpec
+from infra_agent.serving.server import Server
+
+SPINNING_SERVER = textwrap.dedent(
+    """
+    import http.server, subprocess, sys
+    args = sys.argv[1:]
+    port = int(args[args.index("--port") + 1])
+    model = args[args.index("--model-path") + 1]
+    # Like SGLang's scheduler: dies with its parent (PR_SET_PDEATHSIG), spins while idle.
+    spin = "import ctypes, signal; ctypes.CDLL(None).prctl(1, signal.SIGKILL); exec('while 1: pass')"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    print(f"child {child.pid}", flush=True)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = ('{"model_path": "%s"}' % model).encode() if self.path == "/model_info" else b""
+            self.send_response(200 if self.path in ("/health", "/model_info") else 404)
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+def spinning(tmp_path: Path) -> DeploymentSpec:
+    script = tmp_path / "spinning_server.py"
+    script.write_text(SPINNING_SERVER)
+    return DeploymentSpec(
+        model="/nonexistent-model", launch="command", command=[sys.executable, str(script)], gpus=1
+    )
+
+
+@pytest.fixture
+def server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    srv = Server.start(spinning(tmp_path), tmp_path)
+    yield srv
+    srv.stop()
+
+
+def _cpu_over(server: Server, seconds: float) -> float:
+    before = server.cpu_seconds()
+    time.sleep(seconds)
+    return server.cpu_seconds() - before
+
+
+def test_a_paused_server_uses_no_cpu_and_resumes(server: Server) -> None:
+    tree = server.processes()
+    assert len(tree) >= 2  # the server and its spinning child
+    assert _cpu_over(server, 0.5) > 0.1  # the child spins
+    server.pause()
+    assert server.paused
+    assert all(proctree._stat(p)[0] in "Tt" for p in tree)  # type: ignore[index]
+    assert _cpu_over(server, 0.5) == 0.0
+    with pytest.raises(RuntimeError, match="paused"):
+        server.get("/health")  # a call would hang until the timeout: refused instead
+    server.resume()
+    assert not server.paused and server.get("/health")[0] == 200
+    assert _cpu_over(server, 0.5) > 0.1
+
+
+def test_stopping_a_paused_server_leaves_nothing(server: Server) -> None:
+    tree = server.processes()
+    server.pause()
+    started = time.monotonic()
+    assert server.stop() == 0  # SIGTERM reached it: no SIGKILL needed
+    assert time.monotonic() - started < 10
+    assert not any(proctree.alive(p) for p in tree)
+
+
+def test_cpu_seconds_counts_reaped_children(tmp_path: Path) -> None:
+    # The parent's own time plus what its finished, reaped child used.
+    proc = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         "subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+         "while time.process_time() - t < 0.3: pass'])\n"
+         "print('done', flush=True)\ntime.sleep(30)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "done"
+        assert proctree.cpu_seconds(proctree.tree(proc.pid)) >= 0.3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_an_owner_stopped_while_its_server_is_paused_leaves_nothing(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The experiment process is stopped, interrupted or killed while the idle arm's server is
+    paused: the server and its children still end (cleanup continues and terminates them;
+    on SIGKILL, PR_SET_PDEATHSIG reaches stopped processes too)."""
+    owner = tmp_path / "owner.py"
+    owner.write_text(
+        textwrap.dedent(
+            f"""
+            import time
+            from pathlib import Path
+            from infra_agent.serving.deployment import DeploymentSpec
+            from infra_agent.serving.server import Server
+            spec = DeploymentSpec.model_validate_json({spinning(tmp_path).model_dump_json()!r})
+            server = Server.start(spec, Path({str(tmp_path)!r}))
+            server.pause()
+            print(" ".join(str(p) for p in server.processes()), flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(owner)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    tree = {int(p) for p in proc.stdout.readline().split()}
+    assert len(tree) >= 2 and all(proctree._stat(p)[0] in "Tt" for p in tree)  # type: ignore[index]
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(proctree.alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(proctree.alive(p) for p in tree)
