@@ -86,6 +86,18 @@ class Noisy(Harness):
         return {"tput": 100.0 * gain * math.exp(rng.gauss(0.0, self.noise))}
 
 
+class FixedSeeds(SeedSource):
+    """Seeds from a seeded stream: these tests check what is said about a given noise, and four
+    calibration pairs drawn at random see under half the true noise about 1 time in 10."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rng = random.Random(0)
+
+    def fresh(self) -> int:
+        return self.rng.getrandbits(63)
+
+
 def _run(
     effect: float, noise: float, *, detect: float | None = None, **budget: Any
 ) -> tuple[Measurement, list[str], TaskManifest]:
@@ -95,7 +107,7 @@ def _run(
     harness.effect, harness.noise = effect, noise
     arms = [Arm(name, sandbox=None, knobs={}, params={}) for name in ("baseline", "candidate")]  # type: ignore[arg-type]
     said: list[str] = []
-    m = measure(harness, *arms, manifest, SeedSource(), deadline=math.inf, progress=said.append,
+    m = measure(harness, *arms, manifest, FixedSeeds(), deadline=math.inf, progress=said.append,
                 detect=detect)  # fmt: skip
     return m, said, manifest
 
