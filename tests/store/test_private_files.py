@@ -57,7 +57,7 @@ def test_reopening_an_open_store_keeps_its_locks(tmp_path: Path) -> None:
 
 def test_the_eval_store_keeps_the_run_store_file_private(tmp_path: Path) -> None:
     """Evals share the run store's file; opening it first must not create it readable."""
-    from infra_agent.store.evals import EvalStore
+    from infra_agent.evals.records import EvalStore
 
     old = os.umask(0)
     try:
