@@ -198,5 +198,8 @@ def test_degenerate_sampler_patch_is_not_improved() -> None:
 def test_knob_patch_for_a_gpu_only_flag_is_refused_on_cpu() -> None:
     from infra_agent.experiments import run_experiment
 
-    with pytest.raises(UserError, match="unknown knob"):
-        run_experiment(TASK, knob_patch({"enable-hierarchical-cache": True}), params=SMALL)
+    # A patch the task refuses is an experiment too: REJECTED at the apply stage, with its reason.
+    record = run_experiment(TASK, knob_patch({"enable-hierarchical-cache": True}), params=SMALL)
+    assert record.result.verdict is Verdict.REJECTED, record.result.render()
+    assert record.result.evidence.stage_reached == "apply"
+    assert any("unknown knob" in r for r in record.result.reasons), record.result.reasons
