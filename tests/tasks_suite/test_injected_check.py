@@ -5,6 +5,7 @@ wrong fix is not. (Every injected task, with `diagnose`: benchmarks/check_inject
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -16,6 +17,12 @@ pytestmark = [
     pytest.mark.sglang,
     pytest.mark.timeout(2400),  # three experiments, each starting real servers, on 2 cores
     pytest.mark.skipif(find_sglang_env() is None, reason="the SGLang environment is not set up"),
+    # Three serving experiments (8+ minutes on 2 cores), and its reference fix came out NO_CHANGE
+    # once on a loaded machine: a long end-to-end check, not a CI test (as
+    # benchmarks/check_injected_tasks.py, which measures every injected task).
+    pytest.mark.skipif(
+        os.environ.get("INFRA_AGENT_LONG_TESTS") != "1", reason="set INFRA_AGENT_LONG_TESTS=1"
+    ),
 ]
 TASK = "sglang-stalled-scheduler"
 """The injected task with the largest effect (its experiments stop earliest)."""
