@@ -9,11 +9,10 @@ load with `datasets` offline, and carry no planted secret.
 from __future__ import annotations
 
 import json
-import re
-import shutil
 from pathlib import Path
 
 import pytest
+from support import quick_decode_task
 
 from infra_agent.redact import Redactor
 from infra_agent.store import open_store
@@ -21,27 +20,6 @@ from infra_agent.trajectories.export import export_dataset
 from infra_agent.trajectories.formats import ExportFormat
 
 PLANTED = "sk-proj-Zx81mQ0pLr4TbN1vW8yKc3Hd"  # a key the model "leaks" in its reasoning
-
-
-def _quick_task(tmp_path: Path) -> Path:
-    """decode-split-norm with a smaller problem and measurement budget (same code and harness)."""
-    from infra_agent.tasks.registry import find_task
-
-    folder = tmp_path / "decode-split-norm-quick"
-    shutil.copytree(find_task("decode-split-norm").root, folder)
-    toml = folder / "task.toml"
-    text = toml.read_text().replace(
-        'name = "decode-split-norm"', 'name = "decode-split-norm-quick"'
-    )
-    text = re.sub(
-        r"\[budget\][^\[]*",
-        "[budget]\ncall_timeout_s = 30.0\nmin_samples = 5\nmax_samples = 12\n"
-        "measure_budget_s = 3.0\ncorrectness_checks = 1\n\n",
-        text,
-    )
-    text = re.sub(r"seq_len = \d+", "seq_len = 1024", text)
-    toml.write_text(re.sub(r"steps = \d+", "steps = 2", text))
-    return folder
 
 
 def _script(diff: str) -> list[dict[str, object]]:
@@ -66,7 +44,7 @@ def test_real_scripted_run_exports_in_every_format(
     from infra_agent.config import load_settings
     from infra_agent.review.queue import decide
 
-    task = _quick_task(tmp_path)
+    task = quick_decode_task(tmp_path)
     script = tmp_path / "script.json"
     script.write_text(json.dumps(_script((task / "reference.patch").read_text())))
     db = tmp_path / "runs.db"
