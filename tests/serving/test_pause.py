@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import stoppable
 
 from infra_agent.serving import proctree
 from infra_agent.serving.deployment import DeploymentSpec
@@ -124,7 +125,10 @@ def test_an_owner_stopped_while_its_server_is_paused_leaves_nothing(
             """
         )
     )
-    proc = subprocess.Popen([sys.executable, str(owner)], stdout=subprocess.PIPE, text=True)
+    # Its own SIGINT/SIGTERM dispositions: under nohup the test runner's children ignore SIGINT.
+    proc = subprocess.Popen(
+        [sys.executable, str(owner)], stdout=subprocess.PIPE, text=True, preexec_fn=stoppable
+    )
     assert proc.stdout is not None
     tree = {int(p) for p in proc.stdout.readline().split()}
     assert len(tree) >= 2 and all(proctree._stat(p)[0] in "Tt" for p in tree)  # type: ignore[index]

@@ -149,8 +149,8 @@ class TaskHarness(Harness):
         within = [Path(arm.sandbox.root)]
         found = growing_function(quiet, loaded, within, low_units=n, high_units=n)
         # Only a function that runs (almost) only with aborts names the path; one that merely
-        # runs more often (retried work) does not.
-        if found is not None and found[1] > found[2] / 5:
+        # runs more often (retried work) does not, nor one seen in fewer than 3 samples (noise).
+        if found is not None and (found[1] > found[2] / 5 or found[2] * n < 3):
             found = None
         needs_abort = load["corruptions"] > 0 and no_abort["corruptions"] == 0
         localization = Localization(
