@@ -71,6 +71,7 @@ def _register() -> None:
     from infra_agent.store.cli import config_app, runs_app
     from infra_agent.tasks.cli import register as register_tasks
     from infra_agent.tasks.cli import tasks_app
+    from infra_agent.tools.cli import register as register_tools
     from infra_agent.trajectories.cli import register as register_export
 
     register_agent(app)  # optimize
@@ -84,6 +85,7 @@ def _register() -> None:
     app.add_typer(config_app, name="config")
     app.add_typer(eval_app, name="eval")
     register_export(app)  # export
+    register_tools(app)  # tools list
 
 
 _register()

@@ -132,7 +132,7 @@ def _context(
         task=task,
         store=store,
         policy=policy,
-        tools=default_registry(config.feedback),
+        tools=default_registry(config.feedback, task),
         tool_context=tool_context,
         log=RunLog(store, run.id),
         run_experiment=run_experiment,
@@ -274,7 +274,7 @@ def start_run(
     store_path = settings.store.path()
     store = open_store(store_path)
     task = find_run_task(config)
-    tools = default_registry(config.feedback).names()
+    tools = default_registry(config.feedback, task).names()
     config = config.model_copy(update={"task_root": str(task.root), "tools": tools})
     policy = build_policy(config, settings.llm, task)  # fail on bad input before recording a run
     run = RunRecord(

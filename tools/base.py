@@ -12,16 +12,29 @@ import json
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from infra_agent.errors import UserError
 
+if TYPE_CHECKING:
+    from infra_agent.tasks.manifest import Task, TaskManifest
+
 P = TypeVar("P", bound=BaseModel)
 
 MAX_RESULT_CHARS = 6000
 """Tool results longer than this are cut (the model sees the head and a note)."""
+
+NEEDS: dict[str, Callable[[TaskManifest], bool]] = {
+    "": lambda m: True,
+    "serving": lambda m: m.kind == "serving",  # a server to start, a workload, step statistics
+    "python": lambda m: m.kind == "python",  # the task's program runs from its own workspace
+    "knobs": lambda m: bool(m.knobs),
+    "code": lambda m: bool(m.editable),
+}
+"""What a tool can declare it needs (`Tool.needs`, one word) and whether a task's manifest has
+it; a run offers a tool only when its task has what it needs (`Tool.works_for`)."""
 
 
 class ToolResult(BaseModel):
@@ -50,6 +63,18 @@ class Tool(Generic[P]):
     """Called as fn(params, context); context is the run's `ToolContext`."""
     deferred: bool = False
     """True for tools the graph runs in a node of its own (experiments): `call` only validates."""
+    needs: str = ""
+    """What the task must have for this tool to work, one word of `NEEDS` ('' for any task)."""
+
+    def __post_init__(self) -> None:
+        if self.needs not in NEEDS:
+            raise ValueError(
+                f"tool {self.name}: needs '{self.needs}' is not one of {sorted(NEEDS)}"
+            )
+
+    def works_for(self, task: Task) -> bool:
+        """Whether this tool can work for `task` (so a run on it offers the tool)."""
+        return NEEDS[self.needs](task.manifest)
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function-tool schema, generated from the parameter model."""
@@ -128,11 +153,14 @@ class ToolRegistry:
 
 
 def tool(
-    name: str, description: str, params: type[P], *, deferred: bool = False
+    name: str, description: str, params: type[P], *, deferred: bool = False, needs: str = ""
 ) -> Callable[[Callable[[P, Any], ToolResult]], Tool[P]]:
-    """Decorator: turn `fn(params, context) -> ToolResult` into a `Tool`."""
+    """Decorator: turn `fn(params, context) -> ToolResult` into a `Tool`; `needs` says what kind
+    of task it works for (one word of `NEEDS`, e.g. `needs="serving"`)."""
 
     def wrap(fn: Callable[[P, Any], ToolResult]) -> Tool[P]:
-        return Tool(name=name, description=description, params=params, fn=fn, deferred=deferred)
+        return Tool(
+            name=name, description=description, params=params, fn=fn, deferred=deferred, needs=needs
+        )
 
     return wrap

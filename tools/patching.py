@@ -91,6 +91,7 @@ class ProposePatch(BaseModel):
     "propose_patch",
     "Check a unified diff against the workspace and register it; returns its patch_id.",
     ProposePatch,
+    needs="code",
 )
 def propose_patch(p: ProposePatch, ctx: ToolContext) -> ToolResult:
     from infra_agent.tasks.patch import parse_diff
@@ -109,6 +110,7 @@ class ProposeKnobs(BaseModel):
     "propose_knobs",
     "Check a knob assignment against the task's knob space and register it; returns its patch_id.",
     ProposeKnobs,
+    needs="knobs",
 )
 def propose_knobs(p: ProposeKnobs, ctx: ToolContext) -> ToolResult:
     from infra_agent.tasks.patch import knob_patch

@@ -1,6 +1,10 @@
-"""The tools a run gives its model. A new tool is one function plus one line here."""
+"""The tools a run gives its model. A new tool is one function plus one line here; a tool that
+only works for some tasks says so with `needs=` on its `@tool` (see `tools.base.NEEDS`), and a
+run on a task is offered only the tools that can work for it."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from infra_agent.tools.base import Tool, ToolRegistry
 from infra_agent.tools.instruments import INSTRUMENT_TOOLS
@@ -14,6 +18,9 @@ from infra_agent.tools.patching import (
 from infra_agent.tools.serving import serving_workload
 from infra_agent.tools.skeletons import lookup_skeletons
 from infra_agent.tools.workspace import list_files, read_file, search_files
+
+if TYPE_CHECKING:
+    from infra_agent.tasks.manifest import Task
 
 AGENT_TOOLS: list[Tool] = [  # type: ignore[type-arg]
     describe_task,
@@ -43,8 +50,8 @@ SPARSE_TOOLS = (
 """Sparse feedback: reading, editing, run_experiment and finish; no instruments, no skeletons."""
 
 
-def default_registry(feedback: str = "dense") -> ToolRegistry:
-    """Every tool (`dense`), or only the sparse-feedback ones (`sparse`)."""
-    if feedback == "sparse":
-        return ToolRegistry([t for t in AGENT_TOOLS if t.name in SPARSE_TOOLS])
-    return ToolRegistry(list(AGENT_TOOLS))
+def default_registry(feedback: str = "dense", task: Task | None = None) -> ToolRegistry:
+    """Every tool (`dense`), or only the sparse-feedback ones (`sparse`); with a task, only those
+    that can work for it (no serving tools on a kernel task, no propose_knobs without knobs)."""
+    tools = [t for t in AGENT_TOOLS if feedback != "sparse" or t.name in SPARSE_TOOLS]
+    return ToolRegistry([t for t in tools if task is None or t.works_for(task)])

@@ -33,6 +33,7 @@ class ServingWorkload(BaseModel):
     "Start the task's server (optionally with a knob patch), run a workload, report throughput, "
     "TTFT/TPOT percentiles and failures. One sample, not a verdict.",
     ServingWorkload,
+    needs="serving",
 )
 def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
     import math
