@@ -342,8 +342,14 @@ def apply_patch(patch: Patch, task: Task, root: Path) -> dict[str, Any]:
     check_diff(patch, manifest, root)
     result = git_apply(patch.diff, root, check=True)
     if result.returncode != 0:
+        from infra_agent.tasks.hunks import explain_mismatch
+
         why = (result.stderr.strip().splitlines() or ["git apply failed"])[0]
-        raise PatchError(f"patch does not apply cleanly: {why.removeprefix('error: ')}")
+        detail = explain_mismatch(patch.diff, root)
+        raise PatchError(
+            f"patch does not apply cleanly: {why.removeprefix('error: ')}"
+            + (f"\n{detail}" if detail else "")
+        )
     result = git_apply(patch.diff, root, check=False)
     if result.returncode != 0:
         raise PatchError(f"patch failed to apply: {result.stderr.strip()[:200]}")

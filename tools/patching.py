@@ -60,15 +60,19 @@ def describe_task(p: DescribeTask, ctx: ToolContext) -> ToolResult:
     return ToolResult(content="\n".join(lines))
 
 
-def _check_and_store(patch: Any, ctx: ToolContext) -> ToolResult:
+def check_and_store(patch: Any, ctx: ToolContext) -> ToolResult:
+    """Check a proposed patch on a scratch copy, store it, and answer with its patch_id (the
+    one path every patch the model proposes goes through: propose_patch, propose_knobs,
+    edit_file)."""
     from infra_agent.tasks.patch import effective_knobs
     from infra_agent.tasks.tree import preview_apply
 
     shutil.rmtree(preview_apply(patch, ctx.task), ignore_errors=True)  # raises with the reason
     knobs = effective_knobs(patch, ctx.task.manifest)
     ctx.store.put_patch(patch.to_record())
-    if patch.hash not in ctx.known_patches:
-        ctx.known_patches.append(patch.hash)
+    if patch.hash in ctx.known_patches:  # most recent last: edit_file builds on the latest
+        ctx.known_patches.remove(patch.hash)
+    ctx.known_patches.append(patch.hash)
     changed = ", ".join(patch.files) if patch.files else "no files"
     knob_text = ", ".join(f"{k}={v!r}" for k, v in sorted(knobs.items())) or "task defaults"
     return ToolResult(
@@ -96,7 +100,7 @@ class ProposePatch(BaseModel):
 def propose_patch(p: ProposePatch, ctx: ToolContext) -> ToolResult:
     from infra_agent.tasks.patch import parse_diff
 
-    return _check_and_store(parse_diff(p.diff, author=ctx.author, rationale=p.rationale), ctx)
+    return check_and_store(parse_diff(p.diff, author=ctx.author, rationale=p.rationale), ctx)
 
 
 class ProposeKnobs(BaseModel):
@@ -115,7 +119,7 @@ class ProposeKnobs(BaseModel):
 def propose_knobs(p: ProposeKnobs, ctx: ToolContext) -> ToolResult:
     from infra_agent.tasks.patch import knob_patch
 
-    return _check_and_store(knob_patch(p.knobs, author=ctx.author, rationale=p.rationale), ctx)
+    return check_and_store(knob_patch(p.knobs, author=ctx.author, rationale=p.rationale), ctx)
 
 
 class RunExperiment(BaseModel):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from infra_agent.tools.base import Tool, ToolRegistry
+from infra_agent.tools.editing import edit_file
 from infra_agent.tools.instruments import INSTRUMENT_TOOLS
 from infra_agent.tools.patching import (
     describe_task,
@@ -31,6 +32,7 @@ AGENT_TOOLS: list[Tool] = [  # type: ignore[type-arg]
     *INSTRUMENT_TOOLS,
     serving_workload,
     propose_patch,
+    edit_file,
     propose_knobs,
     run_experiment,
     finish,
@@ -43,6 +45,7 @@ SPARSE_TOOLS = (
     "read_file",
     "search_files",
     "propose_patch",
+    "edit_file",
     "propose_knobs",
     "run_experiment",
     "finish",

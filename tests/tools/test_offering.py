@@ -18,15 +18,15 @@ SERVING_TOOLS = {"serving_workload"}
 
 def test_a_kernel_task_gets_no_serving_tools_and_a_knobless_task_no_propose_knobs() -> None:
     kernel = default_registry("dense", find_task("decode-split-norm")).names()
-    assert "propose_patch" in kernel and "propose_knobs" in kernel  # it has knobs
+    assert "edit_file" in kernel and "propose_knobs" in kernel  # it has knobs
     assert not SERVING_TOOLS & set(kernel)
     gil = default_registry("dense", find_task("kv-transfer-gil")).names()
-    assert "propose_knobs" not in gil and "propose_patch" in gil  # no knobs, editable files
+    assert "propose_knobs" not in gil and "edit_file" in gil  # no knobs, editable files
     serving = default_registry("dense", find_task("sglang-cpu-tiny")).names()
     assert SERVING_TOOLS <= set(serving) and "propose_knobs" in serving
     assert set(default_registry().names()) >= set(serving) | set(kernel)  # no task: every tool
     sparse = default_registry("sparse", find_task("decode-split-norm")).names()
-    assert "propose_patch" in sparse and "microbench" not in sparse
+    assert "edit_file" in sparse and "microbench" not in sparse
 
 
 def test_needs_is_one_checked_word() -> None:
@@ -50,12 +50,12 @@ def test_tools_list_prints_the_schemas_a_run_on_the_task_sends() -> None:
     expected = default_registry("dense", find_task("decode-split-norm")).schemas()
     assert schemas == expected  # exactly what the model sees
     names = {s["function"]["name"] for s in schemas}
-    assert "propose_patch" in names and not SERVING_TOOLS & names
+    assert "edit_file" in names and not SERVING_TOOLS & names
     serving = run_cli("tools", "list", "--task", "sglang-cpu-tiny", "--json")
     assert serving.returncode == 0, serving.stderr
     assert SERVING_TOOLS <= {s["function"]["name"] for s in json.loads(serving.stdout)}
     table = run_cli("tools", "list", "--task", "kv-transfer-gil")
-    assert table.returncode == 0 and "propose_patch" in table.stdout
+    assert table.returncode == 0 and "edit_file" in table.stdout
     assert "propose_knobs" not in table.stdout and "serving_workload" not in table.stdout
     unknown = run_cli("tools", "list", "--task", "no-such-task")
     assert unknown.returncode != 0 and "no-such-task" in unknown.stderr

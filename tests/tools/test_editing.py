@@ -1,0 +1,111 @@
+"""edit_file: exact search-and-replace that yields the same checked patches as propose_patch;
+edits accumulate into one candidate; a diff that does not apply shows what the file has."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from infra_agent.store import open_store
+from infra_agent.tasks.registry import find_task
+from infra_agent.tasks.tree import preview_apply
+from infra_agent.tools.base import ToolResult
+from infra_agent.tools.context import ToolContext
+from infra_agent.tools.registry import default_registry
+
+HOIST_1 = {  # compute the normalizer once, before the split loop ...
+    "path": "attention.py",
+    "old": "    out = torch.zeros_like(q)\n    for start, end",
+    "new": "    out = torch.zeros_like(q)\n    row_max, row_sum = _row_normalizer(q, k, scale)\n"
+    "    for start, end",
+}
+HOIST_2 = {  # ... and no longer in it
+    "path": "attention.py",
+    "old": "        row_max, row_sum = _row_normalizer(q, k, scale)\n        for page",
+    "new": "        for page",
+}
+
+
+def _ctx(tmp_path: Path, task: str = "decode-split-norm") -> ToolContext:
+    store = open_store(tmp_path / "runs.db")
+    return ToolContext(task=find_task(task), store=store, run_id="run-edit")
+
+
+def _call(ctx: ToolContext, name: str, **args: object) -> ToolResult:
+    return default_registry().call(name, json.dumps(args), ctx)
+
+
+def _patched(ctx: ToolContext, patch_id: str, rel: str) -> str:
+    scratch = preview_apply(ctx.patch(patch_id), ctx.task)
+    try:
+        return (scratch / "ws" / rel).read_text()
+    finally:
+        shutil.rmtree(scratch)
+
+
+def test_edits_accumulate_into_one_checked_patch(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    baseline = (ctx.task.workspace / "attention.py").read_text()
+    first = _call(ctx, "edit_file", **HOIST_1, rationale="hoist the normalizer")
+    assert first.error is None and first.data is not None, first.content
+    assert "built on the baseline" in first.content and "run_experiment" in first.content
+    second = _call(ctx, "edit_file", **HOIST_2)
+    assert second.error is None and second.data is not None, second.content
+    assert f"built on {first.data['patch_id'][:12]}" in second.content
+    patch_id = second.data["patch_id"]
+    assert ctx.known_patches == [first.data["patch_id"], patch_id]
+    text = _patched(ctx, patch_id, "attention.py")  # the stored diff applies to the baseline
+    assert text == baseline.replace(HOIST_1["old"], HOIST_1["new"]).replace(
+        HOIST_2["old"], HOIST_2["new"]
+    )
+    assert ctx.patch(patch_id).rationale == "hoist the normalizer"
+    fresh = _call(ctx, "edit_file", **HOIST_2, base="baseline")  # a new candidate
+    assert fresh.data is not None and fresh.data["patch_id"] not in (
+        first.data["patch_id"],
+        patch_id,
+    )
+    assert _patched(ctx, fresh.data["patch_id"], "attention.py") == baseline.replace(
+        HOIST_2["old"], HOIST_2["new"]
+    )
+
+
+def test_edit_errors_name_the_matches_or_the_closest_lines(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    twice = _call(ctx, "edit_file", **HOIST_1)
+    assert twice.error is None
+    again = _call(
+        ctx, "edit_file", path="attention.py", old="row_max, row_sum = _row_normalizer(q, k, scale)",
+        new="pass",
+    )  # fmt: skip
+    assert again.error and "matches 2 times" in again.error and "lines 51, 54" in again.error
+    missing = _call(
+        ctx, "edit_file", path="attention.py",
+        old="    for start, end in split_bounds(k.shape[2], num_splits, blocksize):", new="x",
+    )  # fmt: skip
+    assert missing.error and "matches 0 times" in missing.error
+    assert "closest lines" in missing.error and "split_bounds(k.shape[2]" in missing.error
+    assert ctx.known_patches == [twice.data["patch_id"]] if twice.data else False
+    gil = _ctx(tmp_path / "gil", "kv-transfer-gil")
+    refused = _call(gil, "edit_file", path="scheduler.py", old="import", new="import")
+    assert refused.error and "not editable" in refused.error and "dispatch.py" in refused.error
+    outside = _call(gil, "edit_file", path="../harness.py", old="a", new="b")
+    assert outside.error and "no file '../harness.py'" in outside.error
+
+
+def test_a_diff_that_does_not_apply_shows_expected_next_to_actual_lines(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    diff = (
+        "--- a/attention.py\n+++ b/attention.py\n@@ -50,4 +50,3 @@\n"
+        "     out = torch.zeros_like(q)\n"
+        "     for start, end in split_bounds(k.shape[2], num_splits, block_size):\n"
+        "         # Each split normalizes with the global statistics.\n"  # not the real comment
+        "-        row_max, row_sum = _row_normalizer(q, k, scale)\n"
+    )
+    result = _call(ctx, "propose_patch", diff=diff, rationale="hoist")
+    assert result.error and "does not apply cleanly" in result.error
+    assert "hunk 1 of 1 (attention.py @@ -50,4 +50,3 @@)" in result.error
+    assert "!         # Each split normalizes with the global statistics." in result.error
+    assert "   52          # Each split normalizes its probabilities" in result.error
+    assert "attention.py has at lines 50-53" in result.error
+    assert len(result.error) < 2000
