@@ -16,12 +16,16 @@ from pydantic import BaseModel, Field
 from infra_agent.errors import UserError
 from infra_agent.tasks.patch import glob_regex
 from infra_agent.tasks.tree import WorkspaceTree, workspace_tree
-from infra_agent.tools.base import ToolResult, tool
+from infra_agent.tools.base import MAX_RESULT_CHARS, ToolResult, tool
 from infra_agent.tools.context import ToolContext
 
 MAX_FILES = 200
 MAX_SEARCHED_BYTES = 2_000_000
 """Files larger than this are not searched (data, not code)."""
+READ_HEADER_CHARS = 200
+"""Room read_file keeps for its first line within the registry's cap on a tool's answer."""
+MAX_LINE_CHARS = 1000
+"""One line longer than this (minified data) is cut, so a single line never fills the answer."""
 
 
 def _files(tree: WorkspaceTree, pattern: str) -> list[str]:
@@ -80,7 +84,12 @@ class ReadFile(BaseModel):
     max_lines: int = Field(200, ge=1, le=1000, description="How many lines to show at most.")
 
 
-@tool("read_file", "Read lines of a workspace file, numbered.", ReadFile)
+@tool(
+    "read_file",
+    "Read lines of a workspace file, numbered. The first line of the answer says which lines it "
+    "shows and where to continue (long lines fill the answer sooner than max_lines).",
+    ReadFile,
+)
 def read_file(p: ReadFile, ctx: ToolContext) -> ToolResult:
     tree = workspace_tree(ctx.task)
     if not tree.inside(p.path):
@@ -88,11 +97,28 @@ def read_file(p: ReadFile, ctx: ToolContext) -> ToolResult:
     if not tree.is_file(p.path):
         raise UserError(f"no file '{p.path}' in the workspace (see list_files)")
     lines = tree.read_text(p.path).splitlines()
-    chunk = lines[p.start_line - 1 : p.start_line - 1 + p.max_lines]
-    body = "\n".join(f"{p.start_line + i:5d}  {line}" for i, line in enumerate(chunk))
-    end = p.start_line - 1 + len(chunk)
+    if p.start_line > max(1, len(lines)):
+        raise UserError(
+            f"start_line {p.start_line} is past the end of {p.path} ({len(lines)} lines)"
+        )
+    budget = MAX_RESULT_CHARS - READ_HEADER_CHARS
+    shown: list[str] = []
+    for number in range(p.start_line, min(len(lines), p.start_line - 1 + p.max_lines) + 1):
+        text = f"{number:5d}  {lines[number - 1]}"
+        if len(text) > MAX_LINE_CHARS:
+            text = text[:MAX_LINE_CHARS] + f" [... {len(text) - MAX_LINE_CHARS} more characters]"
+        if shown and budget - len(text) - 1 < 0:
+            break
+        budget -= len(text) + 1
+        shown.append(text)
+    end = p.start_line - 1 + len(shown)
     head = f"{p.path}: lines {p.start_line}-{end} of {len(lines)}"
-    return ToolResult(content=f"{head}\n{body}")
+    if end < len(lines):
+        head += f"; continue with start_line={end + 1}"
+    return ToolResult(
+        content=f"{head}\n" + "\n".join(shown),
+        data={"path": p.path, "start_line": p.start_line, "end_line": end, "total": len(lines)},
+    )
 
 
 class SearchFiles(BaseModel):

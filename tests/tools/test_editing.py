@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from infra_agent.store import open_store
 from infra_agent.tasks.registry import find_task
 from infra_agent.tasks.tree import preview_apply
@@ -109,3 +111,26 @@ def test_a_diff_that_does_not_apply_shows_expected_next_to_actual_lines(tmp_path
     assert "   52          # Each split normalizes its probabilities" in result.error
     assert "attention.py has at lines 50-53" in result.error
     assert len(result.error) < 2000
+
+
+@pytest.mark.parametrize("total", [1070])
+def test_read_file_says_which_lines_it_really_shows(tmp_path: Path, total: int) -> None:
+    folder = tmp_path / "task"
+    shutil.copytree(find_task("decode-split-norm").root, folder)
+    long_line = "x = 'a long line of code that fills the answer quickly' + str(40)"
+    (folder / "workspace" / "attention.py").write_text(
+        "\n".join(f"{long_line}  # {i}" for i in range(1, total + 1)) + "\n"
+    )
+    ctx = ToolContext(task=find_task(str(folder)), store=open_store(tmp_path / "r.db"), run_id="r")
+    result = _call(ctx, "read_file", path="attention.py", max_lines=400)
+    assert result.error is None and result.data is not None
+    end = result.data["end_line"]
+    assert 50 < end < 400
+    head, *body = result.content.split("\n")
+    assert head == f"attention.py: lines 1-{end} of {total}; continue with start_line={end + 1}"
+    assert body[-1].endswith(f"# {end}") and len(body) == end  # whole lines, as announced
+    assert "more characters cut" not in result.content  # the registry did not have to cut
+    tail = _call(ctx, "read_file", path="attention.py", start_line=total - 4, max_lines=400)
+    assert tail.content.split("\n")[0] == f"attention.py: lines {total - 4}-{total} of {total}"
+    past = _call(ctx, "read_file", path="attention.py", start_line=total + 5)
+    assert past.error and f"past the end of attention.py ({total} lines)" in past.error
