@@ -9,6 +9,7 @@ Bundled skeletons live in `tools/skeletons/bundled/`; skeletons saved from revie
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -71,19 +72,74 @@ def load_skeletons(extra_dirs: list[Path] | None = None) -> list[Skeleton]:
 
 
 _WORD = re.compile(r"[a-z0-9]+")
+_STOP = frozenset(
+    "a an and are as at be by each every for from has have in is it its of on one or per so "
+    "than that the then this to too when where which while with".split()
+)
+FIELD_WEIGHTS = (("tags", 3.0), ("title", 2.0), ("text", 1.0))
+"""A query word counts 3x in a skeleton's tags or name, 2x in its title, 1x in its text."""
+MIN_RELEVANCE = 0.15
+"""Skeletons scoring below this (or below half the best score) are left out as irrelevant."""
+
+
+def _words(text: str) -> set[str]:
+    """Lower-case words without stop words, a plural 's' dropped ('splits' -> 'split')."""
+    out = set()
+    for word in _WORD.findall(text.lower()):
+        if word in _STOP:
+            continue
+        out.add(word[:-1] if len(word) > 3 and word.endswith("s") and word[-2] != "s" else word)
+    return out
+
+
+def _fields(s: Skeleton) -> dict[str, set[str]]:
+    return {
+        "tags": _words(" ".join([s.name, *s.tags])),
+        "title": _words(s.title),
+        "text": _words(f"{s.applies_when} {s.how_to_test}"),
+    }
+
+
+def rank_skeletons(
+    query: str, skeletons: list[Skeleton]
+) -> list[tuple[Skeleton, float, list[str]]]:
+    """Every skeleton with its relevance to `query` in [0, 1] and the query words it matched,
+    best first. A word's weight is its field's (tags > title > text) times its rarity among the
+    skeletons (log(1 + n / skeletons containing it)); the score is the matched share of the
+    weight the query's known words could reach."""
+    fields = [_fields(s) for s in skeletons]
+    known = [set().union(*f.values()) for f in fields]
+    query_words = sorted(w for w in _words(query) if any(w in k for k in known))
+    rarity = {
+        w: math.log(1 + len(skeletons) / sum(1 for k in known if w in k)) for w in query_words
+    }
+    reachable = sum(FIELD_WEIGHTS[0][1] * rarity[w] for w in query_words) or 1.0
+    ranked = []
+    for skeleton, field in zip(skeletons, fields, strict=True):
+        gained, matched = 0.0, []
+        for w in query_words:
+            weight = next((x for name, x in FIELD_WEIGHTS if w in field[name]), 0.0)
+            if weight:
+                gained += weight * rarity[w]
+                matched.append(w)
+        ranked.append((skeleton, gained / reachable, matched))
+    ranked.sort(key=lambda r: -r[1])
+    return ranked
+
+
+def relevant_skeletons(
+    query: str, skeletons: list[Skeleton], top_k: int = 3
+) -> list[tuple[Skeleton, float, list[str]]]:
+    """The relevant skeletons for `query` with their scores and matched words, best first, at
+    most `top_k`: those scoring at least MIN_RELEVANCE and half the best score (maybe none)."""
+    ranked = rank_skeletons(query, skeletons)
+    best = ranked[0][1] if ranked else 0.0
+    return [r for r in ranked if r[1] >= max(MIN_RELEVANCE, best / 2)][:top_k]
 
 
 def search_skeletons(query: str, skeletons: list[Skeleton], top_k: int = 3) -> list[Skeleton]:
-    """Rank skeletons by word overlap with the query (tags count double); best first."""
-    words = set(_WORD.findall(query.lower()))
-
-    def score(s: Skeleton) -> int:
-        tags = set(_WORD.findall(" ".join(s.tags).lower()))
-        text = set(_WORD.findall(f"{s.name} {s.title} {s.applies_when}".lower()))
-        return 2 * len(words & tags) + len(words & text)
-
-    ranked = sorted(skeletons, key=score, reverse=True)
-    return [s for s in ranked if score(s) > 0][:top_k] or ranked[:top_k]
+    """The relevant skeletons for `query`, best first (see `relevant_skeletons`)."""
+    return [s for s, _, _ in relevant_skeletons(query, skeletons, top_k)]
 
 
 def knob_advice(skeletons: list[Skeleton]) -> dict[str, list[Any]]:
@@ -154,8 +210,25 @@ class LookupSkeletons(BaseModel):
     LookupSkeletons,
 )
 def lookup_skeletons(p: LookupSkeletons, ctx: ToolContext) -> ToolResult:
-    found = search_skeletons(p.query, load_skeletons(), p.top_k)
+    skeletons = load_skeletons()
+    found = relevant_skeletons(p.query, skeletons, p.top_k)
+    if not found:
+        names = ", ".join(s.name for s in skeletons)
+        return ToolResult(
+            content=f"no skeleton is relevant to '{p.query}' (relevance below "
+            f"{MIN_RELEVANCE}); describe the code pattern in other words. Known: {names}",
+            data={"skeletons": [], "scores": []},
+        )
+    left_out = len(skeletons) - len(found)
+    parts = [
+        f"relevance {score:.2f} (matched: {', '.join(words)})\n{s.render()}"
+        for s, score, words in found
+    ]
+    note = f"\n\n({left_out} less relevant skeletons left out)" if left_out else ""
     return ToolResult(
-        content="\n\n".join(s.render() for s in found),
-        data={"skeletons": [s.name for s in found]},
+        content="\n\n".join(parts) + note,
+        data={
+            "skeletons": [s.name for s, _, _ in found],
+            "scores": [round(x, 3) for _, x, _ in found],
+        },
     )
