@@ -97,7 +97,8 @@ def test_scripted_eval_over_two_tasks_dense_and_sparse_and_the_html_report(tmp_p
                 assert not tools & INSTRUMENTS and "run_experiment" in tools
                 assert answers and answers[0].startswith("error: unknown tool 'profile'")
             else:
-                assert INSTRUMENTS <= tools
+                assert INSTRUMENTS - {"serving_workload"} <= tools
+                assert "serving_workload" not in tools  # offered only on serving tasks
                 assert answers and "unknown tool" not in answers[0]
     exported = run_cli("--db", str(db), "export", "--eval", sparse["eval"]["id"], "--format",
                        "openai-sft", "--out", str(tmp_path / "sparse.jsonl"), "--json")  # fmt: skip
