@@ -22,6 +22,7 @@ GROUPS = [
     "review",
     "export",
     "config",
+    "tools",
 ]
 
 

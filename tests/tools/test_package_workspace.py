@@ -65,3 +65,32 @@ def test_the_injected_fault_is_simply_part_of_the_code(ctx: ToolContext) -> None
         assert result.error and (
             "outside the task workspace" in result.error or "no file" in result.error
         )
+
+
+def test_edit_file_edits_the_package_tree_as_the_agent_sees_it(ctx: ToolContext) -> None:
+    """Edits in a package workspace: one in the injected file (against its injected content),
+    one in another module; the patch covers both and applies to the baseline tree."""
+    from infra_agent.tasks.tree import preview_apply
+
+    first = default_registry().call(
+        "edit_file", json.dumps({"path": SAMPLER, "old": "FAULT_MARK = 1\n", "new": ""}), ctx
+    )
+    assert first.error is None, first.error
+    scheduler = "sglang/srt/managers/scheduler.py"
+    second = default_registry().call(
+        "edit_file",
+        json.dumps(
+            {"path": scheduler, "old": "class Scheduler(", "new": "class Scheduler(  # x\n"}
+        ),
+        ctx,
+    )
+    assert second.error is None and second.data is not None, second.error
+    patch = ctx.patch(second.data["patch_id"])
+    assert patch.files == sorted([SAMPLER, scheduler])
+    assert "-FAULT_MARK = 1" in patch.diff
+    scratch = preview_apply(patch, ctx.task)
+    try:
+        assert "FAULT_MARK" not in (scratch / "ws" / SAMPLER).read_text()
+        assert "class Scheduler(  # x" in (scratch / "ws" / scheduler).read_text()
+    finally:
+        shutil.rmtree(scratch)
