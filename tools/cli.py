@@ -23,8 +23,8 @@ def list_command(
         False, "--json", help="Print the OpenAI tools array the model is sent."
     ),
 ) -> None:
-    """List the tools a run offers: name and first line of the description, or with --json
-    exactly the schemas the model sees."""
+    """List the tools a run offers: name, what it needs and the first sentence of its
+    description, or with --json exactly the schemas the model sees."""
     from infra_agent.errors import UserError
     from infra_agent.tasks.registry import find_task
     from infra_agent.tools.registry import default_registry
@@ -43,7 +43,8 @@ def list_command(
         for name in registry.names():
             found = registry.get(name)
             assert found is not None
-            table.add_row(name, found.needs or "-", found.description.split("\n")[0])
+            first = found.description.split("\n")[0].split(". ")[0].rstrip(".")
+            table.add_row(name, found.needs or "-", first)
         console.print(table)
 
     emit(schemas, render, as_json=as_json)

@@ -159,4 +159,6 @@ def edit_file(p: EditFile, ctx: ToolContext) -> ToolResult:
     result = check_and_store(parse_diff(diff, author=ctx.author, rationale=rationale), ctx)
     built_on = f"built on {base.hash[:12]}" if base is not None else "built on the baseline"
     result.content = f"{result.content}\n({built_on}; diff of {len(diff.splitlines())} lines)"
+    if result.data is not None:
+        result.data["base"] = base.hash if base is not None else None
     return result

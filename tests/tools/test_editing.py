@@ -55,6 +55,7 @@ def test_edits_accumulate_into_one_checked_patch(tmp_path: Path) -> None:
     second = _call(ctx, "edit_file", **HOIST_2)
     assert second.error is None and second.data is not None, second.content
     assert f"built on {first.data['patch_id'][:12]}" in second.content
+    assert first.data["base"] is None and second.data["base"] == first.data["patch_id"]
     patch_id = second.data["patch_id"]
     assert ctx.known_patches == [first.data["patch_id"], patch_id]
     text = _patched(ctx, patch_id, "attention.py")  # the stored diff applies to the baseline
