@@ -26,6 +26,8 @@ from infra_agent.tools.patching import check_and_store
 
 CLOSEST_SHOWN = 8
 """Lines of the file shown where `old` comes closest, when it matches nowhere."""
+MAX_WINDOWS = 400
+"""At most this many candidate places are compared with `old` as a whole."""
 
 
 def _lines(text: str) -> list[str]:
@@ -62,18 +64,33 @@ def closest_lines(old: str, text: str) -> str:
     """Where `old` comes closest in `text`: the file's lines there, numbered (bounded)."""
     want = [w.strip() for w in old.strip("\n").split("\n")]
     lines = text.split("\n")
+    have = [h.strip() for h in lines]
+    last = max(0, len(lines) - len(want))
+    # Candidate windows: aligned on a line of `old` found verbatim, or on the lines most like
+    # its first line; only those are compared whole (a full scan is slow on large modules).
+    at = {w: [j for j, x in enumerate(want) if x == w] for w in want if w}
+    starts = {min(last, max(0, i - j)) for i, h in enumerate(have) for j in at.get(h, ())}
+    head = difflib.SequenceMatcher(None, want[0], "")
+    first_like = []
+    for i, h in enumerate(have):
+        head.set_seq2(h)
+        if head.real_quick_ratio() > 0.5 and head.quick_ratio() > 0.5:
+            first_like.append((head.ratio(), i))
+    starts |= {min(last, i) for _, i in sorted(first_like, reverse=True)[:20]}
     best, best_score = 0, 0.0
-    for start in range(max(1, len(lines) - len(want) + 1)):
-        window = [h.strip() for h in lines[start : start + len(want)]]
-        matcher = difflib.SequenceMatcher(None, "\n".join(want), "\n".join(window))
-        if matcher.real_quick_ratio() <= best_score or matcher.quick_ratio() <= best_score:
-            continue
-        score = matcher.ratio()
+    for start in sorted(starts)[:MAX_WINDOWS]:
+        window = "\n".join(have[start : start + len(want)])
+        score = difflib.SequenceMatcher(None, "\n".join(want), window).ratio()
         if score > best_score:
             best, best_score = start, score
     shown = lines[best : best + min(len(want), CLOSEST_SHOWN)]
     body = "\n".join(f"{best + 1 + i:5d}  {line[:120]}" for i, line in enumerate(shown))
-    return f"closest lines ({best_score:.0%} similar):\n{body}"
+    note = (
+        "; they differ from old only in indentation or trailing spaces: copy them exactly"
+        if best_score == 1.0
+        else ""
+    )
+    return f"closest lines ({best_score:.0%} similar ignoring indentation{note}):\n{body}"
 
 
 class EditFile(BaseModel):

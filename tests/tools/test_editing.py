@@ -88,6 +88,12 @@ def test_edit_errors_name_the_matches_or_the_closest_lines(tmp_path: Path) -> No
     )  # fmt: skip
     assert missing.error and "matches 0 times" in missing.error
     assert "closest lines" in missing.error and "split_bounds(k.shape[2]" in missing.error
+    indented = _call(
+        ctx, "edit_file", path="attention.py", old="\tout = torch.zeros_like(q)", new=""
+    )
+    assert indented.error and "matches 0 times" in indented.error  # a tab, not four spaces
+    assert "differ from old only in indentation" in indented.error
+    assert "   50      out = torch.zeros_like(q)" in indented.error
     assert ctx.known_patches == [twice.data["patch_id"]] if twice.data else False
     gil = _ctx(tmp_path / "gil", "kv-transfer-gil")
     refused = _call(gil, "edit_file", path="scheduler.py", old="import", new="import")
