@@ -14,6 +14,7 @@ import difflib
 import re
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -27,7 +28,7 @@ from infra_agent.tools.patching import check_and_store
 CLOSEST_SHOWN = 8
 """Lines of the file shown where `old` comes closest, when it matches nowhere."""
 MAX_WINDOWS = 400
-"""At most this many candidate places are compared with `old` as a whole."""
+"""At most this many places aligned on verbatim lines (those with most) are compared whole."""
 
 
 def _lines(text: str) -> list[str]:
@@ -69,7 +70,8 @@ def closest_lines(old: str, text: str) -> str:
     # Candidate windows: aligned on a line of `old` found verbatim, or on the lines most like
     # its first line; only those are compared whole (a full scan is slow on large modules).
     at = {w: [j for j, x in enumerate(want) if x == w] for w in want if w}
-    starts = {min(last, max(0, i - j)) for i, h in enumerate(have) for j in at.get(h, ())}
+    aligned = Counter(min(last, max(0, i - j)) for i, h in enumerate(have) for j in at.get(h, ()))
+    starts = {start for start, _ in aligned.most_common(MAX_WINDOWS)}
     head = difflib.SequenceMatcher(None, want[0], "")
     first_like = []
     for i, h in enumerate(have):
@@ -78,7 +80,7 @@ def closest_lines(old: str, text: str) -> str:
             first_like.append((head.ratio(), i))
     starts |= {min(last, i) for _, i in sorted(first_like, reverse=True)[:20]}
     best, best_score = 0, 0.0
-    for start in sorted(starts)[:MAX_WINDOWS]:
+    for start in sorted(starts):
         window = "\n".join(have[start : start + len(want)])
         score = difflib.SequenceMatcher(None, "\n".join(want), window).ratio()
         if score > best_score:
