@@ -141,3 +141,23 @@ def test_read_file_says_which_lines_it_really_shows(tmp_path: Path, total: int) 
     assert tail.content.split("\n")[0] == f"attention.py: lines {total - 4}-{total} of {total}"
     past = _call(ctx, "read_file", path="attention.py", start_line=total + 5)
     assert past.error and f"past the end of attention.py ({total} lines)" in past.error
+
+
+@pytest.mark.slow
+def test_an_edit_file_patch_is_verified_like_any_other(tmp_path: Path) -> None:
+    """Verification is unchanged: the patch_id two edits built goes through the experiment's
+    correctness and timing stages (hoisting the normalizer: keys read twice instead of 5 times)."""
+    from support import quick_decode_task
+
+    from infra_agent.experiments.cascade import run_experiment
+    from infra_agent.tasks.manifest import load_task
+
+    task = load_task(quick_decode_task(tmp_path))
+    ctx = ToolContext(task=task, store=open_store(tmp_path / "runs.db"), run_id="run-edit")
+    _call(ctx, "edit_file", **HOIST_1)
+    done = _call(ctx, "edit_file", **HOIST_2, rationale="hoist the normalizer")
+    assert done.data is not None, done.content
+    record = run_experiment(task, ctx.patch(done.data["patch_id"]), store=ctx.store)
+    result = record.result
+    assert result.verdict.value not in ("INCORRECT", "REJECTED", "FAILED"), result.render()
+    assert result.evidence.stage_reached != "apply"
