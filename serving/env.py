@@ -9,16 +9,21 @@ install: infra-agent drives it through its command line and HTTP API, as a real 
 The location is `$INFRA_AGENT_CACHE/sglang-<version>-venv` (default `~/.cache/infra-agent`). It
 is deliberately not under `$INFRA_AGENT_HOME` (the run store's folder, which tests point at a
 fresh temporary folder): an 11 GB environment is a machine-wide cache. A venv is complete only once the marker file is written after a
-successful install, so an interrupted install is redone rather than used half-built.
+successful install, so an interrupted install is redone rather than used half-built. One
+process installs at a time (an flock beside the venv): another caller, a test starting a server
+while `make setup` installs, waits for that install instead of removing the half-built folder
+under it.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from infra_agent.errors import UserError
@@ -61,10 +66,24 @@ def ensure_sglang_env(version: str = SGLANG_VERSION, *, quiet: bool = False) -> 
     if is_ready(env):
         return env
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    env.parent.mkdir(parents=True, exist_ok=True)
+    with open(env.parent / f".{env.name}.lock", "w") as lock:  # released if this process dies
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for another process installing {env}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_ready(env):
+            return env
+        _install(env, version, say, quiet)
+    return env
+
+
+def _install(env: Path, version: str, say: Callable[[str], None], quiet: bool) -> None:
+    """Create the venv from scratch (the caller holds the install lock)."""
     if env.exists():
         say(f"removing incomplete SGLang environment {env}")
         shutil.rmtree(env)
-    env.parent.mkdir(parents=True, exist_ok=True)
     say(f"creating SGLang {version} environment in {env} (first use: several minutes, ~11 GB)")
     _run([sys.executable, "-m", "venv", str(env)], quiet)
     say(f"pip install sglang=={version}")
@@ -82,7 +101,6 @@ def ensure_sglang_env(version: str = SGLANG_VERSION, *, quiet: bool = False) -> 
     )
     (env / COMPLETE_MARKER).write_text(version + "\n")
     say(f"SGLang environment ready: {env}")
-    return env
 
 
 def _run(argv: list[str], quiet: bool) -> None:
