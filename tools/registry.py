@@ -16,7 +16,7 @@ from infra_agent.tools.patching import (
     propose_patch,
     run_experiment,
 )
-from infra_agent.tools.serving import serving_workload
+from infra_agent.tools.serving import server_steps, serving_workload
 from infra_agent.tools.skeletons import lookup_skeletons
 from infra_agent.tools.workspace import list_files, read_file, search_files
 
@@ -31,6 +31,7 @@ AGENT_TOOLS: list[Tool] = [  # type: ignore[type-arg]
     lookup_skeletons,
     *INSTRUMENT_TOOLS,
     serving_workload,
+    server_steps,
     propose_patch,
     edit_file,
     propose_knobs,
