@@ -1,0 +1,122 @@
+"""The experiment's own workload, published: describe_task shows it, microbench and
+accuracy_diff run on it when the model gives no inputs (decode-split-norm)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from infra_agent.cli import app
+from infra_agent.store import open_store
+from infra_agent.tasks.registry import find_task
+from infra_agent.tools.context import ToolContext
+from infra_agent.tools.registry import default_registry
+from infra_agent.tools.workload import task_workload
+
+CACHE = [4, 8, 2048, 64]
+"""decode-split-norm's KV cache shape at its default parameters (task.toml [params])."""
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> ToolContext:
+    task = find_task("decode-split-norm")
+    return ToolContext(task=task, store=open_store(tmp_path / "runs.db"), run_id="run-test")
+
+
+def _shapes(workload: dict) -> dict[str, list[int]]:
+    return {i["name"]: i["shape"] for i in workload["inputs"]}
+
+
+def test_decode_split_norm_publishes_its_measured_shapes_and_describe_task_shows_them(
+    ctx: ToolContext,
+) -> None:
+    workload = task_workload(ctx)
+    assert workload.ready and "decode_server.decode(q, num_splits=4" in workload.call
+    assert _shapes(workload.model_dump()) == {"k": CACHE, "v": CACHE, "q": [4, 4, 8, 64]}
+    assert "seq_len=2048" not in workload.setup and "2048" in workload.setup  # shapes filled in
+    ctx.params = {"seq_len": 512}  # the run's overrides change what is published
+    assert task_workload(ctx).inputs[0].shape == [4, 8, 512, 64]
+    shown = default_registry().call("describe_task", "{}", ctx).content
+    assert "workload: 4 decode steps of batch 4 x 8 heads over a 512-token KV cache" in shown
+    assert "k float32[4, 8, 512, 64]" in shown and "seeds:" in shown
+
+
+@pytest.mark.slow
+def test_microbench_with_no_inputs_runs_the_bench_engine_on_the_experiments_workload(
+    ctx: ToolContext, tmp_path: Path
+) -> None:
+    ctx.params = {"seq_len": 256}  # the published workload at a smaller scale: a quick test
+    result = default_registry().call("microbench", json.dumps({"seconds": 1.0}), ctx)
+    assert result.error is None and result.data is not None, result.error
+    data = result.data
+    assert _shapes(data["arms"]["workload"]) == {
+        "k": [4, 8, 256, 64], "v": [4, 8, 256, 64], "q": [4, 4, 8, 64],
+    }  # fmt: skip
+    assert data["arms"]["baseline"] == data["arms"]["candidate"]
+    assert data["arms"]["baseline"].startswith("decode_server.decode(q, num_splits=4")
+    # The real engine ran: warm-up calls on both arms, a calibration, interleaved samples.
+    assert len(data["warmup_calls"]) == 2 and min(data["warmup_calls"]) >= 1
+    assert data["calibration_steps"] and data["iterations_per_sample"] >= 1
+    assert data["timer"] == "sandbox:perf_counter_ns" and data["rounds"] >= 3
+    assert "warm-up calls" in result.content and "experiment's workload" in result.content
+    # The same record keys as `infra-agent feedback bench --json`, plus what ran.
+    code = tmp_path / "k.py"
+    code.write_text("def f():\n    sum(range(100))\n")
+    cli = CliRunner().invoke(
+        app, ["feedback", "bench", f"{code}:f", f"{code}:f", "--budget-s", "0.5", "--json"]
+    )
+    assert cli.exit_code == 0, cli.output
+    assert set(data) - {"arms"} == set(json.loads(cli.stdout))
+
+
+@pytest.mark.slow
+def test_accuracy_diff_with_no_inputs_compares_on_the_workload_and_applies_the_task_rule(
+    ctx: ToolContext,
+) -> None:
+    ctx.params = {"seq_len": 256}
+    reg = default_registry()
+    same = reg.call("accuracy_diff", "{}", ctx)
+    assert same.error is None and same.data is not None, same.error
+    assert _shapes(same.data["arms"]["workload"])["k"] == [4, 8, 256, 64]
+    assert same.data["probes"][0]["diff"]["shape"] == [4, 4, 8, 64]  # the measured output
+    assert same.data["would_pass"] is True and same.content.startswith("accuracy_diff on the")
+    rule = same.data["rule"]
+    assert (rule["atol"], rule["rtol"], rule["f64_factor"]) == (1e-5, 1e-4, 2.0)
+    assert "would pass the experiment's accuracy rule" in same.content
+    # A candidate 1% off (relative RMS) fails the task's rule, and says so with the number.
+    noisy = (
+        "(lambda o: o + 1e-2 * o.pow(2).mean().sqrt() * torch.randn(o.shape, "
+        "generator=torch.Generator().manual_seed(5)))(decode_server.decode(q))"
+    )
+    off = reg.call("accuracy_diff", json.dumps({"candidate": noisy}), ctx)
+    assert off.error is None and off.data is not None, off.error
+    assert off.data["would_pass"] is False
+    assert "would fail the experiment's accuracy rule" in off.content
+    rel = off.data["probes"][0]["diff"]["rel_rms"]
+    assert 0.0095 < rel < 0.0105 and f"rel RMS {rel:.2e}" in off.content
+    assert off.data["probes"][0]["candidate_vs_f64"]["rel_rms"] == pytest.approx(rel, rel=0.05)
+    assert len(off.content) < 2000
+
+
+@pytest.mark.slow
+def test_a_patch_id_alone_benchmarks_and_diffs_the_patched_workload_against_the_baseline(
+    ctx: ToolContext,
+) -> None:
+    """The reference fix (one pass per split, log-sum-exp merge) on the published workload:
+    the candidate arm runs in the patched copy, the baseline in the unpatched one."""
+    ctx.params = {"seq_len": 1024}
+    reg = default_registry()
+    diff = (ctx.task.root / "reference.patch").read_text()
+    proposed = reg.call("propose_patch", json.dumps({"diff": diff, "rationale": "fix"}), ctx)
+    assert proposed.data is not None, proposed.error
+    patch_id = proposed.data["patch_id"]
+    bench = reg.call("microbench", json.dumps({"patch_id": patch_id, "seconds": 2.0}), ctx)
+    assert bench.data is not None, bench.error
+    assert bench.data["arms"]["patch_id"] == patch_id
+    assert bench.data["comparison"]["speedup"] > 1.3  # the keys are read once, not 5 times
+    accuracy = reg.call("accuracy_diff", json.dumps({"patch_id": patch_id}), ctx)
+    assert accuracy.data is not None, accuracy.error
+    assert accuracy.data["would_pass"] is True and f"patch {patch_id}" in accuracy.content
