@@ -120,3 +120,26 @@ def test_a_patch_id_alone_benchmarks_and_diffs_the_patched_workload_against_the_
     accuracy = reg.call("accuracy_diff", json.dumps({"patch_id": patch_id}), ctx)
     assert accuracy.data is not None, accuracy.error
     assert accuracy.data["would_pass"] is True and f"patch {patch_id}" in accuracy.content
+
+
+READY = ["batch-invariant-moe", "chunked-state-precision", "example-matmul", "kv-transfer-gil"]
+"""Python tasks besides decode-split-norm that publish a ready setup."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", READY)
+def test_every_published_setup_runs_on_its_workspace(name: str, tmp_path: Path) -> None:
+    """The published setup and call run against the task's real workspace (A/A microbench), and
+    where a float64 reference is published, the baseline passes its own task's rule."""
+    ctx = ToolContext(task=find_task(name), store=open_store(tmp_path / "r.db"), run_id="r")
+    workload = task_workload(ctx)
+    assert workload.ready and workload.inputs and workload.seeds
+    reg = default_registry()
+    bench = reg.call("microbench", json.dumps({"seconds": 0.5}), ctx)
+    assert bench.error is None and bench.data is not None, bench.error
+    assert bench.data["arms"]["baseline"] == workload.call
+    if workload.reference:
+        same = reg.call("accuracy_diff", "{}", ctx)
+        assert same.error is None and same.data is not None, same.error
+        assert same.data["would_pass"] is True, same.content
+        assert all(p["candidate_vs_f64"] is not None for p in same.data["probes"])
