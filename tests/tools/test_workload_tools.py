@@ -143,3 +143,15 @@ def test_every_published_setup_runs_on_its_workspace(name: str, tmp_path: Path) 
         assert same.error is None and same.data is not None, same.error
         assert same.data["would_pass"] is True, same.content
         assert all(p["candidate_vs_f64"] is not None for p in same.data["probes"])
+
+
+def test_a_serving_task_describes_its_load_and_the_tools_ask_for_inputs(tmp_path: Path) -> None:
+    ctx = ToolContext(
+        task=find_task("sglang-cpu-tiny"), store=open_store(tmp_path / "r.db"), run_id="r"
+    )
+    shown = default_registry().call("describe_task", "{}", ctx).content
+    assert "workload: 128 requests of 64 random tokens -> 32 tokens via /generate" in shown
+    assert "seeds: fresh prompts from an unseen seed for every sample" in shown
+    refused = default_registry().call("microbench", "{}", ctx)
+    assert refused.error is not None and "publishes no ready setup" in refused.error
+    assert "\n" not in refused.error
