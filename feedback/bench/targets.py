@@ -253,7 +253,7 @@ class PipeTarget:
         try:
             line = self._lines.get(timeout=timeout_s)
         except queue.Empty:
-            raise UserError(f"{self.name} took more than {timeout_s:.0f} s {doing}") from None
+            raise UserError(f"{self.name} took more than {timeout_s:g} s {doing}") from None
         if line is None:
             self._lines.put(None)  # later reads see the end too
             why = self.describe_exit().strip() or "no output"

@@ -182,7 +182,7 @@ class TaskHarness(Harness):
         first = report.first_divergence
         largest = max(gaps)
         per_stage = [
-            f"{p.name}: rel diff {p.diff.rel_diff:.2e}, max abs {p.diff.max_abs:.3g}, "
+            f"{p.name}: rel RMS {p.diff.rel_rms:.2e}, max abs {p.diff.max_abs:.3g}, "
             f"{p.diff.violations}/{p.diff.numel} outside float32 tolerance"
             for p in report.probes
         ]
