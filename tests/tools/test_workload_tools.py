@@ -122,16 +122,24 @@ def test_a_patch_id_alone_benchmarks_and_diffs_the_patched_workload_against_the_
     assert accuracy.data["would_pass"] is True and f"patch {patch_id}" in accuracy.content
 
 
-READY = ["batch-invariant-moe", "chunked-state-precision", "example-matmul", "kv-transfer-gil"]
-"""Python tasks besides decode-split-norm that publish a ready setup."""
+READY = {
+    "batch-invariant-moe": {},
+    "chunked-state-precision": {},
+    "example-matmul": {},
+    "kv-transfer-gil": {},
+    "pd-kv-reuse-race": {"requests": 200},
+    "tiered-cache-load-order": {"requests": 200},
+}
+"""Python tasks besides decode-split-norm that publish a ready setup (with quicker params)."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", READY)
+@pytest.mark.parametrize("name", sorted(READY))
 def test_every_published_setup_runs_on_its_workspace(name: str, tmp_path: Path) -> None:
     """The published setup and call run against the task's real workspace (A/A microbench), and
     where a float64 reference is published, the baseline passes its own task's rule."""
     ctx = ToolContext(task=find_task(name), store=open_store(tmp_path / "r.db"), run_id="r")
+    ctx.params = dict(READY[name])
     workload = task_workload(ctx)
     assert workload.ready and workload.inputs and workload.seeds
     reg = default_registry()
