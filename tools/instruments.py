@@ -180,12 +180,12 @@ class Arms(BaseModel):
     """The experiment's workload, when the setup or an expression came from it."""
 
     def render(self) -> str:
-        where = f"candidate with patch {self.patch_id}" if self.patch_id else "same workspace"
+        where = f"candidate with patch {self.patch_id[:12]}" if self.patch_id else "no patch"
         text = (
             f"baseline `{_short(self.baseline)}` vs candidate `{_short(self.candidate)}` ({where})"
         )
         if self.workload is not None:
-            text = f"on the experiment's workload ({self.workload.summary}): {text}"
+            text = f"on the experiment's workload (describe_task shows it): {text}"
         return text
 
 

@@ -61,7 +61,7 @@ class ErrorSize(BaseModel):
         return float(getattr(self, kind))
 
     def words(self) -> str:
-        return f"rel RMS {self.rel_rms:.2e}, max rel (to peak) {self.max_rel:.2e}"
+        return f"rel RMS {self.rel_rms:.2e}, max rel {self.max_rel:.2e}"
 
 
 class ToleranceRule(BaseModel):
@@ -157,6 +157,17 @@ class AccuracyReport(BaseModel):
             shown = shown[lo : lo + max_probes]
         for p in shown[:max_probes]:
             lines.extend(_probe_lines(p))
+        if self.probes:
+            d = self.probes[0].diff
+            lines.append(
+                f"(tolerance |error| <= {d.atol:g} + {d.rtol:g}·|baseline|; rel RMS = RMS(error)"
+                " / RMS(reference); max rel = max |error| / max |reference|)"
+            )
+        inflated = sum(_ulp_inflated(p.diff) for p in self.probes)
+        if inflated:
+            lines.append(
+                f"max ULP left out at {inflated} probes: baseline values near zero inflate it"
+            )
         if len(self.probes) > len(shown):
             lines.append(f"({len(self.probes) - len(shown)} more probes)")
         if self.only_in_baseline or self.only_in_candidate:
@@ -174,19 +185,19 @@ def _probe_lines(p: ProbeResult) -> list[str]:
         f"{mark} {p.name} {d.dtypes[1]}{d.shape}: candidate vs baseline "
         f"{ErrorSize.of(d).words()} (max |err| {d.max_abs:.3g} at {d.max_abs_at}: "
         f"{d.baseline_at_max:.4g} -> {d.candidate_at_max:.4g}); "
-        f"{d.violations}/{d.numel} outside {d.atol:g} + {d.rtol:g}·|baseline|"
+        f"{d.violations}/{d.numel} outside tolerance"
     )
+    if _ulp_meaningful(d):
+        line += f"; max ULP {d.max_ulp:.3g}"
     if d.nonfinite:
         line += f"; {d.nonfinite} NaN/inf"
     lines = [line]
     if p.candidate_vs_f64 is not None and p.baseline_vs_f64 is not None:
         c, b = p.candidate_vs_f64, p.baseline_vs_f64
         lines.append(
-            f"  vs float64: candidate {c.words()}; baseline {b.words()} (off float64: {p.blame})"
+            f"  vs float64: candidate {c.words()}; baseline {b.words()}"
+            f" (off float64: {p.blame})"
         )
-    ulp = _ulp_words(d)
-    if ulp:
-        lines.append(f"  {ulp}")
     if p.self_rel_diff is not None:
         lines.append(
             f"  added by this stage: rel diff {p.self_rel_diff:.2e}, "
@@ -195,16 +206,18 @@ def _probe_lines(p: ProbeResult) -> list[str]:
     return lines
 
 
-def _ulp_words(d: TensorDiff) -> str:
-    """ULPs where meaningful: left out when equal, marked when values near zero inflate them
-    (the ULP count implies a relative error far above the normwise max relative error)."""
+def _ulp_inflated(d: TensorDiff) -> bool:
+    """The ULP count implies a relative error far above the normwise max relative error: it is
+    dominated by baseline values near zero, where ULPs are tiny."""
     if d.max_ulp is None or d.max_abs == 0 or not math.isfinite(d.max_ulp):
-        return ""
-    dtype = getattr(torch, max(d.dtypes, key=_eps_of), None)
-    eps = torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) else 0.0
-    if eps and d.max_ulp * eps > 10 * max(d.max_rel, eps):
-        return f"max ULP {d.max_ulp:.3g} (inflated by baseline values near zero; read max rel)"
-    return f"max ULP {d.max_ulp:.3g}"
+        return False
+    eps = max(_eps_of(name) for name in d.dtypes)
+    return eps > 0 and d.max_ulp * eps > 10 * max(d.max_rel, eps)
+
+
+def _ulp_meaningful(d: TensorDiff) -> bool:
+    finite = d.max_ulp is not None and math.isfinite(d.max_ulp)
+    return finite and d.max_abs > 0 and not _ulp_inflated(d)
 
 
 def _eps_of(name: str) -> float:
