@@ -195,8 +195,7 @@ def _probe_lines(p: ProbeResult) -> list[str]:
     if p.candidate_vs_f64 is not None and p.baseline_vs_f64 is not None:
         c, b = p.candidate_vs_f64, p.baseline_vs_f64
         lines.append(
-            f"  vs float64: candidate {c.words()}; baseline {b.words()}"
-            f" (off float64: {p.blame})"
+            f"  vs float64: candidate {c.words()}; baseline {b.words()} (off float64: {p.blame})"
         )
     if p.self_rel_diff is not None:
         lines.append(
