@@ -44,6 +44,22 @@ def test_decode_split_norm_publishes_its_measured_shapes_and_describe_task_shows
     assert "k float32[4, 8, 512, 64]" in shown and "seeds:" in shown
 
 
+def test_the_published_shapes_are_the_harness_own_inputs(ctx: ToolContext) -> None:
+    """The workload says what the harness really feeds: its own input builders' shapes."""
+    import sys
+
+    from infra_agent.experiments.arms import load_harness
+
+    harness = load_harness(ctx.task, dict(ctx.task.manifest.params))
+    module = sys.modules[type(harness).__module__]
+    k, v = module.make_cache(harness.params, 1)
+    q = module.make_queries(harness.params, 1)
+    published = _shapes(
+        harness.workload({"num_splits": 4, "block_size": 128, "threads": 1}).model_dump()
+    )
+    assert published == {"k": list(k.shape), "v": list(v.shape), "q": list(q.shape)}
+
+
 @pytest.mark.slow
 def test_microbench_with_no_inputs_runs_the_bench_engine_on_the_experiments_workload(
     ctx: ToolContext, tmp_path: Path
@@ -163,3 +179,41 @@ def test_a_serving_task_describes_its_load_and_the_tools_ask_for_inputs(tmp_path
     refused = default_registry().call("microbench", "{}", ctx)
     assert refused.error is not None and "publishes no ready setup" in refused.error
     assert "\n" not in refused.error
+
+
+@pytest.mark.slow
+def test_would_fail_agrees_with_run_experiment_on_a_candidate_one_percent_off(
+    ctx: ToolContext,
+) -> None:
+    """A patch adding 1% relative RMS noise to the attention output: accuracy_diff on the
+    published workload says it would fail the task's rule, and the experiment finds it
+    INCORRECT."""
+    import difflib
+
+    from infra_agent.experiments import run_experiment
+    from infra_agent.store.verdict import Verdict
+
+    ctx.params = {"seq_len": 256}
+    old = (ctx.task.workspace / "attention.py").read_text()
+    new = old.replace(
+        "            out += torch.matmul(probs.unsqueeze(-2), v[:, :, page:stop]).squeeze(-2)\n"
+        "    return out\n",
+        "            out += torch.matmul(probs.unsqueeze(-2), v[:, :, page:stop]).squeeze(-2)\n"
+        "    return out + 1e-2 * out.pow(2).mean().sqrt() * torch.randn_like(out)\n",
+    )
+    assert new != old
+    diff = "".join(
+        difflib.unified_diff(
+            old.splitlines(True), new.splitlines(True), "a/attention.py", "b/attention.py"
+        )
+    )
+    reg = default_registry()
+    proposed = reg.call("propose_patch", json.dumps({"diff": diff, "rationale": "noise"}), ctx)
+    assert proposed.data is not None, proposed.error
+    patch_id = proposed.data["patch_id"]
+    judged = reg.call("accuracy_diff", json.dumps({"patch_id": patch_id}), ctx)
+    assert judged.data is not None, judged.error
+    assert judged.data["would_pass"] is False and "would fail" in judged.content
+    assert 0.008 < judged.data["probes"][0]["diff"]["rel_rms"] < 0.012
+    record = run_experiment(ctx.task, ctx.patch(patch_id), params=ctx.params)
+    assert record.result.verdict == Verdict.INCORRECT, record.result.reasons
