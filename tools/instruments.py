@@ -24,7 +24,7 @@ import io
 import json
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -52,22 +52,23 @@ import sys, time
 sys.path.insert(0, ".")
 ns = {}
 exec(compile(SETUP, "<setup>", "exec"), ns)
+NOW = time.thread_time_ns if CLOCK == "cpu" else time.perf_counter_ns
 f = eval(compile("lambda: (" + EXPR + ")", "<" + LABEL + ">", "eval"), ns)
 print("ready", flush=True)
 for line in sys.stdin:
     n = int(line)
     try:
-        t0 = time.perf_counter_ns()
+        t0 = NOW()
         for _ in range(n):
             f()
-        dt = time.perf_counter_ns() - t0
+        dt = NOW() - t0
     except Exception as exc:
         print("error " + (type(exc).__name__ + ": " + str(exc)).replace("\\n", " "), flush=True)
         continue
     print(repr(dt / 1e9 / n), flush=True)
 """
 """One arm of `microbench` inside its sandbox: the worker protocol of feedback.bench (timed here
-with perf_counter_ns; the bench engine in the tool's process decides iterations and stopping)."""
+with perf_counter_ns, or thread_time_ns for clock 'cpu'; the bench engine in the tool's process decides iterations and stopping)."""
 
 _ACCURACY = (
     _PRELUDE
@@ -260,6 +261,11 @@ class Microbench(BaseModel):
         None, description="Run the candidate in a workspace copy with this patch applied."
     )
     seconds: float = Field(3.0, ge=0.5, le=20.0, description="Measurement time budget.")
+    clock: Literal["wall", "cpu"] = Field(
+        "wall",
+        description="'wall' (what run_experiment's harness clock sees) or 'cpu' (the arm's "
+        "thread CPU time: far less noisy on a busy machine, for single-threaded CPU-bound code).",
+    )
 
 
 @tool(
@@ -284,7 +290,7 @@ def microbench(p: Microbench, ctx: ToolContext) -> ToolResult:
         ):
             box = _open_sandbox(ctx, arm_patch)
             stack.callback(box.cleanup)
-            script = _script(_BENCH_WORKER, SETUP=arms.setup, EXPR=code, LABEL=label)
+            script = _script(_BENCH_WORKER, SETUP=arms.setup, EXPR=code, LABEL=label, CLOCK=p.clock)
             box.write_file("_infra_agent_bench.py", script.encode())
             proc = box.spawn([sys.executable, "_infra_agent_bench.py"])
             targets.append(
@@ -292,6 +298,8 @@ def microbench(p: Microbench, ctx: ToolContext) -> ToolResult:
                     proc.stdin,
                     proc.stdout,
                     name=f"the {label} arm",
+                    timer="sandbox:"
+                    + ("thread_time_ns" if p.clock == "cpu" else "perf_counter_ns"),
                     describe_exit=functools.partial(_stderr_tail, proc.stderr_path),
                 )
             )

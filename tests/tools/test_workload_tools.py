@@ -129,9 +129,11 @@ def test_a_patch_id_alone_benchmarks_and_diffs_the_patched_workload_against_the_
     proposed = reg.call("propose_patch", json.dumps({"diff": diff, "rationale": "fix"}), ctx)
     assert proposed.data is not None, proposed.error
     patch_id = proposed.data["patch_id"]
-    bench = reg.call("microbench", json.dumps({"patch_id": patch_id, "seconds": 2.0}), ctx)
+    asked = {"patch_id": patch_id, "seconds": 2.0, "clock": "cpu"}
+    bench = reg.call("microbench", json.dumps(asked), ctx)
     assert bench.data is not None, bench.error
     assert bench.data["arms"]["patch_id"] == patch_id
+    assert bench.data["timer"] == "sandbox:thread_time_ns"
     assert bench.data["comparison"]["speedup"] > 1.3  # the keys are read once, not 5 times
     accuracy = reg.call("accuracy_diff", json.dumps({"patch_id": patch_id}), ctx)
     assert accuracy.data is not None, accuracy.error
