@@ -210,7 +210,7 @@ def _arms(
     and the float64 reference. Checks every piece of code compiles."""
     patch = ctx.patch(patch_id) if patch_id else None
     workload = None
-    if setup is None or baseline is None or candidate is None:
+    if setup is None or baseline is None:
         from infra_agent.tools.workload import task_workload
 
         published = task_workload(ctx)
@@ -220,12 +220,14 @@ def _arms(
                 "baseline and candidate"
             )
         workload = published
-        cand_call = task_workload(ctx, patch).call if patch else published.call
-        if baseline is None and want_reference and reference is None and published.reference:
-            reference = published.reference
+        if baseline is None:
+            if candidate is None:  # the measured call with the knobs the patch's arm would run
+                candidate = task_workload(ctx, patch).call if patch else published.call
+            if want_reference and reference is None and published.reference:
+                reference = published.reference
+            baseline = published.call
         setup = published.setup if setup is None else setup
-        baseline = published.call if baseline is None else baseline
-        candidate = cand_call if candidate is None else candidate
+    candidate = baseline if candidate is None else candidate
     arms = Arms(
         setup=textwrap.dedent(setup),
         baseline=baseline,

@@ -219,3 +219,27 @@ def test_would_fail_agrees_with_run_experiment_on_a_candidate_one_percent_off(
     assert 0.008 < judged.data["probes"][0]["diff"]["rel_rms"] < 0.012
     record = run_experiment(ctx.task, ctx.patch(patch_id), params=ctx.params)
     assert record.result.verdict == Verdict.INCORRECT, record.result.reasons
+
+
+def test_what_the_model_leaves_out_comes_from_the_workload_with_the_patch_knobs(
+    ctx: ToolContext, tmp_path: Path
+) -> None:
+    from infra_agent.tools.instruments import _arms
+
+    reg = default_registry()
+    knobs = reg.call(
+        "propose_knobs", json.dumps({"knobs": {"num_splits": 2}, "rationale": "fewer"}), ctx
+    )
+    assert knobs.data is not None, knobs.error
+    arms, patch = _arms(ctx, None, None, None, knobs.data["patch_id"], want_reference=True)
+    assert patch is not None and arms.workload is not None
+    assert arms.baseline.startswith("decode_server.decode(q, num_splits=4,")
+    assert arms.candidate.startswith("decode_server.decode(q, num_splits=2,")  # the patch's arm
+    assert arms.reference == "reference_f64(q, k, v)" and "decode_server.load_cache" in arms.setup
+    mine, _ = _arms(ctx, None, "decode_server.decode(q)", None, None)
+    assert mine.candidate == "decode_server.decode(q)" and mine.reference is None
+    serving = ToolContext(
+        task=find_task("sglang-cpu-tiny"), store=open_store(tmp_path / "s.db"), run_id="s"
+    )
+    own, _ = _arms(serving, "x = 1", "x + 1", None, None)  # nothing needed from the workload
+    assert own.candidate == "x + 1" and own.workload is None
