@@ -12,6 +12,9 @@ The experiment engine (`infra_agent.experiments`) drives it:
     performance: harness.sample(arm, seed) interleaved ABBA..., adaptive stopping
     health:      harness.health(arm, seed) both arms, then harness.health_problems(base, cand)
     finally:     harness.finish(arm)
+
+Before any experiment, the tools ask `harness.workload(knobs)` what it measures (shapes, seeds
+policy, a ready setup; tasks.workload), so the model's cheap checks run on the same inputs.
 """
 
 from __future__ import annotations
