@@ -58,6 +58,7 @@ from infra_agent.serving.tiny_model import VOCAB_SIZE
 from infra_agent.serving.workload import LoadSpec, RequestRecord, run_workload
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 from infra_agent.tasks.manifest import TaskManifest
+from infra_agent.tasks.workload import Workload
 
 DEFAULT_PARAMS: dict[str, Any] = {
     "num_prompts": 128,
@@ -230,6 +231,24 @@ class ServingHarness(Harness):
         _verify(result.records, [t.output_len for s in sessions for t in s.turns])
         arm.state["outputs"].extend(result.records)
         return summarize(result).sample()
+
+    def workload(self, knobs: dict[str, Any]) -> Workload:
+        """The load each timed sample sends (no ready setup: the server is the code)."""
+        p = self.params
+        conc = int(p["max_concurrency"])
+        rate = float(p["request_rate"])
+        return Workload(
+            summary=f"{p['num_prompts']} requests of {p['input_len']} random tokens -> "
+            f"{p['output_len']} tokens via /{p['api']}, "
+            f"{f'at most {conc} in flight' if conc else 'all in flight'}, "
+            f"{f'{rate:g} req/s' if rate > 0 else 'sent at once'}, temperature {p['temperature']}"
+            f"; {p['warmup_prompts']} warm-up requests when a server resumes",
+            params=dict(p),
+            knobs=dict(knobs),
+            seeds="fresh prompts from an unseen seed for every sample; the accuracy gate uses "
+            f"{p['gate_prompts']} fresh prompts per check, answered by both servers",
+            metric=f"{self.manifest.metric.name} [{self.manifest.metric.unit}] over the sample",
+        )
 
     def sessions(self, prompts: int, *, seed: int) -> list[Session]:
         """`prompts` single-turn sessions of the task's workload shape."""

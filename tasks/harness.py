@@ -12,6 +12,9 @@ The experiment engine (`infra_agent.experiments`) drives it:
     performance: harness.sample(arm, seed) interleaved ABBA..., adaptive stopping
     health:      harness.health(arm, seed) both arms, then harness.health_problems(base, cand)
     finally:     harness.finish(arm)
+
+Before any experiment, the tools ask `harness.workload(knobs)` what it measures (shapes, seeds
+policy, a ready setup; tasks.workload), so the model's cheap checks run on the same inputs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from infra_agent.tasks.manifest import TaskManifest
+from infra_agent.tasks.workload import DEFAULT_SEEDS, Workload
 
 if TYPE_CHECKING:
     from infra_agent.sandboxes.base import Sandbox
@@ -149,6 +153,21 @@ class Harness(abc.ABC):
 
     def finish(self, arm: Arm) -> None:  # noqa: B027 - optional hook
         """Called once per arm at the end, even after failures. Default: nothing."""
+
+    def workload(self, knobs: dict[str, Any]) -> Workload:
+        """What this harness measures with these knob values: inputs (shapes, dtypes), the
+        parameters, the seeds policy and, where the task has one, a ready setup and the call
+        the experiment times (see tasks.workload). Default: the parameters and the seeds policy,
+        no setup; a harness whose code can be called on its own should override it."""
+        m = self.manifest
+        return Workload(
+            summary=f"one {m.metric.name} measurement [{m.metric.unit}] per sample",
+            params=dict(self.params),
+            knobs=dict(knobs),
+            seeds=DEFAULT_SEEDS,
+            atol=m.tolerance.atol,
+            rtol=m.tolerance.rtol,
+        )
 
 
 # Helpers for harness authors.

@@ -5,10 +5,15 @@ network-less copy of the workspace (optionally with one of its patches applied),
 sandbox the experiments use, with the harness and this package hidden. The raw numbers come back
 to this process, where the instruments of `feedback/` turn them into a verdict and a short text:
 
-- `microbench`: two statements timed interleaved in one process; `feedback.bench.compare_samples`
-  gives the speedup with a 95% CI.
+- `microbench`: two expressions, each in its own sandboxed process (the candidate's in a patched
+  copy when a patch is named), timed by the real bench engine (`feedback.bench.run_bench`:
+  warm-up, calibration, interleaved samples, adaptive stopping); speedup with a 95% CI.
 - `accuracy_diff`: two (or three, with a float64 reference) expressions evaluated to tensors or
-  dicts of named tensors; `feedback.accuracy.compare_paths` finds where they part ways.
+  dicts of named tensors; `feedback.accuracy.compare_paths` finds where they part ways and says
+  whether the candidate would pass the experiment's accuracy rule.
+
+With no setup or expressions, both default to the experiment's own workload (the harness's
+`workload()`, tasks.workload): its setup, the call it measures, its float64 reference.
 - `profile`: a `torch.profiler` timeline of a statement, summarized by `feedback.timeline`: time
   by op class, the top ops, launch gaps, and overlaps between op groups.
 """
@@ -18,13 +23,20 @@ from __future__ import annotations
 import io
 import json
 import textwrap
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from infra_agent.errors import UserError
+from infra_agent.tasks.workload import Workload
 from infra_agent.tools.base import Tool, ToolResult, tool
 from infra_agent.tools.context import ToolContext
+
+if TYPE_CHECKING:
+    from infra_agent.feedback.accuracy import ToleranceRule
+    from infra_agent.sandboxes.base import Sandbox
+    from infra_agent.tasks.patch import Patch
 
 RESULT_FILE = ".infra_agent_instrument.out"
 
@@ -35,30 +47,28 @@ ns = {}
 exec(compile(SETUP, "<setup>", "exec"), ns)
 """
 
-_MICROBENCH = (
-    _PRELUDE
-    + """\
-fa = eval(compile("lambda: (" + BASE + ")", "<baseline>", "eval"), ns)
-fb = eval(compile("lambda: (" + CAND + ")", "<candidate>", "eval"), ns)
-for f in (fa, fb):
-    f()
-n, t0 = 1, time.perf_counter()
-fa()
-one = max(time.perf_counter() - t0, 1e-7)
-n = max(1, min(10000, int(MIN_SAMPLE_S / one)))
-base, cand, end = [], [], time.perf_counter() + BUDGET_S
-i = 0
-while (time.perf_counter() < end or len(base) < 5) and len(base) < 60:
-    order = ((fa, base), (fb, cand)) if i % 2 == 0 else ((fb, cand), (fa, base))
-    for f, out in order:
-        t0 = time.perf_counter_ns()
+_BENCH_WORKER = """\
+import sys, time
+sys.path.insert(0, ".")
+ns = {}
+exec(compile(SETUP, "<setup>", "exec"), ns)
+NOW = time.thread_time_ns if CLOCK == "cpu" else time.perf_counter_ns
+f = eval(compile("lambda: (" + EXPR + ")", "<" + LABEL + ">", "eval"), ns)
+print("ready", flush=True)
+for line in sys.stdin:
+    n = int(line)
+    try:
+        t0 = NOW()
         for _ in range(n):
             f()
-        out.append((time.perf_counter_ns() - t0) / 1e9 / n)
-    i += 1
-open(RESULT, "w").write(json.dumps({"baseline": base, "candidate": cand, "iterations": n}))
+        dt = NOW() - t0
+    except Exception as exc:
+        print("error " + (type(exc).__name__ + ": " + str(exc)).replace("\\n", " "), flush=True)
+        continue
+    print(repr(dt / 1e9 / n), flush=True)
 """
-)
+"""One arm of `microbench` inside its sandbox: the worker protocol of feedback.bench (timed here
+with perf_counter_ns, or thread_time_ns for clock 'cpu'; the bench engine in the tool's process decides iterations and stopping)."""
 
 _ACCURACY = (
     _PRELUDE
@@ -70,9 +80,7 @@ def named(value, label):
     if isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()):
         return {str(k): v.detach().cpu() for k, v in value.items()}
     raise TypeError(label + " must evaluate to a tensor or a dict of tensors, got " + type(value).__name__)
-out = {"baseline": named(eval(BASE, ns), "baseline"), "candidate": named(eval(CAND, ns), "candidate")}
-if REF:
-    out["reference"] = named(eval(REF, ns), "reference")
+out = {label: named(eval(code, ns), label) for label, code in EXPRS.items()}
 torch.save(out, RESULT)
 """
 )
@@ -142,55 +150,205 @@ def _compile_check(code: str, mode: str, what: str) -> None:
         raise UserError(f"{what} is not valid Python ({exc.msg}, line {exc.lineno})") from exc
 
 
-class Microbench(BaseModel):
-    setup: str = Field(
-        description="Python run once first (imports from workspace modules, inputs)."
+def _open_sandbox(ctx: ToolContext, patch: Patch | None) -> Sandbox:
+    """A sandboxed copy of the workspace (with `patch` applied); the caller cleans it up."""
+    from infra_agent.experiments.arms import sandbox_spec
+    from infra_agent.sandboxes import create_sandbox
+    from infra_agent.tasks.patch import apply_patch
+    from infra_agent.tasks.tree import workspace_folder
+
+    with workspace_folder(ctx.task, patch.files if patch else ()) as folder:
+        box = create_sandbox(ctx.sandbox, folder, sandbox_spec(ctx.task))
+    try:
+        if patch is not None:
+            apply_patch(patch, ctx.task, box.root)
+    except BaseException:
+        box.cleanup()
+        raise
+    return box
+
+
+class Arms(BaseModel):
+    """What a two-arm instrument ran: the code of each arm and where it ran."""
+
+    setup: str
+    baseline: str
+    candidate: str
+    reference: str | None = None
+    patch_id: str | None = None
+    """The candidate ran in a workspace copy with this patch (the baseline never does)."""
+    workload: Workload | None = None
+    """The experiment's workload, when the setup or an expression came from it."""
+
+    def render(self) -> str:
+        where = f"candidate with patch {self.patch_id[:12]}" if self.patch_id else "no patch"
+        text = (
+            f"baseline `{_short(self.baseline)}` vs candidate `{_short(self.candidate)}` ({where})"
+        )
+        if self.workload is not None:
+            text = f"on the experiment's workload (describe_task shows it): {text}"
+        return text
+
+
+def _short(code: str, limit: int = 100) -> str:
+    code = " ".join(code.split())
+    return code if len(code) <= limit else code[: limit - 3] + "..."
+
+
+def _arms(
+    ctx: ToolContext,
+    setup: str | None,
+    baseline: str | None,
+    candidate: str | None,
+    patch_id: str | None,
+    reference: str | None = None,
+    *,
+    want_reference: bool = False,
+) -> tuple[Arms, Patch | None]:
+    """Fill what the model left out from the experiment's workload (tasks.workload): the setup,
+    the measured call for the baseline (task knobs) and for the candidate (the patch's knobs),
+    and the float64 reference. Checks every piece of code compiles."""
+    patch = ctx.patch(patch_id) if patch_id else None
+    workload = None
+    if setup is None or baseline is None:
+        from infra_agent.tools.workload import task_workload
+
+        published = task_workload(ctx)
+        if not published.ready:
+            raise UserError(
+                f"task {ctx.task.name} publishes no ready setup for its workload; give setup, "
+                "baseline and candidate"
+            )
+        workload = published
+        if baseline is None:
+            if candidate is None:  # the measured call with the knobs the patch's arm would run
+                candidate = task_workload(ctx, patch).call if patch else published.call
+            if want_reference and reference is None and published.reference:
+                reference = published.reference
+            baseline = published.call
+        setup = published.setup if setup is None else setup
+    candidate = baseline if candidate is None else candidate
+    arms = Arms(
+        setup=textwrap.dedent(setup),
+        baseline=baseline,
+        candidate=candidate,
+        reference=reference,
+        patch_id=patch_id,
+        workload=workload,
     )
-    baseline: str = Field(description="Expression timed as the baseline, e.g. 'f(x)'.")
-    candidate: str = Field(description="Expression timed as the candidate, e.g. 'g(x)'.")
-    patch_id: str | None = Field(None, description="Apply this patch to the workspace copy first.")
+    _compile_check(arms.setup, "exec", "setup")
+    for what, code in (("baseline", baseline), ("candidate", candidate), ("reference", reference)):
+        if code:
+            _compile_check(code, "eval", what)
+    return arms, patch
+
+
+class Microbench(BaseModel):
+    setup: str | None = Field(
+        None,
+        description="Python run once first (imports from workspace modules, inputs). "
+        "Default: the experiment's own workload setup (see describe_task).",
+    )
+    baseline: str | None = Field(
+        None,
+        description="Expression timed as the baseline, e.g. 'f(x)'. Default: the call the "
+        "experiment measures.",
+    )
+    candidate: str | None = Field(
+        None,
+        description="Expression timed as the candidate. Default: the baseline expression (with "
+        "patch_id: in the patched copy, with the patch's knobs).",
+    )
+    patch_id: str | None = Field(
+        None, description="Run the candidate in a workspace copy with this patch applied."
+    )
     seconds: float = Field(3.0, ge=0.5, le=20.0, description="Measurement time budget.")
+    clock: Literal["wall", "cpu"] = Field(
+        "wall",
+        description="'wall' (what run_experiment's harness clock sees) or 'cpu' (the arm's "
+        "thread CPU time: far less noisy on a busy machine, for single-threaded CPU-bound code).",
+    )
 
 
 @tool(
     "microbench",
-    "Time two expressions interleaved in a sandboxed copy of the workspace; speedup with 95% CI.",
+    "Time two expressions interleaved (warm-up, calibration, adaptive stopping) in sandboxed "
+    "workspace copies; speedup with 95% CI. With no inputs: on the experiment's own workload.",
     Microbench,
 )
 def microbench(p: Microbench, ctx: ToolContext) -> ToolResult:
-    from infra_agent.feedback.bench import compare_samples
+    import functools
+    import sys
+    from contextlib import ExitStack
 
-    _compile_check(p.setup, "exec", "setup")
-    for what, code in (("baseline", p.baseline), ("candidate", p.candidate)):
-        _compile_check(code, "eval", what)
-    script = _script(
-        _MICROBENCH, SETUP=textwrap.dedent(p.setup), BASE=p.baseline, CAND=p.candidate,
-        MIN_SAMPLE_S=0.005, BUDGET_S=p.seconds,
-    )  # fmt: skip
-    out = run_in_sandbox(ctx, script, p.patch_id, timeout_s=60 + 3 * p.seconds)
-    data = json.loads(out)
-    comparison = compare_samples(
-        data["baseline"], data["candidate"], higher_is_better=False, paired=True
+    from infra_agent.feedback.bench import PipeTarget, run_bench
+
+    arms, patch = _arms(ctx, p.setup, p.baseline, p.candidate, p.patch_id)
+    with ExitStack() as stack:
+        targets = []
+        for label, code, arm_patch in (
+            ("baseline", arms.baseline, None),
+            ("candidate", arms.candidate, patch),
+        ):
+            box = _open_sandbox(ctx, arm_patch)
+            stack.callback(box.cleanup)
+            script = _script(_BENCH_WORKER, SETUP=arms.setup, EXPR=code, LABEL=label, CLOCK=p.clock)
+            box.write_file("_infra_agent_bench.py", script.encode())
+            proc = box.spawn([sys.executable, "_infra_agent_bench.py"])
+            targets.append(
+                PipeTarget(
+                    proc.stdin,
+                    proc.stdout,
+                    name=f"the {label} arm",
+                    timer="sandbox:"
+                    + ("thread_time_ns" if p.clock == "cpu" else "perf_counter_ns"),
+                    describe_exit=functools.partial(_stderr_tail, proc.stderr_path),
+                )
+            )
+        result = run_bench(targets[0], targets[1], budget_s=p.seconds)
+    return ToolResult(  # the record: `feedback bench`'s BenchResult keys, plus "arms"
+        content=f"microbench {arms.render()}\n{result.render()}",
+        data=result.model_dump(mode="json") | {"arms": arms.model_dump(mode="json")},
     )
-    return ToolResult(
-        content=f"microbench (seconds per call, {data['iterations']} calls per sample): {comparison.render()}",
-        data=comparison.model_dump(mode="json"),
-    )
+
+
+def _stderr_tail(path: Path | None, lines: int = 6) -> str:
+    if path is None or not Path(path).is_file():
+        return ""
+    return "\n".join(Path(path).read_text(errors="replace").strip().splitlines()[-lines:])
 
 
 class AccuracyDiff(BaseModel):
-    setup: str = Field(
-        description="Python run once first (imports from workspace modules, inputs)."
+    setup: str | None = Field(
+        None,
+        description="Python run once first (imports from workspace modules, inputs). "
+        "Default: the experiment's own workload setup.",
     )
-    baseline: str = Field(description="Expression giving a tensor or a dict of named tensors.")
-    candidate: str = Field(description="The same computation by the other path.")
-    reference: str | None = Field(None, description="Optional float64 reference expression.")
-    patch_id: str | None = Field(None, description="Apply this patch to the workspace copy first.")
+    baseline: str | None = Field(
+        None,
+        description="Expression giving a tensor or a dict of named tensors. Default: the call "
+        "the experiment measures.",
+    )
+    candidate: str | None = Field(
+        None,
+        description="The same computation by the other path. Default: the baseline expression "
+        "(with patch_id: in the patched copy).",
+    )
+    reference: str | None = Field(
+        None,
+        description="Optional float64 reference expression. Default with the experiment's call: "
+        "the workload's float64 reference.",
+    )
+    patch_id: str | None = Field(
+        None, description="Evaluate the candidate in a workspace copy with this patch applied."
+    )
 
 
 @tool(
     "accuracy_diff",
-    "Compare two execution paths' tensors (and a float64 reference): where they diverge and by how much.",
+    "Compare two execution paths' tensors (and a float64 reference) as relative RMS and max "
+    "error, against the experiment's accuracy rule (would pass/fail). With no inputs: on the "
+    "experiment's own workload.",
     AccuracyDiff,
 )
 def accuracy_diff(p: AccuracyDiff, ctx: ToolContext) -> ToolResult:
@@ -198,27 +356,68 @@ def accuracy_diff(p: AccuracyDiff, ctx: ToolContext) -> ToolResult:
 
     from infra_agent.feedback.accuracy import compare_paths
 
-    _compile_check(p.setup, "exec", "setup")
-    for what, code in (
-        ("baseline", p.baseline),
-        ("candidate", p.candidate),
-        ("reference", p.reference),
-    ):
-        if code:
-            _compile_check(code, "eval", what)
-    script = _script(
-        _ACCURACY,
-        SETUP=textwrap.dedent(p.setup),
-        BASE=p.baseline,
-        CAND=p.candidate,
-        REF=p.reference or "",
+    arms, patch = _arms(
+        ctx, p.setup, p.baseline, p.candidate, p.patch_id, p.reference, want_reference=True
     )
-    out = run_in_sandbox(ctx, script, p.patch_id, timeout_s=120)
-    tensors = torch.load(io.BytesIO(out), weights_only=True)  # tensors only: nothing runs on load
+    exprs = {"baseline": arms.baseline, "candidate": arms.candidate}
+    if arms.reference:
+        exprs["reference"] = arms.reference
+    runs: list[tuple[dict[str, str], Patch | None]] = [(exprs, None)]
+    if patch is not None:  # the baseline (and reference) unpatched, the candidate patched
+        runs = [({k: v for k, v in exprs.items() if k != "candidate"}, None),
+                ({"candidate": arms.candidate}, patch)]  # fmt: skip
+    tensors: dict[str, dict[str, torch.Tensor]] = {}
+    for wanted, arm_patch in runs:
+        script = _script(_ACCURACY, SETUP=arms.setup, EXPRS=wanted)
+        with _open_sandbox(ctx, arm_patch) as box:
+            out = _run_script(box, script, timeout_s=120)
+        tensors.update(torch.load(io.BytesIO(out), weights_only=True))  # tensors only
+    rule = _rule(ctx, arms.workload, tensors["baseline"])
     report = compare_paths(
-        tensors["baseline"], tensors["candidate"], reference=tensors.get("reference")
+        tensors["baseline"], tensors["candidate"], reference=tensors.get("reference"), rule=rule
     )
-    return ToolResult(content=report.render(), data=report.model_dump(mode="json"))
+    return ToolResult(  # the record: AccuracyReport's keys (rule, would_pass...), plus "arms"
+        content=f"accuracy_diff {arms.render()}\n{report.render()}",
+        data=report.model_dump(mode="json") | {"arms": arms.model_dump(mode="json")},
+    )
+
+
+def _run_script(box: Sandbox, script: str, timeout_s: float) -> bytes:
+    import sys
+
+    box.write_file("_infra_agent_instrument.py", script.encode())
+    result = box.exec([sys.executable, "_infra_agent_instrument.py"], timeout_s=timeout_s)
+    if result.timed_out:
+        raise UserError(f"the instrument script ran past {timeout_s:.0f} s and was killed")
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-6:])
+        raise UserError(f"the instrument script failed (exit {result.returncode}):\n{tail}")
+    return box.read_file(RESULT_FILE)
+
+
+def _rule(ctx: ToolContext, workload: Workload | None, baseline: dict[str, Any]) -> ToleranceRule:
+    """The accuracy rule run_experiment applies on this task: the harness's element-wise
+    tolerance (from its workload) and the task's float64 rule (f64_factor, f64_floor)."""
+    from infra_agent.feedback.accuracy import ToleranceRule, default_tolerance
+
+    if workload is None:
+        from infra_agent.tools.workload import task_workload
+
+        workload = task_workload(ctx)
+    tol = ctx.task.manifest.tolerance
+    atol, rtol = workload.atol, workload.rtol
+    if (atol is None) != (rtol is None):  # one given: the other is the dtype's default
+        d_rtol, d_atol = default_tolerance(*{t.dtype for t in baseline.values()})
+        atol = d_atol if atol is None else atol
+        rtol = d_rtol if rtol is None else rtol
+    return ToleranceRule(
+        atol=atol,
+        rtol=rtol,
+        f64_factor=tol.f64_factor,
+        f64_floor=tol.f64_floor,
+        f64_error=workload.f64_error,
+        source=f"task {ctx.task.name}'s tolerance",
+    )
 
 
 class Profile(BaseModel):

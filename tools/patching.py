@@ -57,7 +57,21 @@ def describe_task(p: DescribeTask, ctx: ToolContext) -> ToolResult:
     if m.invariants:
         lines.append("invariants checked on every correctness pass (breaking one is INCORRECT):")
         lines.extend(f"- {name}: {what}" for name, what in m.invariants.items())
+    workload = _workload(ctx)
+    if workload is not None:
+        lines.append(workload.render())
     return ToolResult(content="\n".join(lines))
+
+
+def _workload(ctx: ToolContext) -> Any:
+    """What run_experiment measures (tools.workload), or None when the harness cannot say."""
+    from infra_agent.errors import UserError
+    from infra_agent.tools.workload import task_workload
+
+    try:
+        return task_workload(ctx)
+    except UserError:
+        return None
 
 
 def check_and_store(patch: Any, ctx: ToolContext) -> ToolResult:

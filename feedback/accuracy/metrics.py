@@ -4,6 +4,10 @@ Measures (a = baseline, b = candidate, d = b - a; per-chunk sums accumulated in 
 - `rel_diff` = 1 - 2·Σab / Σ(a² + b²) (SGLang's comparator; 0 when equal, 1 when orthogonal);
 - `max_abs` (with the position of the max as an index tuple), `mean_abs`, `rmse` = sqrt(Σd²/n);
 - `sqnr_db` = 10·log10(Σa² / Σd²) (inf when equal);
+- `rel_rms` = sqrt(Σd² / Σa²), the relative RMS error (about 4e-3 for one bf16 rounding of
+  randn data; `rel_diff` is roughly its square / 2, so it reads orders of magnitude smaller);
+- `max_rel` = max|d| / max|a|: the largest error as a fraction of the largest baseline
+  magnitude (normwise, so it does not explode at baseline values near zero as |d|/|a| would);
 - `max_ulp` = max |d| / ulp(a): ULP error against the baseline, in the less precise dtype;
 - `violations`: elements with |d| > atol + rtol·|a| (torch.testing.assert_close's rule).
 NaN/inf: equal infinities count as equal; any other non-finite element counts in `nonfinite`
@@ -63,6 +67,12 @@ class TensorDiff(BaseModel):
     candidate_at_max: float = 0.0
     mean_abs: float
     rmse: float
+    rel_rms: float = 0.0
+    """sqrt(Σd² / Σa²): relative RMS error against the baseline (inf when the baseline is 0)."""
+    max_rel: float = 0.0
+    """max|d| / max|a|: the largest error relative to the largest |baseline| value."""
+    peak_abs: float = 0.0
+    """max|a| over finite baseline values."""
     sqnr_db: float
     violations: int
     """Elements outside atol + rtol·|baseline|."""
@@ -122,6 +132,8 @@ def tensor_diff(
     rel = s_dd / (s_aa + s_bb) if (s_aa + s_bb) > 0 else 0.0  # = 1 - 2Σab/Σ(a²+b²)
     shape = tuple(baseline.shape)
     max_at = sums.max_at
+    peak = _peak_abs(a_flat)
+    max_abs = max(sums.max_abs, 0.0)
     return TensorDiff(
         shape=list(shape),
         dtypes=[
@@ -130,12 +142,15 @@ def tensor_diff(
         ],
         numel=n,
         rel_diff=rel,
-        max_abs=max(sums.max_abs, 0.0),
+        max_abs=max_abs,
         max_abs_at=_unravel(max_at, shape) if n else [],
         baseline_at_max=float(a_flat[max_at]) if n else 0.0,
         candidate_at_max=float(b_flat[max_at]) if n else 0.0,
         mean_abs=sums.abs / n if n else 0.0,
         rmse=math.sqrt(s_dd / n) if n else 0.0,
+        rel_rms=_ratio(math.sqrt(s_dd), math.sqrt(s_aa)),
+        max_rel=_ratio(max_abs, peak),
+        peak_abs=peak,
         sqnr_db=10 * math.log10(s_aa / s_dd) if s_dd > 0 and s_aa > 0 else math.inf,
         violations=sums.violations,
         rtol=rtol,
@@ -143,6 +158,28 @@ def tensor_diff(
         nonfinite=sums.nonfinite,
         max_ulp=sums.max_ulp,
     )
+
+
+def _ratio(num: float, den: float) -> float:
+    if den > 0:
+        return num / den
+    return 0.0 if num == 0 else math.inf
+
+
+def _peak_abs(flat: torch.Tensor) -> float:
+    """max |x| over the finite values (one pass without a copy when all are finite)."""
+    if flat.numel() == 0:
+        return 0.0
+    if flat.dtype == torch.bool:
+        return float(flat.any())
+    if flat.is_complex():
+        flat = flat.abs()
+    low, high = torch.aminmax(flat)
+    peak = max(abs(float(low)), abs(float(high)))
+    if math.isfinite(peak):
+        return peak
+    finite = flat[torch.isfinite(flat)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
 
 
 def worst_positions(

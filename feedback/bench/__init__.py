@@ -12,7 +12,8 @@ Python API (stable):
   single-threaded CPU-bound code.
   Arms are zero-argument callables (CPU, perf_counter_ns) or targets from `make_target(fn,
   device='cuda', flush_l2=..., cuda_graph=...)`, `CommandTarget('shell command')`,
-  `WorkerTarget('module:function')` (separate process).
+  `WorkerTarget('module:function')` (separate process), `PipeTarget(stdin, stdout, name=...)`
+  (a process started elsewhere, e.g. in a sandbox, speaking the worker protocol).
 - `load_callable('module:function' | 'file.py:function')` — resolve user code.
 """
 
@@ -23,6 +24,7 @@ from infra_agent.feedback.bench.targets import (
     CallableTarget,
     CommandTarget,
     CudaTarget,
+    PipeTarget,
     Target,
     WorkerTarget,
 )
@@ -36,6 +38,7 @@ __all__ = [
     "Comparison",
     "CudaTarget",
     "HardwareCounters",
+    "PipeTarget",
     "Target",
     "WorkerTarget",
     "compare_samples",

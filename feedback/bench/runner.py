@@ -43,6 +43,10 @@ class BenchResult(BaseModel):
     """Seconds per iteration, one per sample, in measurement order."""
     candidate_samples_s: list[float] = Field(default_factory=list)
     iterations_per_sample: int
+    warmup_calls: list[int] = Field(default_factory=list)
+    """Calls each arm made while warming up (baseline, candidate), before any timing."""
+    calibration_steps: list[int] = Field(default_factory=list)
+    """Iteration counts tried while calibrating, the last one kept."""
     timer: str
     """perf_counter_ns, cuda_events, cuda_graph, command_wall or worker:perf_counter_ns."""
     rounds: int
@@ -63,7 +67,8 @@ class BenchResult(BaseModel):
             f"({c.confidence:.0%} CI {c.ci_low:.3f}-{c.ci_high:.3f}); "
             f"median {_fmt_s(c.baseline_median)} -> {_fmt_s(c.candidate_median)} per call",
             f"{c.n_baseline}+{c.n_candidate} interleaved samples x {self.iterations_per_sample} "
-            f"iterations, {self.timer}, {self.elapsed_s:.1f} s, stopped on {self.stopped}",
+            f"iterations after {'+'.join(map(str, self.warmup_calls)) or 0} warm-up calls, "
+            f"{self.timer}, {self.elapsed_s:.1f} s, stopped on {self.stopped}",
         ]
         if c.noise_detail:
             lines.append("noise: " + "; ".join(c.noise_detail))
@@ -144,10 +149,14 @@ def make_target(
     return CallableTarget(fn, clock=clock)
 
 
-def _calibrate(targets: list[Target], min_sample_s: float, max_iterations: int) -> int:
-    """Smallest power of two of iterations for which every arm's sample lasts min_sample_s."""
+def _calibrate(
+    targets: list[Target], min_sample_s: float, max_iterations: int, tried: list[int]
+) -> int:
+    """Smallest power of two of iterations for which every arm's sample lasts min_sample_s
+    (each count tried is appended to `tried`)."""
     iterations = 1
     while iterations < max_iterations:
+        tried.append(iterations)
         slowest = max(t.sample(iterations) * iterations for t in targets)
         if slowest >= min_sample_s:
             return iterations
@@ -187,12 +196,17 @@ def run_bench(
     started = time.perf_counter()
     cpu_before = _cpu_state()
     try:
+        warmup_calls = []
         for arm in arms:
             warm_end = time.perf_counter() + warmup_s
             arm.sample(1)
+            calls = 1
             while time.perf_counter() < warm_end:
                 arm.sample(1)
-        iterations = _calibrate(arms, min_sample_s, max_iterations)
+                calls += 1
+            warmup_calls.append(calls)
+        tried: list[int] = []
+        iterations = _calibrate(arms, min_sample_s, max_iterations, tried)
         samples: list[list[float]] = [[], []]
         rounds = 0
         stopped: StopReason = "budget"
@@ -239,7 +253,10 @@ def run_bench(
         short = min(min(s) for s in samples) * iterations
         if short < min_sample_s / 2:
             extra.append(("short_samples", f"short_samples: shortest sample {short * 1e3:.3f} ms"))
-        if "high_iqr" in comparison.noise and arms[0].timer == "perf_counter_ns":
+        if "high_iqr" in comparison.noise and arms[0].timer in (
+            "perf_counter_ns",
+            "sandbox:perf_counter_ns",
+        ):
             extra.append(("", "wall clock on a busy machine? clock='cpu' counts only CPU time"))
         for code, detail in extra:
             if code and code not in comparison.noise:
@@ -251,6 +268,8 @@ def run_bench(
             baseline_samples_s=samples[0],
             candidate_samples_s=samples[1],
             iterations_per_sample=iterations,
+            warmup_calls=warmup_calls,
+            calibration_steps=tried,
             timer=arms[0].timer,
             rounds=rounds,
             elapsed_s=time.perf_counter() - started,

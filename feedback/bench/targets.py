@@ -11,12 +11,16 @@ Every target answers `sample(iterations) -> float`: seconds per iteration over o
 - Worker processes: `module:function` run in a separate Python process (`feedback.bench.worker`)
   that times itself with `perf_counter_ns`, so the parent's state (GC, allocator) cannot leak
   between arms.
+- Pipes (`PipeTarget`): any process already started (e.g. in a sandbox) that speaks the worker
+  protocol on its stdin/stdout; each answer is awaited at most `timeout_s`.
 """
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -207,3 +211,71 @@ class WorkerTarget:
             except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
                 self.proc.kill()
                 self.proc.wait()
+
+
+class PipeTarget:
+    """A process started elsewhere (e.g. in a sandbox) speaking the worker protocol on binary
+    pipes: it prints `ready` once loaded, then answers each iteration count written to its stdin
+    with seconds per iteration (or `error <message>`) on its stdout.
+
+    `describe_exit()` is called when the process stops answering, to say why (e.g. its stderr).
+    """
+
+    def __init__(
+        self,
+        stdin: Any,
+        stdout: Any,
+        *,
+        name: str,
+        timer: str = "sandbox:perf_counter_ns",
+        timeout_s: float = 60.0,
+        startup_timeout_s: float = 120.0,
+        describe_exit: Callable[[], str] = lambda: "",
+    ) -> None:
+        self.stdin, self.name, self.timer = stdin, name, timer
+        self.timeout_s = timeout_s
+        self.describe_exit = describe_exit
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(stdout,), daemon=True).start()
+        ready = self._next(startup_timeout_s, "to start")
+        if ready != "ready":
+            raise UserError(f"{name} failed to start: {ready[:300]}")
+
+    def _read(self, stdout: Any) -> None:
+        try:
+            for raw in stdout:
+                self._lines.put(raw.decode(errors="replace").strip())
+        except (OSError, ValueError):
+            pass
+        self._lines.put(None)
+
+    def _next(self, timeout_s: float, doing: str) -> str:
+        try:
+            line = self._lines.get(timeout=timeout_s)
+        except queue.Empty:
+            raise UserError(f"{self.name} took more than {timeout_s:g} s {doing}") from None
+        if line is None:
+            self._lines.put(None)  # later reads see the end too
+            why = self.describe_exit().strip() or "no output"
+            raise UserError(f"{self.name} exited: {why}")
+        return line
+
+    def sample(self, iterations: int) -> float:
+        try:
+            self.stdin.write(f"{iterations}\n".encode())
+            self.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            raise UserError(f"{self.name} exited: {self.describe_exit().strip()}") from None
+        line = self._next(self.timeout_s, f"for {iterations} calls")
+        if line.startswith("error "):
+            raise UserError(f"{self.name} raised: {line[6:]}")
+        try:
+            return float(line)
+        except ValueError as exc:
+            raise UserError(f"{self.name} answered {line[:200]!r}, not seconds") from exc
+
+    def close(self) -> None:
+        try:
+            self.stdin.close()
+        except (OSError, ValueError):
+            pass

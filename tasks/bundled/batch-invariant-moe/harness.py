@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+from infra_agent.tasks.workload import InputSpec, Workload
 
 FLOAT32_FLOOR = 2e-6
 """Batch gaps below this (relative to the output's scale) count as this value: float32 noise.
@@ -50,7 +51,59 @@ def float64_moe(x: torch.Tensor, weights: tuple[torch.Tensor, ...], top_k: int) 
     return out
 
 
+SETUP = """\
+import torch
+import torch.nn.functional as F
+import moe_server
+gen = torch.Generator().manual_seed(0)
+d, h, e, top_k = {d_model}, {hidden}, {experts}, {top_k}
+router = torch.randn(d, e, generator=gen) * d ** -0.5
+w_in = torch.randn(e, d, h, generator=gen) * d ** -0.5
+w_out = torch.randn(e, h, d, generator=gen) * h ** -0.5
+moe_server.load_weights(router, w_in, w_out, top_k)
+x = torch.randn({max_batch}, d, generator=gen)
+batches = [x[i : i + 1] for i in range({probes})] + [x[:b] for b in {batch_sizes!r} if b > 1]
+names = ["alone%d" % i for i in range({probes})] + ["batch%d" % b for b in {batch_sizes!r} if b > 1]
+def moe_f64(x):
+    r, wi, wo, x = router.double(), w_in.double(), w_out.double(), x.double()
+    vals, idx = torch.topk(x @ r, top_k, dim=-1)
+    gates = torch.softmax(vals, dim=-1)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for s in range(top_k):
+            out[t] += gates[t, s] * (F.gelu(x[t] @ wi[int(idx[t, s])]) @ wo[int(idx[t, s])])
+    return out
+"""
+"""The published setup: the measured weights' and requests' shapes, seeded 0 (not the
+experiment's seeds)."""
+
+
 class TaskHarness(Harness):
+    def workload(self, knobs: dict[str, Any]) -> Workload:
+        p = self.params
+        d, h, e = p["d_model"], p["hidden"], p["experts"]
+        big = max(p["batch_sizes"])
+        return Workload(
+            summary=f"a top-{p['top_k']} MoE layer ({e} experts, d_model {d}, hidden {h}) on "
+            f"{p['probes']} requests alone and inside batches of {p['batch_sizes']}; the metric "
+            "is the largest move of a request's output with its batch (relative to scale)",
+            inputs=[
+                InputSpec(name="router", shape=[d, e], dtype="float32", what="weights"),
+                InputSpec(name="w_in", shape=[e, d, h], dtype="float32", what="weights"),
+                InputSpec(name="w_out", shape=[e, h, d], dtype="float32", what="weights"),
+                InputSpec(name="x", shape=[big, d], dtype="float32", what="one token per request"),
+            ],
+            params=dict(p),
+            knobs=dict(knobs),
+            seeds="weights fixed per task; fresh requests from an unseen seed for every check "
+            "and sample; the setup uses seed 0 for both",
+            metric="batch_gap: max over batch sizes of max|out in batch - out alone| / max|out|",
+            setup=SETUP.format(**p, max_batch=big),
+            call="dict(zip(names, moe_server.forward_batches(batches)))",
+            reference="{n: moe_f64(b) for n, b in zip(names, batches)}",
+            f64_error="max_rel",
+        )
+
     def prepare(self, arm: Arm) -> None:
         self.weights = make_weights(self.params)
         arm.worker.call(
@@ -129,7 +182,7 @@ class TaskHarness(Harness):
         first = report.first_divergence
         largest = max(gaps)
         per_stage = [
-            f"{p.name}: rel diff {p.diff.rel_diff:.2e}, max abs {p.diff.max_abs:.3g}, "
+            f"{p.name}: rel RMS {p.diff.rel_rms:.2e}, max abs {p.diff.max_abs:.3g}, "
             f"{p.diff.violations}/{p.diff.numel} outside float32 tolerance"
             for p in report.probes
         ]

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+from infra_agent.tasks.workload import InputSpec, Workload
 
 BENCH_SEED = 0x5EED_D1
 """Seed of the KV cache used for timing (check() uses other seeds)."""
@@ -36,7 +37,54 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return torch.einsum("tbhs,bhsd->tbhd", torch.softmax(scores, dim=-1), v.to(q.dtype))
 
 
+SETUP = """\
+import math
+import torch
+import decode_server
+gen = torch.Generator().manual_seed(0)
+k = torch.randn(({batch}, {heads}, {seq_len}, {head_dim}), generator=gen)
+v = torch.randn(({batch}, {heads}, {seq_len}, {head_dim}), generator=gen)
+q = 2.0 * torch.randn(({steps}, {batch}, {heads}, {head_dim}), generator=gen)
+decode_server.load_cache(k, v)
+def reference_f64(q, k, v):
+    scores = torch.einsum("tbhd,bhsd->tbhs", q.double(), k.double()) / math.sqrt(q.shape[-1])
+    return torch.einsum("tbhs,bhsd->tbhd", torch.softmax(scores, dim=-1), v.double())
+"""
+"""The published setup: the measured shapes and distributions, seeded 0 (not the experiment's)."""
+
+
 class TaskHarness(Harness):
+    def workload(self, knobs: dict[str, Any]) -> Workload:
+        p = self.params
+        cache = [p["batch"], p["heads"], p["seq_len"], p["head_dim"]]
+        args = ", ".join(f"{n}={knobs[n]!r}" for n in ("num_splits", "block_size", "threads"))
+        return Workload(
+            summary=f"{p['steps']} decode steps of batch {p['batch']} x {p['heads']} heads over "
+            f"a {p['seq_len']}-token KV cache (head_dim {p['head_dim']}), float32",
+            inputs=[
+                InputSpec(name="k", shape=cache, dtype="float32", what="keys, randn"),
+                InputSpec(name="v", shape=cache, dtype="float32", what="values, randn"),
+                InputSpec(
+                    name="q",
+                    shape=[p["steps"], p["batch"], p["heads"], p["head_dim"]],
+                    dtype="float32",
+                    what="queries, 2*randn",
+                ),
+            ],
+            params=dict(p),
+            knobs={n: knobs[n] for n in ("num_splits", "block_size", "threads")},
+            seeds="timing: one KV cache per experiment, fresh queries per sample; correctness: "
+            "fresh cache and queries per check; all from seeds the code never sees (the setup "
+            "uses seed 0)",
+            metric="harness clock around the call, divided by steps: step_time_ms",
+            setup=SETUP.format(**p),
+            call=f"decode_server.decode(q, {args})",
+            reference="reference_f64(q, k, v)",
+            f64_error="max_abs",
+            atol=self.manifest.tolerance.atol or 1e-5,
+            rtol=self.manifest.tolerance.rtol or 1e-4,
+        )
+
     def _knobs(self, arm: Arm) -> dict[str, Any]:
         return {name: arm.knobs[name] for name in ("num_splits", "block_size", "threads")}
 

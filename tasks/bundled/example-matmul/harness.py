@@ -9,6 +9,7 @@ import torch
 
 from infra_agent.experiments.worker import ref
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+from infra_agent.tasks.workload import InputSpec, Workload
 
 TARGET = "projection:project"
 CALLS_PER_SAMPLE = 3
@@ -34,6 +35,31 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 class TaskHarness(Harness):
+    def workload(self, knobs: dict[str, Any]) -> Workload:
+        p = self.params
+        tol = self.manifest.tolerance
+        return Workload(
+            summary=f"one projection y = x @ w, [{p['m']}, {p['k']}] x [{p['k']}, {p['n']}] "
+            f"float32; a sample is the median of {CALLS_PER_SAMPLE} timed calls",
+            inputs=[
+                InputSpec(name="x", shape=[p["m"], p["k"]], dtype="float32", what="randn * scale"),
+                InputSpec(name="w", shape=[p["k"], p["n"]], dtype="float32", what="randn * scale"),
+            ],
+            params=dict(p),
+            knobs=dict(knobs),
+            seeds="fresh x and w from an unseen seed for every check and every timed call (no "
+            "input is timed twice); the setup uses seed 0",
+            metric="harness clock around the call: latency_ms",
+            setup="import torch\nimport projection\ngen = torch.Generator().manual_seed(0)\n"
+            f"x = torch.randn({p['m']}, {p['k']}, generator=gen) * {float(p['scale'])!r}\n"
+            f"w = torch.randn({p['k']}, {p['n']}, generator=gen) * {float(p['scale'])!r}\n",
+            call="projection.project(x, w)",
+            reference="x.double() @ w.double()",
+            f64_error="rel_rms",
+            atol=tol.atol if tol.atol is not None else 1e-5,
+            rtol=tol.rtol if tol.rtol is not None else 1.3e-6,
+        )
+
     def _run(
         self, arm: Arm, seed: int, *, timed: bool
     ) -> tuple[Any, float, torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+from infra_agent.tasks.workload import InputSpec, Workload
 
 
 def make_kv(params: dict[str, Any], seed: int) -> torch.Tensor:
@@ -18,6 +19,26 @@ def make_kv(params: dict[str, Any], seed: int) -> torch.Tensor:
 
 
 class TaskHarness(Harness):
+    def workload(self, knobs: dict[str, Any]) -> Workload:
+        p = self.params
+        shape = [p["steps"], p["transfer_chunks"], p["chunk_elems"]]
+        args = ", ".join(f"{k}={v!r}" for k, v in self._kwargs().items())
+        return Workload(
+            summary=f"{p['steps']} engine steps ({p['moe_layers']} MoE dispatch of "
+            f"{p['dispatch_wait_us']} us each) while {p['transfer_chunks']} KV chunks per step "
+            f"({p['chunk_wait_us']} us each) are shipped on the transfer thread",
+            inputs=[InputSpec(name="kv", shape=shape, dtype="float32", what="KV pages, randn")],
+            params=dict(p),
+            knobs=dict(knobs),
+            seeds="fresh KV pages from an unseen seed for every check and sample; the setup "
+            "uses seed 0",
+            metric="harness clock around the call, per step: step_time_ms; the same call with "
+            "transfer=False gives dispatch_only_ms and transfer_overhead_pct (ABBA order)",
+            setup="import torch\nimport scheduler\n"
+            f"kv = torch.randn({tuple(shape)!r}, generator=torch.Generator().manual_seed(0))\n",
+            call=f"scheduler.run_steps(kv, transfer=True, {args})",
+        )
+
     def _kwargs(self) -> dict[str, Any]:
         p = self.params
         return {

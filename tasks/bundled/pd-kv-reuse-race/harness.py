@@ -16,6 +16,7 @@ from infra_agent.tasks.harness import (
     poisson_upper,
     seeded_prompts,
 )
+from infra_agent.tasks.workload import InputSpec, Workload
 
 FORCED_SEED_SALT = 0x5717
 """Separates the forced-stall run's requests from the functional check's."""
@@ -38,6 +39,22 @@ def expected_outputs(prompts: list[int], pages: int, slot_elems: int) -> torch.T
 
 
 class TaskHarness(Harness):
+    def workload(self, knobs: dict[str, Any]) -> Workload:
+        p, n = self.params, self.params["requests"]
+        load = ", ".join(f"{key}={p[key]!r}" for key in LOAD_KEYS)
+        return Workload(
+            summary=f"{n} requests through the prefill/decode pair, {p['concurrency']} in flight; a stall with probability {p['stall_prob']:g} delays a decode past its {p['timeout_ms']} ms timeout",
+            inputs=[InputSpec(name="prompts", shape=[n], dtype="int", what="40-bit request ids")],
+            params=dict(p),
+            knobs=dict(knobs),
+            seeds="fresh request ids and stalls from an unseen seed for every check and sample; "
+            "the setup uses seed 0",
+            metric="corruptions_per_10k: outputs not matching their own prompt's KV (checked by the harness); requests_per_s from the harness clock",
+            setup="import random\nimport serve\nrng = random.Random(0)\n"
+            f"prompts = [rng.randrange(1 << 40) for _ in range({n})]\n",
+            call=f"serve.run_load(prompts, seed=0, {load})",
+        )
+
     def run(self, arm: Arm, n: int, seed: int, **overrides: Any) -> dict[str, Any]:
         """Serve `n` seeded requests; returns counts verified here and the harness-clock time."""
         load = {key: self.params[key] for key in LOAD_KEYS} | overrides

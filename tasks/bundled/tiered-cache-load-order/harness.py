@@ -16,6 +16,7 @@ from infra_agent.tasks.harness import (
     IncorrectOutput,
     seeded_prompts,
 )
+from infra_agent.tasks.workload import InputSpec, Workload
 
 LOAD_KEYS = (
     "layers", "page_elems", "topk", "load_us", "stall_prob", "stall_us", "lead_us", "compute_us",
@@ -50,6 +51,22 @@ def overlap_ratio(spans: list[Any], a: str = "load.", b: str = "compute.") -> fl
 
 
 class TaskHarness(Harness):
+    def workload(self, knobs: dict[str, Any]) -> Workload:
+        p, n = self.params, self.params["requests"]
+        load = ", ".join(f"{key}={p[key]!r}" for key in LOAD_KEYS)
+        return Workload(
+            summary=f"{n} requests with their {p['layers']} KV layers loaded layer by layer from the host tier while the forward runs (load stalls with probability {p['stall_prob']:g})",
+            inputs=[InputSpec(name="prompts", shape=[n], dtype="int", what="40-bit request ids")],
+            params=dict(p),
+            knobs=dict(knobs),
+            seeds="fresh request ids and stalls from an unseen seed for every check and sample; "
+            "the setup uses seed 0",
+            metric="read_before_ready_per_10k: outputs computed from a layer read before it was loaded (checked by the harness); overlap_ratio and requests_per_s as constraints",
+            setup="import random\nimport serve\nrng = random.Random(0)\n"
+            f"prompts = [rng.randrange(1 << 40) for _ in range({n})]\n",
+            call=f"serve.run_load(prompts, seed=0, {load})",
+        )
+
     def run(self, arm: Arm, n: int, seed: int, **overrides: Any) -> dict[str, Any]:
         load = {key: self.params[key] for key in LOAD_KEYS} | overrides
         prompts = seeded_prompts(n, seed)
