@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from infra_agent.tools.base import Tool, ToolRegistry
+from infra_agent.tools.gil import gil_trace
 from infra_agent.tools.instruments import INSTRUMENT_TOOLS
 from infra_agent.tools.patching import (
     describe_task,
@@ -22,6 +23,7 @@ AGENT_TOOLS: list[Tool] = [  # type: ignore[type-arg]
     search_files,
     lookup_skeletons,
     *INSTRUMENT_TOOLS,
+    gil_trace,
     serving_workload,
     propose_patch,
     propose_knobs,

@@ -160,10 +160,11 @@ def test_a_thread_retaking_the_gil_inside_a_c_extension_is_waiting(
         [str(script)], duration_s=3.0, startup_s=0.5, interval_s=0.1, sampler=sampler
     )  # type: ignore[arg-type]
     hasher = next(t for t in report.threads if t.thread == "hasher")
-    assert hasher.waiting > 0.3 and hasher.waiting > hasher.idle, report.render()
-    blame = report.blame[0]
-    assert (blame.waiter, blame.evidence[0].holder) == ("hasher", "spinner"), report.render()
-    assert report.render().startswith("thread 'hasher' waits for the GIL")
+    assert hasher.waiting > 0.2 and hasher.waiting > hasher.idle, report.render()
+    # (the spinner may wait too, while the hasher holds the GIL between hashes)
+    blame = next(b for b in report.blame if b.waiter == "hasher")
+    assert blame.evidence[0].holder == "spinner", report.render()
+    assert "thread 'hasher' waits for the GIL" in report.render()
     assert "_hashlib_openssl_sha256 [" in blame.waiting_at[0]  # the extension retaking it
     assert "hash_big_buffers (hasher.py:8)" in blame.waiting_at[0]
 
