@@ -2,11 +2,12 @@
 
 As for `profile`, the model gives setup code and an expression; a private, network-less copy of
 the workspace (optionally patched) runs the setup, then calls the expression in a loop, in the
-sandbox the experiments use. py-spy attaches to that process from outside for `seconds`
-(`feedback.gil.trace_pid`: native stacks and the interpreter's GIL owner) and the process is
-stopped. The answer: per named thread, its shares of holding / waiting for the GIL / running
-without it / idle, where the waiting threads wait, and who held the GIL meanwhile, decisive
-line first; the typed `GilReport` is the data.
+sandbox the experiments use, while the two py-spy recorders of `feedback.gil.record` sample it
+for `seconds` (native stacks; the interpreter's GIL owner). The answer, from the same analysis
+as `infra-agent feedback gil`: per named thread, its shares of holding / waiting for the GIL /
+running without it / idle, where the waiting threads wait, and who held the GIL meanwhile,
+decisive line first; the typed `GilReport` is the data. Needs py-spy next to the sandbox's
+Python (the local backend's venv) and ptrace within the sandbox.
 """
 
 from __future__ import annotations

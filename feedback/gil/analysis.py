@@ -189,7 +189,7 @@ class GilReport(BaseModel):
 
     def render(self) -> str:
         lines = []
-        for b in self.blame:
+        for b in self.blame[:3]:
             for ev in b.evidence[:1]:
                 where = " <- ".join([*ev.native_top[:1], *ev.python_stack[:3]]) or "?"
                 held = (
@@ -218,7 +218,7 @@ class GilReport(BaseModel):
                 )
             else:
                 lines.append(f"  {t.thread}: active {t.running:.0%} idle {t.idle:.0%}; top {top}")
-        for b in self.blame:
+        for b in self.blame[:2]:
             for ev in b.evidence[1:3]:
                 when = f"while {b.waiter!r} waited" if b.same_instant else "over the trace"
                 where = " <- ".join([*ev.native_top[:1], *ev.python_stack[:3]]) or "?"
