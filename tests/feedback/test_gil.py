@@ -163,7 +163,9 @@ def test_a_thread_retaking_the_gil_inside_a_c_extension_is_waiting(
     assert hasher.waiting > 0.2 and hasher.waiting > hasher.idle, report.render()
     # (the spinner may wait too, while the hasher holds the GIL between hashes)
     blame = next(b for b in report.blame if b.waiter == "hasher")
-    assert blame.evidence[0].holder == "spinner", report.render()
+    # ('nobody' can come first over a trace on a loaded machine, where py-spy skips samples)
+    holders = [e.holder for e in blame.evidence if e.holder != "nobody"]
+    assert holders[0] == "spinner", report.render()
     assert "thread 'hasher' waits for the GIL" in report.render()
     assert "_hashlib_openssl_sha256 [" in blame.waiting_at[0]  # the extension retaking it
     assert "hash_big_buffers (hasher.py:8)" in blame.waiting_at[0]
@@ -194,12 +196,14 @@ def test_names_the_native_frame_where_the_gil_holder_spends_its_time(
     script = tmp_path / "regex_holder.py"
     script.write_text(REGEX_HOLDER)
     report = trace_command([str(script)], duration_s=2.0, startup_s=0.5)
-    first, *rest = report.render().splitlines()
-    assert first.startswith("thread 'io' waits for the GIL"), report.render()
-    assert "in sre_" in first and "<- scan (regex_holder.py)" in first, first
+    text = report.render()
+    assert text.startswith("thread 'io' waits for the GIL"), text
+    held = next(e for e in report.blame[0].evidence if e.holder == "scanner")
+    assert held.native_top[0].startswith("sre_") and held.python_stack[1].startswith("scan (")
+    assert "'scanner'" in text and "in sre_" in text and "<- search (__init__.py) <- scan (" in text
     scanner = next(t for t in report.threads if t.thread == "scanner")
     assert scanner.top_native and scanner.top_native[0].startswith("sre_")
-    assert any(line.startswith("  scanner:") and "native sre_" in line for line in rest)
+    assert any(ln.startswith("  scanner:") and "native sre_" in ln for ln in text.splitlines())
 
 
 def _native(name: str, module: str = "/usr/lib/libc.so.6") -> Frame:
