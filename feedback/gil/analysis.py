@@ -40,6 +40,14 @@ EXTENSION_MODULE = re.compile(r"\.cpython-[^/]*\.so$|\.abi3\.so$|/lib-dynload/|\
 """A Python extension module's code: its library (`py-spy dump`), or its C source (`py-spy
 record` names a frame by its source file when the library has debug info)."""
 HEX = re.compile(r"^0x[0-9a-f]+$")
+NATIVE_ROLES = [
+    (re.compile(r"^_?sre_"), "regex engine"),
+    (re.compile(r"^(SHA\d*|MD5|BLAKE2\w*|EVP_Digest)\w*_?(Update|Final)|^EVP_hash$"), "hashing"),
+    (re.compile(r"^(deflate|inflate)"), "zlib"),
+    (re.compile(r"^_*mem(cpy|move|set)"), "memory copy"),
+    (re.compile(r"gemm", re.IGNORECASE), "matrix multiply"),
+]
+"""What a native frame's code is, for a model that does not know CPython's C names."""
 SO_TAG = re.compile(r"\.cpython-[^.]*")
 """'_hashlib.cpython-311-x86_64-linux-gnu.so' reads '_hashlib.so'."""
 
@@ -57,7 +65,8 @@ class Frame(BaseModel):
     def label(self, *, line: bool = True) -> str:
         if self.native:
             lib = SO_TAG.sub("", self.module.rsplit("/", 1)[-1])
-            return f"{self.name} [{lib}]" if lib else self.name
+            what = next((f" ({w})" for p, w in NATIVE_ROLES if p.search(self.name)), "")
+            return (f"{self.name} [{lib}]" if lib else self.name) + what
         where = self.file.rsplit("/", 1)[-1] + (f":{self.line}" if line else "")
         return f"{self.name} ({where})"
 
