@@ -95,6 +95,9 @@ class ThreadGil(BaseModel):
     idle: float
     top_functions: list[str] = Field(default_factory=list)
     """Most frequent innermost Python frames, with their share."""
+    holding_in: list[str] = Field(default_factory=list)
+    """Most frequent innermost Python frames while holding the GIL, with their share of the
+    holding samples."""
     top_native: list[str] = Field(default_factory=list)
     """Most frequent innermost named native frames while holding the GIL or running (the C
     code under the Python frame: `sre_ucs1_search` of the regex engine, a hash), with their
@@ -174,9 +177,8 @@ class GilReport(BaseModel):
         if not holders or holders[0].holding <= 0:
             return Culprit()
         top = holders[0]
-        function = (
-            frame_function(top.top_functions[0].rsplit(" ", 1)[0]) if top.top_functions else None
-        )
+        where = top.holding_in or top.top_functions
+        function = frame_function(where[0].rsplit(" ", 1)[0]) if where else None
         detail = f"holds the GIL in {top.holding:.0%} of samples"
         others = sorted(
             (t for t in self.threads if t.thread != top.thread),
@@ -280,6 +282,12 @@ def _python_frames(sample: ThreadSample, limit: int = 5, line: bool = False) -> 
     return [f.label(line=line) for f in sample.frames if not f.native][:limit]
 
 
+def top_shares(counts: Counter[str], top: int = 3) -> list[str]:
+    """'function 80%' for the most frequent entries, share of the counter's total."""
+    n = sum(counts.values())
+    return [f"{key} {c / n:.0%}" for key, c in counts.most_common(top)]
+
+
 def _waiting_site(sample: ThreadSample) -> str:
     """Where a thread waits for the GIL: its innermost Python line, after the C function it
     called when that is an extension's (the GIL retaken inside `_hashlib`)."""
@@ -303,6 +311,7 @@ def analyze(
     ids: dict[str, int] = {}
     tops: dict[str, Counter[str]] = defaultdict(Counter)
     natives: dict[str, Counter[str]] = defaultdict(Counter)
+    held_in: dict[str, Counter[str]] = defaultdict(Counter)
     sites: dict[str, Counter[str]] = defaultdict(Counter)
     holders: dict[str, Counter[tuple[str, tuple[str, ...], tuple[str, ...]]]] = defaultdict(Counter)
     for snap in snapshots:
@@ -315,6 +324,8 @@ def analyze(
             py = _python_frames(s, 1)
             if py:
                 tops[name][py[0]] += 1
+                if state == "holding":
+                    held_in[name][py[0]] += 1
             native = _native_above_python(s.frames)
             if native and state in ("holding", "running"):
                 natives[name][native[0].label()] += 1
@@ -349,6 +360,7 @@ def analyze(
                 running=counts["running"] / n,
                 idle=counts["idle"] / n,
                 top_functions=[f"{fn} {c / n:.0%}" for fn, c in tops[name].most_common(3)],
+                holding_in=top_shares(held_in[name]),
                 top_native=[
                     f"{fn} {c / n:.0%}" for fn, c in natives[name].most_common(2) if c / n >= 0.1
                 ],

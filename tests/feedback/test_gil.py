@@ -257,6 +257,28 @@ def test_blame_counts_the_holder_in_the_same_snapshot() -> None:
     assert r.blame[0].evidence[0].python_stack == ["spin (a.py)"]
 
 
+def test_without_waits_the_culprit_is_where_the_holder_held_the_gil() -> None:
+    """No native frames (non-pausing dumps): no waits, so the culprit is the top holder, at the
+    function it held the GIL in, not the one it spent most samples in (a condition wait)."""
+    dispatch = Frame(name="intranode_dispatch", file="/w/dispatch.py", line=19)
+    wait = Frame(name="Condition.wait", file="/usr/lib/threading.py", line=327)
+    main = [(True, dispatch)] * 4 + [(False, wait)] * 6
+    snaps = [
+        [
+            ThreadSample(thread_id=1, thread_name="MainThread", active=True, owns_gil=gil,
+                         frames=[frame]),
+            ThreadSample(thread_id=2, thread_name="kv", active=True, owns_gil=False, frames=[wait]),
+        ]
+        for gil, frame in main
+    ]  # fmt: skip
+    report = analyze(snaps, method="test", duration_s=1.0)
+    main_row = next(t for t in report.threads if t.thread == "MainThread")
+    assert main_row.top_functions[0].startswith("Condition.wait")
+    assert main_row.holding_in == ["intranode_dispatch (dispatch.py) 100%"]
+    culprit = report.culprit()
+    assert (culprit.thread, culprit.function) == ("MainThread", "dispatch.py:intranode_dispatch")
+
+
 def test_in_process_fallback_is_marked_blind_to_the_gil() -> None:
     stop = threading.Event()
 
