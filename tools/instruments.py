@@ -11,11 +11,13 @@ to this process, where the instruments of `feedback/` turn them into a verdict a
 - `accuracy_diff`: two (or three, with a float64 reference) expressions evaluated to tensors or
   dicts of named tensors; `feedback.accuracy.compare_paths` finds where they part ways and says
   whether the candidate would pass the experiment's accuracy rule.
+- `profile`: a `torch.profiler` timeline of a statement, every thread's ops on a track named by
+  the thread, summarized by `feedback.timeline`: time by op class, the top ops, launch gaps,
+  and overlaps between op groups.
 
-With no setup or expressions, both default to the experiment's own workload (the harness's
-`workload()`, tasks.workload): its setup, the call it measures, its float64 reference.
-- `profile`: a `torch.profiler` timeline of a statement, summarized by `feedback.timeline`: time
-  by op class, the top ops, launch gaps, and overlaps between op groups.
+With no setup or expressions, microbench and accuracy_diff default to the experiment's own
+workload (the harness's `workload()`, tasks.workload): its setup, the call it measures, its
+float64 reference.
 """
 
 from __future__ import annotations
@@ -86,19 +88,34 @@ torch.save(out, RESULT)
 )
 
 _PROFILE = (
-    _PRELUDE
+    """\
+import sys, threading
+names = {}
+def _name_thread(*args):  # a new thread's first call: note its name, stop being called
+    names[threading.get_native_id()] = threading.current_thread().name
+    sys.setprofile(None)
+threading.setprofile(_name_thread)
+"""
+    + _PRELUDE
     + """\
 import torch
 from torch.profiler import ProfilerActivity, profile
+try:  # every thread, not only this one (torch >= 2.8)
+    from torch._C._profiler import _ExperimentalConfig
+    options = {"experimental_config": _ExperimentalConfig(profile_all_threads=True)}
+except (ImportError, TypeError):
+    options = {}
+names.update({t.native_id: t.name for t in threading.enumerate() if t.native_id})
 f = eval(compile("lambda: (" + STMT + ")", "<code>", "eval"), ns)
 f()
-t0 = time.perf_counter()
-with profile(activities=[ProfilerActivity.CPU]) as prof:
+with profile(activities=[ProfilerActivity.CPU], **options) as prof:
+    t0 = time.perf_counter()  # not the profiler's start and stop (seconds with all threads)
     for _ in range(REPEAT):
         f()
-wall = (time.perf_counter() - t0) / REPEAT
+    wall = (time.perf_counter() - t0) / REPEAT
 prof.export_chrome_trace(RESULT)
 open(RESULT + ".wall", "w").write(str(wall))
+open(RESULT + ".threads", "w").write(json.dumps({"all": bool(options), "names": names}))
 """
 )
 
@@ -435,7 +452,8 @@ class Profile(BaseModel):
 
 @tool(
     "profile",
-    "Profile an expression (torch.profiler timeline): time by op class, top ops, gaps, overlaps.",
+    "Profile an expression (torch.profiler timeline of every thread, by name): time by op "
+    "class, top ops, gaps, overlaps.",
     Profile,
 )
 def profile(p: Profile, ctx: ToolContext) -> ToolResult:
@@ -447,15 +465,19 @@ def profile(p: Profile, ctx: ToolContext) -> ToolResult:
     _compile_check(p.setup, "exec", "setup")
     _compile_check(p.code, "eval", "code")
     script = _script(_PROFILE, SETUP=textwrap.dedent(p.setup), STMT=p.code, REPEAT=p.repeat)
-    trace, wall = run_in_sandbox(
-        ctx, script, p.patch_id, timeout_s=120, extra=[RESULT_FILE + ".wall"]
-    )
+    extra = [RESULT_FILE + ".wall", RESULT_FILE + ".threads"]
+    trace, wall, meta = run_in_sandbox(ctx, script, p.patch_id, timeout_s=120, extra=extra)
+    threads = json.loads(meta)
+    names = {int(tid): name for tid, name in threads["names"].items()}
     with tempfile.TemporaryDirectory(prefix="infra-agent-trace-") as tmp:
         path = Path(tmp) / "trace.json"
         path.write_bytes(trace)
         summary = summarize(
-            load_trace(path), overlaps=p.overlaps, source="torch.profiler (sandbox)"
-        )
+            load_trace(path, thread_names=names), overlaps=p.overlaps,
+            source="torch.profiler (sandbox)",
+        )  # fmt: skip
+    if not threads["all"]:
+        summary.warnings.append("this torch records only the thread that called the code")
     wall_ms = float(wall) * 1e3
     return ToolResult(
         content=f"wall time per call {wall_ms:.3f} ms\n{summary.render()}",

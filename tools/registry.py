@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from infra_agent.tools.base import Tool, ToolRegistry
 from infra_agent.tools.editing import edit_file
+from infra_agent.tools.gil import gil_trace
 from infra_agent.tools.instruments import INSTRUMENT_TOOLS
 from infra_agent.tools.patching import (
     describe_task,
@@ -30,6 +31,7 @@ AGENT_TOOLS: list[Tool] = [  # type: ignore[type-arg]
     search_files,
     lookup_skeletons,
     *INSTRUMENT_TOOLS,
+    gil_trace,
     serving_workload,
     server_steps,
     propose_patch,

@@ -14,8 +14,12 @@ Python API (stable):
   falls back to in-process sampling (marked `gil_visible=False`);
 - `InProcessSampler` — sample this process's threads (no GIL visibility);
 - `analyze(snapshots, method=..., duration_s=...)` — shares and blame from any snapshots;
-  `merge_holders(report, held, ticks)` — exact holders from `py-spy record --gil` into it.
-`GilReport.render()`: the most-waiting thread and who held the GIL meanwhile, first;
+  `merge_holders(report, held, ticks)` — exact holders from `py-spy record --gil` into it;
+- `record.recorder_commands` / `record.read_recording` / `trace.report_of_recording` — the
+  `record` sampler in pieces, for recorders started elsewhere (inside a sandbox, by the
+  `gil_trace` tool, where py-spy can unwind the native stacks it cannot from outside).
+`GilReport.render()`: the most-waiting thread, where it waits, and who held the GIL meanwhile
+(and in which native frame, e.g. the regex engine), first; one row per thread name;
 `GilReport.culprit()`: the thread (and its function and stack) to blame.
 """
 

@@ -15,7 +15,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from infra_agent.feedback.gil.analysis import GilReport, HolderEvidence
+from infra_agent.feedback.gil.analysis import GilReport, HolderEvidence, top_shares
 
 
 class HeldGil(BaseModel):
@@ -38,13 +38,16 @@ def merge_holders(report: GilReport, held: list[HeldGil], ticks: int) -> None:
     """
     if ticks <= 0:
         return
-    per_thread: Counter[int] = Counter()
+    per_thread: Counter[str] = Counter()  # by name, as the report's rows
     stacks: Counter[tuple[str, tuple[str, ...]]] = Counter()
+    held_in: dict[str, Counter[str]] = {}
     for h in held:
-        per_thread[h.thread_id] += h.samples
+        per_thread[h.thread] += h.samples
+        if h.python_stack:
+            held_in.setdefault(h.thread, Counter())[h.python_stack[0]] += h.samples
         stacks[(h.thread, tuple(h.python_stack[:5]))] += h.samples
     for t in report.threads:
-        holding = min(per_thread[t.thread_id] / ticks, 1.0 - t.waiting)
+        holding = min(per_thread[t.thread] / ticks, 1.0 - t.waiting)
         rest = 1.0 - t.waiting - holding
         other = t.running + t.idle
         if other > 0:
@@ -52,7 +55,10 @@ def merge_holders(report: GilReport, held: list[HeldGil], ticks: int) -> None:
         else:
             t.running, t.idle = rest, 0.0  # sampled executing Python, yet not holding: hand-off
         t.holding = holding
+        t.holding_in = top_shares(held_in.get(t.thread, Counter()))
     nobody = max(0, ticks - sum(per_thread.values()))
+    # `--gil` writes Python frames only: the holder's busiest native frame comes from the stacks.
+    native = {t.thread: [t.top_native[0].rsplit(" ", 1)[0]] for t in report.threads if t.top_native}
     for b in report.blame:
         ranked = [
             (thread, c / ticks, list(stack))
@@ -63,7 +69,9 @@ def merge_holders(report: GilReport, held: list[HeldGil], ticks: int) -> None:
             ranked.append(("nobody", nobody / ticks, []))
         ranked.sort(key=lambda r: -r[1])
         b.evidence = [
-            HolderEvidence(holder=thread, share=share, python_stack=stack)
+            HolderEvidence(
+                holder=thread, share=share, python_stack=stack, native_top=native.get(thread, [])
+            )
             for thread, share, stack in ranked[:3]
         ]
         b.same_instant = False

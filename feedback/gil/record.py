@@ -77,10 +77,11 @@ def record_pid(
     with tempfile.TemporaryDirectory(prefix="infra-agent-gil-") as tmp:
         stacks_out, gil_out = Path(tmp) / "stacks.json", Path(tmp) / "gil.json"
         # Each recorder has a bound of its own, so it ends even if this process dies first.
-        base = [find_py_spy(), "record", "--pid", str(pid), "--rate", str(rate), "--threads"]
-        base += ["--idle", "--duration", str(math.ceil(duration_s) + 10)]
+        stacks_cmd, gil_cmd = recorder_commands(
+            pid, rate=rate, duration_s=duration_s + 10, stacks_out=stacks_out, gil_out=gil_out
+        )
         start = time.perf_counter()
-        stacks = _Recorder([*base, "--native", "--format", "chrometrace", "-o", str(stacks_out)])
+        stacks = _Recorder(stacks_cmd)
         gil: _Recorder | None = None
         try:
             # The holder-only recorder starts once the stack recorder samples, so both cover
@@ -90,8 +91,7 @@ def record_pid(
                 raise PySpyUnavailable(f"py-spy cannot unwind native stacks of pid {pid}: "
                                        f"{stacks.unwind_error[:200]}")  # fmt: skip
             if stacks.proc.poll() is None:
-                gil = _Recorder([*base, "--gil", "--nonblocking", "--format", "speedscope",
-                                 "-o", str(gil_out)])  # fmt: skip
+                gil = _Recorder(gil_cmd)
                 try:
                     stacks.proc.wait(timeout=duration_s)
                 except subprocess.TimeoutExpired:
@@ -107,19 +107,50 @@ def record_pid(
                 if left is not None and left.proc.poll() is None:
                     left.proc.kill()
                     left.proc.wait()
-        elapsed = time.perf_counter() - start
-        events = _load(stacks_out, pid, errors[id(stacks)])
-        snapshots = snapshots_from_chrometrace(events, rate=rate)
-        warnings = []
-        held = None
-        if gil is not None:
-            try:
-                held = held_from_speedscope(_load(gil_out, pid, errors[id(gil)]))
-            except PySpyUnavailable as exc:
-                warnings.append(f"GIL holders not recorded ({exc}): holder inferred from stacks")
-    window = stop - (gil.attached_at if gil is not None and gil.attached_at else start)
-    ticks = max(round(window * rate), sum(h.samples for h in held or []), 1)
-    return Recording(snapshots, held, ticks, elapsed, warnings)
+        window = stop - (gil.attached_at if gil is not None and gil.attached_at else start)
+        return read_recording(
+            stacks_out, gil_out if gil is not None else None, pid=pid, rate=rate,
+            window_s=window, elapsed_s=time.perf_counter() - start,
+            stacks_error=errors[id(stacks)], gil_error=errors[id(gil)] if gil else "",
+        )  # fmt: skip
+
+
+def recorder_commands(
+    pid: int, *, rate: int, duration_s: float, stacks_out: Path, gil_out: Path, py_spy: str = ""
+) -> tuple[list[str], list[str]]:
+    """The two `py-spy record` command lines (native stacks; GIL owner) for `pid`, each ending
+    by itself after `duration_s`. `py_spy`: its path where they run (default: found here)."""
+    base = [py_spy or find_py_spy(), "record", "--pid", str(pid), "--rate", str(rate)]
+    base += ["--threads", "--idle", "--duration", str(math.ceil(duration_s))]
+    return (
+        [*base, "--native", "--format", "chrometrace", "-o", str(stacks_out)],
+        [*base, "--gil", "--nonblocking", "--format", "speedscope", "-o", str(gil_out)],
+    )
+
+
+def read_recording(
+    stacks_out: Path,
+    gil_out: Path | None,
+    *,
+    pid: int,
+    rate: int,
+    window_s: float,
+    elapsed_s: float,
+    stacks_error: str = "",
+    gil_error: str = "",
+) -> Recording:
+    """What the recorders of `recorder_commands` wrote (`gil_out` None: that one did not run).
+    `window_s`: how long the GIL recorder sampled. Raises PySpyUnavailable without stacks."""
+    snapshots = snapshots_from_chrometrace(_load(stacks_out, pid, stacks_error), rate=rate)
+    warnings = []
+    held = None
+    if gil_out is not None:
+        try:
+            held = held_from_speedscope(_load(gil_out, pid, gil_error))
+        except PySpyUnavailable as exc:
+            warnings.append(f"GIL holders not recorded ({exc}): holder inferred from stacks")
+    ticks = max(round(window_s * rate), sum(h.samples for h in held or []), 1)
+    return Recording(snapshots, held, ticks, elapsed_s, warnings)
 
 
 class _Recorder:

@@ -21,7 +21,7 @@ from infra_agent.feedback.gil.inprocess import METHOD as INPROCESS_METHOD
 from infra_agent.feedback.gil.pyspy import DEFAULT_INTERVAL_S as DUMP_INTERVAL_S
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable, sample_pid
 from infra_agent.feedback.gil.record import DEFAULT_INTERVAL_S as RECORD_INTERVAL_S
-from infra_agent.feedback.gil.record import record_pid
+from infra_agent.feedback.gil.record import Recording, record_pid
 
 Sampler = Literal["record", "dump"]
 """`record`: two long-lived `py-spy record`s per trace (default; one pause of ~0.1-0.3 s on the
@@ -104,9 +104,13 @@ def _trace_record(
     pid: int, duration_s: float, interval_s: float, blame_threshold: float
 ) -> GilReport:
     rec = record_pid(pid, duration_s=duration_s, interval_s=interval_s)
+    return report_of_recording(rec, pid, max(1, round(1.0 / interval_s)), blame_threshold)
+
+
+def report_of_recording(rec: Recording, pid: int, rate: int, blame_threshold: float) -> GilReport:
+    """The report of a `record` sampler's recording (stacks analyzed, exact holders merged)."""
     if not rec.snapshots:
         raise UserError(f"no samples of pid {pid} (did it exit?)")
-    rate = max(1, round(1.0 / interval_s))
     exact = rec.held is not None
     method = f"py-spy record --native{' + --gil' if exact else ''}, one process each, {rate}/s"
     report = analyze(

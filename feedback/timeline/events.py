@@ -1,7 +1,8 @@
 """Timeline events from a trace: Kineto/Chrome trace JSON or an Nsight Systems SQLite export.
 
 `load_trace(path) -> list[TraceEvent]` picks the reader by content. Times are microseconds.
-A *track* is where events run one after another: a host thread (`pid:tid`) or a device stream
+A *track* is where events run one after another: a host thread (its name when the caller knows
+the thread names, else `pid:tid`) or a device stream
 (`gpu<device>:stream<id>`); `on_device` says which.
 Kineto categories used: cpu_op, user_annotation, python_function (host); kernel, gpu_memcpy,
 gpu_memset, gpu_user_annotation (device); cuda_runtime / cuda_driver (host API calls).
@@ -35,11 +36,12 @@ class TraceEvent(BaseModel):
         return self.start_us + self.dur_us
 
 
-def _chrome_events(doc: object) -> list[TraceEvent]:
+def _chrome_events(doc: object, thread_names: dict[int, str] | None = None) -> list[TraceEvent]:
     raw = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(raw, list):
         raise UserError("trace JSON has no 'traceEvents' list")
     events = []
+    host_ids: list[tuple[object, object]] = []
     for e in raw:
         if not isinstance(e, dict) or e.get("ph") != "X" or "dur" not in e:
             continue
@@ -59,16 +61,45 @@ def _chrome_events(doc: object) -> list[TraceEvent]:
                 on_device=on_device,
             )
         )
+        host_ids.append((None, None) if on_device else (pid, tid))
+    if thread_names:
+        _name_host_tracks(events, host_ids, thread_names)
     return events
 
 
-def load_chrome_trace(path: Path) -> list[TraceEvent]:
-    """Complete ('X') events of a Chrome/Kineto trace (python_function events are skipped)."""
+def _name_host_tracks(
+    events: list[TraceEvent], ids: list[tuple[object, object]], names: dict[int, str]
+) -> None:
+    """Host tracks 'pid:tid' become the thread's name; threads of one name that ran one after
+    the other (a worker started per call) share it, ones that overlapped are 'name (tid)'."""
+    spans: dict[str, tuple[float, float]] = {}
+    for e in events:
+        first, last = spans.get(e.track, (e.start_us, e.end_us))
+        spans[e.track] = (min(first, e.start_us), max(last, e.end_us))
+    label: dict[str, str] = {}
+    by_name: dict[str, list[str]] = {}
+    for e, (_, tid) in zip(events, ids, strict=True):
+        if e.track in label or not isinstance(tid, int) or tid not in names:
+            continue
+        label[e.track] = names[tid]
+        by_name.setdefault(names[tid], []).append(e.track)
+    for name, tracks in by_name.items():
+        ordered = sorted(tracks, key=lambda t: spans[t])
+        if any(spans[b][0] < spans[a][1] for a, b in zip(ordered, ordered[1:], strict=False)):
+            for t in tracks:
+                label[t] = f"{name} ({t.rsplit(':', 1)[-1]})"
+    for e in events:
+        e.track = label.get(e.track, e.track)
+
+
+def load_chrome_trace(path: Path, thread_names: dict[int, str] | None = None) -> list[TraceEvent]:
+    """Complete ('X') events of a Chrome/Kineto trace (python_function events are skipped).
+    `thread_names` (OS thread id -> name) names the host tracks (see `_name_host_tracks`)."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read trace JSON {path}: {exc}") from exc
-    return _chrome_events(doc)
+    return _chrome_events(doc, thread_names)
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:
@@ -125,8 +156,9 @@ def load_nsys_sqlite(path: Path) -> list[TraceEvent]:
     return events
 
 
-def load_trace(path: str | Path) -> list[TraceEvent]:
-    """Read a Kineto/Chrome JSON trace (.json, .json.gz not supported) or an nsys SQLite export."""
+def load_trace(path: str | Path, thread_names: dict[int, str] | None = None) -> list[TraceEvent]:
+    """Read a Kineto/Chrome JSON trace (.json, .json.gz not supported) or an nsys SQLite export;
+    `thread_names` (OS thread id -> name) names a Chrome trace's host threads."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"trace file not found: {p}")
@@ -134,4 +166,4 @@ def load_trace(path: str | Path) -> list[TraceEvent]:
         head = fh.read(16)
     if head.startswith(b"SQLite format 3"):
         return load_nsys_sqlite(p)
-    return load_chrome_trace(p)
+    return load_chrome_trace(p, thread_names)

@@ -2,18 +2,21 @@
 
 `profile_callable(fn, repeat=1) -> list[TraceEvent]` runs `fn` `repeat` times under the profiler
 (CPU activity always, CUDA activity when `torch.cuda.is_available()`, all threads where torch
-supports it); `record_function("name")` annotations appear as `user_annotation` events. `profile_script(argv, trace_path)` runs
+supports it, host tracks named by thread); `record_function("name")` annotations appear as `user_annotation` events. `profile_script(argv, trace_path)` runs
 `python <script> <args>` under the profiler in a child process and writes a Chrome trace.
 Other programs cannot be profiled this way; record them with `nsys` and load the export.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,24 @@ def all_threads_option() -> dict[str, Any]:
         return {}
 
 
+@contextmanager
+def named_threads() -> Iterator[dict[int, str]]:
+    """OS thread id -> name of this process's threads: those alive on entry or exit, and those
+    started inside (each noted on its first call; a worker started per call is gone by exit)."""
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
+
+    def note(*args: Any) -> None:
+        names[threading.get_native_id()] = threading.current_thread().name
+        sys.setprofile(None)
+
+    threading.setprofile(note)
+    try:
+        yield names
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+        names.update({t.native_id: t.name for t in threading.enumerate() if t.native_id})
+
+
 def profile_callable(
     fn: Callable[[], Any], *, repeat: int = 1, trace_path: Path | None = None
 ) -> list[TraceEvent]:
@@ -42,7 +63,7 @@ def profile_callable(
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities, **all_threads_option()) as prof:
+    with named_threads() as names, profile(activities=activities, **all_threads_option()) as prof:
         for _ in range(repeat):
             fn()
         if torch.cuda.is_available():
@@ -50,7 +71,7 @@ def profile_callable(
     with tempfile.TemporaryDirectory(prefix="infra-agent-trace-") as tmp:
         path = trace_path or Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        return load_chrome_trace(path)
+        return load_chrome_trace(path, names)
 
 
 def profile_script(
@@ -80,4 +101,10 @@ def profile_script(
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
         raise UserError(f"profiled script exited with {proc.returncode}: {tail[:200]}")
-    return load_chrome_trace(trace_path)
+    names = json.loads(thread_names_path(trace_path).read_text())
+    return load_chrome_trace(trace_path, {int(tid): name for tid, name in names.items()})
+
+
+def thread_names_path(trace_path: Path) -> Path:
+    """Where `run_profiled` writes the script's thread names (OS thread id -> name)."""
+    return trace_path.with_name(trace_path.name + ".threads.json")

@@ -1,12 +1,15 @@
 """`python -m infra_agent.feedback.timeline.run_profiled TRACE.json script.py args...`
 
-Runs the script as `__main__` under torch.profiler and writes a Chrome trace to TRACE.json.
+Runs the script as `__main__` under torch.profiler and writes a Chrome trace to TRACE.json, and
+its threads' names to TRACE.json.threads.json.
 """
 
 from __future__ import annotations
 
+import json
 import runpy
 import sys
+from pathlib import Path
 
 
 def main() -> int:
@@ -18,9 +21,13 @@ def main() -> int:
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    from infra_agent.feedback.timeline.profile import all_threads_option
+    from infra_agent.feedback.timeline.profile import (
+        all_threads_option,
+        named_threads,
+        thread_names_path,
+    )
 
-    with profile(activities=activities, **all_threads_option()) as prof:
+    with named_threads() as names, profile(activities=activities, **all_threads_option()) as prof:
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as exc:
@@ -29,6 +36,7 @@ def main() -> int:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     prof.export_chrome_trace(trace)
+    thread_names_path(Path(trace)).write_text(json.dumps(names))
     return 0
 
 

@@ -45,6 +45,8 @@ class TrackSummary(BaseModel):
     idle_us: float
     classes_us: dict[str, float] = Field(default_factory=dict)
     """Class name -> self time (compute, comm, memcpy, host_wait, or user classes)."""
+    top_op: str = ""
+    """The op (not an annotation) with the most self time on this track."""
 
 
 class OpStat(BaseModel):
@@ -108,10 +110,14 @@ class TimelineSummary(BaseModel):
         )
         for t in sorted(self.tracks, key=lambda t: -t.busy_us)[:4]:
             cls = ", ".join(
-                f"{k} {v / t.span_us:.0%}" for k, v in t.classes_us.items() if v > 0 and t.span_us
+                f"{k} {v / t.busy_us:.0%}" for k, v in t.classes_us.items() if v > 0 and t.busy_us
             )
             idle = t.idle_us / t.span_us if t.span_us else 0.0
-            lines.append(f"{'dev' if t.on_device else 'host'} {t.track}: {cls}; idle {idle:.0%}")
+            top = f"; top {t.top_op[:40]}" if t.top_op else ""
+            lines.append(
+                f"{'dev' if t.on_device else 'host'} {t.track}: busy {t.busy_us / 1e3:.3f} ms "
+                f"({cls}){top}; idle {idle:.0%}"
+            )
         lines.append(f"top {self.ops_kind} ops (self time):")
         for op in self.top_ops[:max_ops]:
             lines.append(
@@ -226,10 +232,13 @@ def summarize(
         span = max(e.end_us for e in evs) - min(e.start_us for e in evs)
         busy = total((e.start_us, e.end_us) for e in evs)
         cls_time: dict[str, float] = defaultdict(float)
+        track_ops: dict[str, float] = defaultdict(float)
         for e, self_us in zip(evs, _self_times(evs), strict=True):
             cls_time[_classify(e.name, patterns)] += self_us
-            if e.category not in ANNOTATION_CATEGORIES and e.on_device == has_device:
-                op_samples[e.name].append(self_us)
+            if e.category not in ANNOTATION_CATEGORIES:
+                track_ops[e.name] += self_us
+                if e.on_device == has_device:
+                    op_samples[e.name].append(self_us)
         summary.tracks.append(
             TrackSummary(
                 track=track,
@@ -238,6 +247,7 @@ def summarize(
                 busy_us=busy,
                 idle_us=span - busy,
                 classes_us=dict(cls_time),
+                top_op=max(track_ops, key=track_ops.__getitem__, default=""),
             )
         )
         gap_events = [e for e in evs if e.category not in ANNOTATION_CATEGORIES]

@@ -126,6 +126,86 @@ def test_default_sampler_names_native_code_that_keeps_the_gil(tmp_path: Path, py
     assert main.holding > 0.5 and not report.gil_inferred
 
 
+HASHER = """
+import hashlib, threading, time
+
+BUF = b"x" * (1 << 13)  # hashlib releases the GIL while hashing more than 2047 bytes
+
+def hash_big_buffers():
+    while True:
+        hashlib.sha256(BUF).digest()  # then retakes the GIL inside _hashlib
+
+def spin_in_python():
+    x = 0
+    while True:
+        for i in range(10000):
+            x += i * i
+
+threading.Thread(target=hash_big_buffers, name="hasher", daemon=True).start()
+threading.Thread(target=spin_in_python, name="spinner", daemon=True).start()
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sampler", ["record", "dump"])
+def test_a_thread_retaking_the_gil_inside_a_c_extension_is_waiting(
+    tmp_path: Path, py_spy: None, sampler: str
+) -> None:
+    """After hashing a big buffer without the GIL, `_hashlib` retakes it from the spinner: py-spy
+    shows a timed condition wait called from the extension (it drops take_gil's frames). That is
+    a GIL wait, blamed on the spinner, not idle time."""
+    script = tmp_path / "hasher.py"
+    script.write_text(HASHER)
+    report = trace_command(
+        [str(script)], duration_s=3.0, startup_s=0.5, interval_s=0.1, sampler=sampler
+    )  # type: ignore[arg-type]
+    hasher = next(t for t in report.threads if t.thread == "hasher")
+    assert hasher.waiting > 0.2 and hasher.waiting > hasher.idle, report.render()
+    # (the spinner may wait too, while the hasher holds the GIL between hashes)
+    blame = next(b for b in report.blame if b.waiter == "hasher")
+    # ('nobody' can come first over a trace on a loaded machine, where py-spy skips samples)
+    holders = [e.holder for e in blame.evidence if e.holder != "nobody"]
+    assert holders[0] == "spinner", report.render()
+    assert "thread 'hasher' waits for the GIL" in report.render()
+    assert "_hashlib_openssl_sha256 [" in blame.waiting_at[0]  # the extension retaking it
+    assert "hash_big_buffers (hasher.py:8)" in blame.waiting_at[0]
+
+
+REGEX_HOLDER = """
+import re, threading, time
+
+def io_worker():
+    while True:
+        time.sleep(0.0005)
+
+def scan():
+    while True:
+        re.search(r"(a|aa)*c", "a" * 30)  # backtracks in the regex engine, holding the GIL
+
+threading.Thread(target=io_worker, name="io", daemon=True).start()
+threading.Thread(target=scan, name="scanner", daemon=True).start()
+time.sleep(120)
+"""
+
+
+def test_names_the_native_frame_where_the_gil_holder_spends_its_time(
+    tmp_path: Path, py_spy: None
+) -> None:
+    """The holder's Python frame is one line calling `re.search`; the time goes to the regex
+    engine (`_sre`'s matcher), which the rendering names."""
+    script = tmp_path / "regex_holder.py"
+    script.write_text(REGEX_HOLDER)
+    report = trace_command([str(script)], duration_s=2.0, startup_s=0.5)
+    text = report.render()
+    assert text.startswith("thread 'io' waits for the GIL"), text
+    held = next(e for e in report.blame[0].evidence if e.holder == "scanner")
+    assert held.native_top[0].startswith("sre_") and held.python_stack[1].startswith("scan (")
+    assert "in sre_" in text and "(regex engine) <- search (__init__.py) <- scan (" in text
+    scanner = next(t for t in report.threads if t.thread == "scanner")
+    assert scanner.top_native and scanner.top_native[0].startswith("sre_")
+    assert any(ln.startswith("  scanner:") and "native sre_" in ln for ln in text.splitlines())
+
+
 def _native(name: str, module: str = "/usr/lib/libc.so.6") -> Frame:
     return Frame(name=name, native=True, module=module)
 
@@ -148,6 +228,16 @@ def test_classification_rules() -> None:
     assert classify(s([_native("pthread_cond_wait"), ext, py], active=False)) == "idle"
     assert classify(s([_native("clock_nanosleep"), _native("time_sleep", libpy), py])) == "idle"
     assert classify(s([_native("sgemm_kernel", "/x/libblas.so"), py])) == "running"
+    # an extension retaking the GIL after its work (py-spy drops take_gil's own frames)
+    hashlib_so = "/py/lib-dynload/_hashlib.cpython-311-x86_64-linux-gnu.so"
+    retake = [_native("pthread_cond_timedwait"), _native("py_evp_fromname", hashlib_so), py]
+    assert classify(s(retake, active=False)) == "waiting"
+    from_source = [_native("pthread_cond_timedwait"), _native("EVP_hash", "/b/_hashopenssl.c"), py]
+    assert classify(s(from_source, active=False)) == "waiting"
+    # a timed wait in a library under the extension is that library's own wait
+    pool = [_native("pthread_cond_timedwait"), _native("pool_get", "/x/libpool.so"),
+            _native("py_get", hashlib_so), py]  # fmt: skip
+    assert classify(s(pool, active=False)) == "idle"
 
 
 def test_blame_counts_the_holder_in_the_same_snapshot() -> None:
@@ -165,6 +255,28 @@ def test_blame_counts_the_holder_in_the_same_snapshot() -> None:
         ("B", "A", 1.0)
     ]
     assert r.blame[0].evidence[0].python_stack == ["spin (a.py)"]
+
+
+def test_without_waits_the_culprit_is_where_the_holder_held_the_gil() -> None:
+    """No native frames (non-pausing dumps): no waits, so the culprit is the top holder, at the
+    function it held the GIL in, not the one it spent most samples in (a condition wait)."""
+    dispatch = Frame(name="intranode_dispatch", file="/w/dispatch.py", line=19)
+    wait = Frame(name="Condition.wait", file="/usr/lib/threading.py", line=327)
+    main = [(True, dispatch)] * 4 + [(False, wait)] * 6
+    snaps = [
+        [
+            ThreadSample(thread_id=1, thread_name="MainThread", active=True, owns_gil=gil,
+                         frames=[frame]),
+            ThreadSample(thread_id=2, thread_name="kv", active=True, owns_gil=False, frames=[wait]),
+        ]
+        for gil, frame in main
+    ]  # fmt: skip
+    report = analyze(snaps, method="test", duration_s=1.0)
+    main_row = next(t for t in report.threads if t.thread == "MainThread")
+    assert main_row.top_functions[0].startswith("Condition.wait")
+    assert main_row.holding_in == ["intranode_dispatch (dispatch.py) 100%"]
+    culprit = report.culprit()
+    assert (culprit.thread, culprit.function) == ("MainThread", "dispatch.py:intranode_dispatch")
 
 
 def test_in_process_fallback_is_marked_blind_to_the_gil() -> None:

@@ -15,6 +15,7 @@ from infra_agent.feedback.timeline import (
     intersection_length,
     load_trace,
     profile_callable,
+    profile_script,
     summarize,
 )
 
@@ -44,6 +45,28 @@ def test_exact_overlap_of_synthetic_trace(tmp_path: Path) -> None:
     assert track2.busy_us == 65 and track2.span_us == 95 and track2.idle_us == 30
     # Self time: dispatch [55,100] contains aten::mm [60,90].
     assert s.ops[0].name == "aten::mm" and s.ops[0].total_us == 30
+
+
+def test_host_tracks_are_named_by_thread(tmp_path: Path) -> None:
+    """Workers of one name that ran one after the other share a track; two that overlapped stay
+    apart ('name (tid)'); a thread nobody named keeps 'pid:tid'."""
+    events = [
+        _x("aten::mm", 0, 10, 10, "cpu_op"),
+        _x("aten::copy_", 2, 3, 11, "cpu_op"),  # kv-transfer, first call
+        _x("aten::copy_", 20, 3, 12, "cpu_op"),  # kv-transfer, started anew for the second call
+        _x("aten::add", 0, 5, 13, "cpu_op"),  # two pool threads at once
+        _x("aten::add", 1, 5, 14, "cpu_op"),
+        _x("aten::sum", 0, 1, 15, "cpu_op"),
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    names = {10: "MainThread", 11: "kv-transfer", 12: "kv-transfer", 13: "pool", 14: "pool"}
+    tracks = {t.track: t for t in summarize(load_trace(path, thread_names=names)).tracks}
+    assert set(tracks) == {"MainThread", "kv-transfer", "pool (13)", "pool (14)", "1:15"}
+    assert tracks["kv-transfer"].busy_us == 6.0 and tracks["kv-transfer"].top_op == "aten::copy_"
+    assert {t.track for t in summarize(load_trace(path)).tracks} == {
+        f"1:{i}" for i in range(10, 16)
+    }
 
 
 def test_intersection_sweep_matches_brute_force() -> None:
@@ -79,7 +102,7 @@ def _annotated_program(nested: bool) -> None:
             dispatch_open.wait()
         kv_closed.set()
 
-    t = threading.Thread(target=transfer)
+    t = threading.Thread(target=transfer, name="transfer")
     t.start()
     if not nested:
         kv_open.wait()
@@ -97,7 +120,8 @@ def test_overlap_of_torch_profiler_trace_of_annotated_threads(nested: bool) -> N
     s = summarize(events, overlaps=[("^kv_transfer$", "^dispatch$")])
     kv = [e for e in events if e.name == "kv_transfer"]
     disp = [e for e in events if e.name == "dispatch"]
-    assert len(kv) == 1 and len(disp) == 1 and kv[0].track != disp[0].track
+    assert len(kv) == 1 and len(disp) == 1
+    assert (kv[0].track, disp[0].track) == ("transfer", "MainThread")  # named, not pid:tid
     (o,) = s.overlaps
     if nested:  # kv_transfer ran entirely inside dispatch
         assert o.ratio == 1.0 and o.exposed_a_us == 0.0
@@ -108,6 +132,20 @@ def test_overlap_of_torch_profiler_trace_of_annotated_threads(nested: bool) -> N
         assert o.exposed_a_us == pytest.approx(disp[0].start_us - kv[0].start_us, abs=1e-3)
     assert any(op.name == "aten::mm" for op in s.top_ops)
     assert "overlap 'kv_transfer'" in s.render().replace("^", "").replace("$", "")
+
+
+def test_a_profiled_script_records_its_threads_by_name(tmp_path: Path) -> None:
+    script = tmp_path / "two_threads.py"
+    script.write_text(
+        "import threading, torch\n"
+        "def work():\n    torch.randn(64, 64) @ torch.randn(64, 64)\n"
+        "t = threading.Thread(target=work, name='kv-transfer'); t.start(); t.join()\n"
+        "torch.randn(8).sum()\n"
+    )
+    events = profile_script([str(script)], tmp_path / "trace.json")
+    tracks = {e.track for e in events}
+    assert {"kv-transfer", "MainThread"} <= tracks, tracks
+    assert any(e.name == "aten::mm" and e.track == "kv-transfer" for e in events)
 
 
 def test_warnings_and_diff() -> None:
