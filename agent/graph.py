@@ -29,6 +29,7 @@ from infra_agent.agent.configuration import AgentContext
 from infra_agent.agent.prompts import SYSTEM_PROMPT, task_message
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Message
 from infra_agent.errors import UserError
+from infra_agent.experiments.criteria import criteria_outcome
 from infra_agent.experiments.executors import Executor, ExperimentRequest, run_batch
 from infra_agent.review.apply import apply_approved
 from infra_agent.review.queue import review_outcome, submit_proposal
@@ -208,7 +209,8 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
         usage.experiments += 1
         reused = call.id not in records
         outcomes.append(ExperimentOutcome.of(record, ctx.store.get_patch(record.patch_id), reused=reused))  # fmt: skip
-        text = f"experiment {record.id} on patch {patch.hash[:12]}: {record.result.render()}"
+        criteria = criteria_outcome(ctx.task.manifest, record.result)
+        text = "\n".join([f"experiment {record.id} on patch {patch.hash[:12]}: {record.result.render()}", *criteria])  # fmt: skip
         answers[call.id] = ToolResult(content=f"{text}\n[budget: {usage.left(budget)}]", data={"experiment_id": record.id})  # fmt: skip
     messages = [*state.messages, *(_answer(ctx, call, answers[call.id]) for call in batch)]
     update = {"phase": "experiment", "pending": state.pending[len(batch) :], "messages": messages,
