@@ -12,13 +12,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from infra_agent.tasks.manifest import TaskManifest
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
 
 
-def describe_knobs(ctx: ToolContext) -> list[str]:
+def describe_knobs(manifest: TaskManifest) -> list[str]:
     lines = []
-    for name, knob in ctx.task.manifest.knobs.items():
+    for name, knob in manifest.knobs.items():
         domain = (
             f"one of {knob.choices}"
             if knob.choices is not None
@@ -36,20 +37,31 @@ class DescribeTask(BaseModel):
 
 
 @tool(
-    "describe_task", "The task: story, objective, metric, editable files and knobs.", DescribeTask
+    "describe_task",
+    "The task again as the first message gave it: story, objective, metric, success criteria, "
+    "editable files and knobs.",
+    DescribeTask,
 )
 def describe_task(p: DescribeTask, ctx: ToolContext) -> ToolResult:
-    m = ctx.task.manifest
+    return ToolResult(content=task_description(ctx.task.manifest))
+
+
+def task_description(m: TaskManifest) -> str:
+    """The task in words: what describe_task returns and the first message starts with."""
+    from infra_agent.experiments.criteria import success_criteria
+
     direction = "higher is better" if m.metric.higher_is_better else "lower is better"
     lines = [
         f"task {m.name} ({m.kind}): {m.title}".rstrip(": "),
         f"objective: {m.objective}; metric {m.metric.name} [{m.metric.unit}], {direction}",
         f"story: {m.story.strip()}",
+        "success criteria:",
+        *(f"- {line}" for line in success_criteria(m)),
         f"editable files (globs in workspace/): {', '.join(m.editable) or 'none'}",
     ]
     if m.knobs:
         lines.append("knobs:")
-        lines.extend(describe_knobs(ctx))
+        lines.extend(describe_knobs(m))
     if m.plausible_speedup:
         from infra_agent.experiments.measure import gain_name
 
@@ -57,7 +69,7 @@ def describe_task(p: DescribeTask, ctx: ToolContext) -> ToolResult:
     if m.invariants:
         lines.append("invariants checked on every correctness pass (breaking one is INCORRECT):")
         lines.extend(f"- {name}: {what}" for name, what in m.invariants.items())
-    return ToolResult(content="\n".join(lines))
+    return "\n".join(lines)
 
 
 def _check_and_store(patch: Any, ctx: ToolContext) -> ToolResult:
