@@ -333,15 +333,19 @@ def review(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     for pid, status in current.items():
         if state.review.get(pid) == status:
             continue
-        ctx.log.harness(f"review: proposal {pid} is {status.value}", name="review")
-        if (
-            status is ProposalStatus.CHANGES_REQUESTED
-            and state.revisions < ctx.config.max_revisions
-        ):
-            note = Message(role="user", content="Reviewer feedback:\n" + review_outcome(ctx.store, pid).render())  # fmt: skip
+        told = review_outcome(ctx.store, pid)
+        revise = status is ProposalStatus.CHANGES_REQUESTED and state.revisions < ctx.config.max_revisions  # fmt: skip
+        ends = ""
+        if status is ProposalStatus.CHANGES_REQUESTED and not revise:
+            ends = f"; not sent back: the run has used its {ctx.config.max_revisions} revision(s)"
+        by = f" by {told.reviewer}" if told.reviewer else ""
+        said = f": {told.comment}" if told.comment else ""
+        ctx.log.harness(f"review: proposal {pid} is {status.value}{by}{said}{ends}", name="review")
+        if revise:
+            note = Message(role="user", content="Reviewer feedback:\n" + told.render())
             ctx.log.message(note)
             update |= {"messages": [*state.messages, note], "revisions": state.revisions + 1,
-                       "stop_reason": None, "finish_summary": ""}  # fmt: skip
+                       "stop_reason": None, "finish_summary": "", "last_turn": False}  # fmt: skip
     return update
 
 
