@@ -116,9 +116,10 @@ def propose(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
     if message.tool_calls:
         update["pending"] = list(message.tool_calls)
         return _timed(update, state, started)
+    offered = [FINISH_TOOL] if state.last_turn else ctx.tools.names()
     error = (
         "your reply called no tool. Every reply must call at least one of the tools "
-        f"({', '.join(ctx.tools.names())}) with JSON arguments; call finish to stop."
+        f"({', '.join(offered)}) with JSON arguments; call finish to stop."
     )
     note = Message(role="user", content=f"error: {error}")
     ctx.log.message(note, error=error)

@@ -91,11 +91,15 @@ def test_a_used_up_turn_budget_leaves_one_reply_that_may_only_finish(
 
 
 def test_a_last_reply_without_finish_ends_the_run_as_before(tmp_path: Path, seen: Seen) -> None:
-    outcome = _run(tmp_path, [READ, LIST, READ, LIST, LIST], Budget(turns=2))
+    outcome = _run(tmp_path, [READ, LIST, {"content": "done"}, LIST, LIST], Budget(turns=2))
 
     assert len(seen) == 3 and seen[2][0] == ["finish"]
     assert outcome.stop_reason == "turn budget used (3/2)"
-    assert _assistant_calls(tmp_path / "runs.db", outcome.run_id) == [["read_file"], ["list_files"], ["read_file"]]  # fmt: skip
+    assert _assistant_calls(tmp_path / "runs.db", outcome.run_id) == [["read_file"], ["list_files"], []]  # fmt: skip
+    store = open_store(tmp_path / "runs.db")
+    *_, note = [s for s in store.steps(outcome.run_id) if s.role == "user"]
+    store.close()
+    assert note.error is not None and "at least one of the tools (finish)" in note.error
 
 
 def test_the_search_policy_finishes_in_its_last_reply(tmp_path: Path) -> None:
