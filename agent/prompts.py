@@ -51,7 +51,7 @@ def _package_tree(task: Task, names: list[str]) -> list[str]:
     ]
     counts = Counter(n.split("/")[1] + ("/" if n.count("/") > 1 else "") for n in names)
     top = names[0].split("/")[0] if names else ""
-    entries = [f"{top}/{k}  ({n} files)" if k.endswith("/") else f"{top}/{k}" for k, n in sorted(counts.items())]  # fmt: skip
+    entries = [f"{top}/{k}  ({n} file{'s' * (n != 1)})" if k.endswith("/") else f"{top}/{k}" for k, n in sorted(counts.items())]  # fmt: skip
     return lines + _bounded(entries)
 
 
