@@ -6,8 +6,11 @@
 `propose` asks the policy for the next reply; `tools` answers its instant tool calls; `experiment`
 verifies the reply's patches, one per step (each checkpointed when done) or, with an executor,
 all at once, each admitted by the same budget check; `reflect` keeps the best proven result and
-decides whether to go on; `submit` sends the best IMPROVED patch to the review queue; `review`
-waits for the human (LangGraph `interrupt`); `apply` applies what was approved. The run record
+decides whether to go on (when a budget runs out the policy gets one last reply, offered only
+`finish`, to see the final results and write its summary); `submit` sends the best IMPROVED
+patch to the review queue; `review` waits for the human (LangGraph `interrupt`): requested
+changes go back to the policy, a rejection ends the run (logged with the reviewer's comment);
+`apply` applies what was approved. The run record
 is the runner's to keep. Each side effect is looked up in the store before it is repeated: a
 resumed run never re-runs an experiment or re-submits a proposal.
 """
@@ -26,6 +29,7 @@ from infra_agent.agent.configuration import AgentContext
 from infra_agent.agent.prompts import SYSTEM_PROMPT, task_message
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Message
 from infra_agent.errors import UserError
+from infra_agent.experiments.criteria import criteria_outcome
 from infra_agent.experiments.executors import Executor, ExperimentRequest, run_batch
 from infra_agent.review.apply import apply_approved
 from infra_agent.review.queue import review_outcome, submit_proposal
@@ -36,6 +40,12 @@ from infra_agent.tools.base import ToolResult
 
 EXPERIMENT_TOOL = "run_experiment"
 FINISH_TOOL = "finish"
+LAST_TURN_REFUSAL = "the budget is used up; only finish is available in this last reply"
+LAST_TURN_NOTE = (
+    "The budget is used up ({reason}). This is your last reply and only finish is available: "
+    "call finish(summary) with what the experiments above proved, what did not work and why, "
+    "and what you would try next. The best IMPROVED patch goes to a human reviewer."
+)
 
 
 def _ctx(runtime: Runtime[AgentContext]) -> AgentContext:
@@ -62,7 +72,9 @@ def baseline(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any
         return {"phase": "baseline"}
     ctx.on_event("baseline")
     system = Message(role="system", content=SYSTEM_PROMPT)
-    task = task_message(ctx.task, ctx.config.objective, ctx.config.budget, ctx.fingerprint)
+    task = task_message(
+        ctx.task, ctx.config.objective, ctx.config.budget, ctx.fingerprint, ctx.config.params
+    )
     user = Message(role="user", content=task)
     if not ctx.store.steps(state.run_id):  # a resume after a crash here must not log twice
         ctx.log.message(system)
@@ -80,7 +92,10 @@ def propose(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
     """Ask the policy for its next reply; log it (and every failed request) as it comes."""
     ctx, started = _ctx(runtime), time.monotonic()
     ctx.on_event(f"asking the {ctx.policy.name} policy")
-    turn = ctx.policy.next_turn(state, ctx.tools.schemas())
+    schemas = ctx.tools.schemas()
+    if state.last_turn:  # the budget is used up: only the summary is left to write
+        schemas = [s for s in schemas if s["function"]["name"] == FINISH_TOOL]
+    turn = ctx.policy.next_turn(state, schemas)
     usage = state.usage.model_copy()
     usage.tokens += turn.prompt_tokens + turn.completion_tokens
     usage.cost_usd += turn.cost_usd
@@ -103,9 +118,10 @@ def propose(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
     if message.tool_calls:
         update["pending"] = list(message.tool_calls)
         return _timed(update, state, started)
+    offered = [FINISH_TOOL] if state.last_turn else ctx.tools.names()
     error = (
         "your reply called no tool. Every reply must call at least one of the tools "
-        f"({', '.join(ctx.tools.names())}) with JSON arguments; call finish to stop."
+        f"({', '.join(offered)}) with JSON arguments; call finish to stop."
     )
     note = Message(role="user", content=f"error: {error}")
     ctx.log.message(note, error=error)
@@ -136,7 +152,10 @@ def tools(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
             continue
         valid += 1
         tool, params = parsed
-        if tool.name == EXPERIMENT_TOOL:
+        if state.last_turn and tool.name != FINISH_TOOL:
+            refused = ToolResult.failure(f"not run: {LAST_TURN_REFUSAL}")
+            messages.append(_answer(ctx, call, refused))
+        elif tool.name == EXPERIMENT_TOOL:
             deferred.append(call)
         elif tool.name == FINISH_TOOL:
             update["stop_reason"] = f"the {ctx.policy.name} policy called finish"
@@ -181,6 +200,9 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
     stored = {e.patch_id: e for e in ctx.store.experiments(state.run_id)}
     todo = [(c, p) for c, p in admitted if p.hash not in stored]
     records = _run(ctx, state, todo, ctx.executor if parallel else None)
+    # The budget line below counts the time these experiments just took.
+    usage.wall_s += time.monotonic() - started
+    started = time.monotonic()
     outcomes = list(state.experiments)
     for call, patch in admitted:
         record = records.get(call.id) or stored.get(patch.hash)
@@ -190,7 +212,8 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
         usage.experiments += 1
         reused = call.id not in records
         outcomes.append(ExperimentOutcome.of(record, ctx.store.get_patch(record.patch_id), reused=reused))  # fmt: skip
-        text = f"experiment {record.id} on patch {patch.hash[:12]}: {record.result.render()}"
+        criteria = criteria_outcome(ctx.task.manifest, record.result)
+        text = "\n".join([f"experiment {record.id} on patch {patch.hash[:12]}: {record.result.render()}", *criteria])  # fmt: skip
         answers[call.id] = ToolResult(content=f"{text}\n[budget: {usage.left(budget)}]", data={"experiment_id": record.id})  # fmt: skip
     messages = [*state.messages, *(_answer(ctx, call, answers[call.id]) for call in batch)]
     update = {"phase": "experiment", "pending": state.pending[len(batch) :], "messages": messages,
@@ -244,9 +267,18 @@ def best_improved(state: AgentState) -> ExperimentOutcome | None:
 
 
 def reflect(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    """Keep the best proven result; stop at the first limit reached or when the policy finished."""
+    """Keep the best proven result; stop at the first limit reached or when the policy finished.
+    The first time a budget runs out the policy gets one last reply instead (only `finish`
+    offered), so that it sees the last result and writes its summary; then the run stops."""
     ctx = _ctx(runtime)
     reason = state.stop_reason or state.usage.exhausted(ctx.budget(state))
+    if reason and not state.stop_reason and not state.last_turn:
+        note = Message(role="user", content=LAST_TURN_NOTE.format(reason=reason))
+        ctx.log.message(note)
+        left = state.usage.left(ctx.budget(state))
+        ctx.log.harness(f"decision: last reply (only finish): {reason}; {left}", name="decision")
+        return {"phase": "reflect", "stop_reason": None, "last_turn": True,
+                "messages": [*state.messages, note]}  # fmt: skip
     if reason or state.phase == "experiment":  # after each experiment, and when stopping
         best = best_improved(state)
         best_text = (
@@ -304,15 +336,19 @@ def review(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     for pid, status in current.items():
         if state.review.get(pid) == status:
             continue
-        ctx.log.harness(f"review: proposal {pid} is {status.value}", name="review")
-        if (
-            status is ProposalStatus.CHANGES_REQUESTED
-            and state.revisions < ctx.config.max_revisions
-        ):
-            note = Message(role="user", content="Reviewer feedback:\n" + review_outcome(ctx.store, pid).render())  # fmt: skip
+        told = review_outcome(ctx.store, pid)
+        revise = status is ProposalStatus.CHANGES_REQUESTED and state.revisions < ctx.config.max_revisions  # fmt: skip
+        ends = ""
+        if status is ProposalStatus.CHANGES_REQUESTED and not revise:
+            ends = f"; not sent back: the run has used its {ctx.config.max_revisions} revision(s)"
+        by = f" by {told.reviewer}" if told.reviewer else ""
+        said = f": {told.comment}" if told.comment else ""
+        ctx.log.harness(f"review: proposal {pid} is {status.value}{by}{said}{ends}", name="review")
+        if revise:
+            note = Message(role="user", content="Reviewer feedback:\n" + told.render())
             ctx.log.message(note)
             update |= {"messages": [*state.messages, note], "revisions": state.revisions + 1,
-                       "stop_reason": None, "finish_summary": ""}  # fmt: skip
+                       "stop_reason": None, "finish_summary": "", "last_turn": False}  # fmt: skip
     return update
 
 

@@ -131,9 +131,10 @@ class Usage(BaseModel):
 
     def left(self, budget: Budget) -> str:
         return (
-            f"{budget.experiments - self.experiments} experiments, "
-            f"{max(0.0, budget.wall_s - self.wall_s):.0f} s, {budget.tokens - self.tokens} tokens, "
-            f"{budget.turns - self.turns} turns left"
+            f"{max(0, budget.experiments - self.experiments)} experiments, "
+            f"{max(0.0, budget.wall_s - self.wall_s):.0f} s, "
+            f"{max(0, budget.tokens - self.tokens)} tokens, "
+            f"{max(0, budget.turns - self.turns)} turns left"
         )
 
 
@@ -166,6 +167,9 @@ class AgentState:
     """Consecutive model requests that failed after retries (transport, rate limit, timeout)."""
     stop_reason: str | None = None
     """Why the search stopped (budget, the model called finish, no more candidates)."""
+    last_turn: bool = False
+    """The budget ran out and the policy was given its one last reply (only `finish` offered) to
+    see the final results and write its summary."""
     finish_summary: str = ""
     """The policy's own summary when it called finish."""
     proposals: list[str] = field(default_factory=list)

@@ -115,6 +115,7 @@ def register(app: typer.Typer) -> None:
         """Verify a patch against its task's baseline and print the verdict with its evidence."""
         from infra_agent.context import current
         from infra_agent.experiments.cascade import run_experiment
+        from infra_agent.experiments.criteria import criteria_outcome
         from infra_agent.output import emit, err_console
         from infra_agent.tasks.patch import load_patch
         from infra_agent.tasks.registry import find_task
@@ -153,6 +154,8 @@ def register(app: typer.Typer) -> None:
 
         def render(console: Console) -> None:
             console.print(record.result.render())
+            for line in criteria_outcome(found.manifest, record.result):
+                console.print(line, markup=False, highlight=False)
             console.print(f"[dim]recorded as {record.id} ({record.duration_s:.1f} s)[/dim]")
 
         emit(report, render, as_json=as_json)

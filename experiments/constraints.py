@@ -46,15 +46,20 @@ def check(
     constraint: Constraint,
     verdict: Verdict,
     reasons: list[str],
+    metrics: dict[str, float] | None = None,
 ) -> Verdict:
     """Check one constraint; returns the verdict it leaves. Shown satisfied: the whole 95%
     interval of its ratio within the limit. Shown broken (the whole interval beyond it):
-    REGRESSED. Neither: 'constraint not shown satisfied', never IMPROVED."""
+    REGRESSED. Neither: 'constraint not shown satisfied', never IMPROVED. The ratio and its
+    interval go into `metrics` (`<metric>_ratio`, `_ratio_low`, `_ratio_high`)."""
     found = constraint_interval(baseline, candidate, constraint)
     if found is None:
         reasons.append(f"constraint metric '{constraint.metric}' was not measured by the harness")
         return Verdict.FAILED
     ratio, ratio_low, ratio_high = found
+    if metrics is not None:
+        name = constraint.metric
+        metrics |= {f"{name}_ratio": ratio, f"{name}_ratio_low": ratio_low, f"{name}_ratio_high": ratio_high}  # fmt: skip
     bm, km = median(baseline[constraint.metric]), median(candidate[constraint.metric])
     numbers = (
         f"{constraint.metric} median {bm:.4g} -> {km:.4g} (ratio {ratio:.3f}, 95% CI "

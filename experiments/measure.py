@@ -321,7 +321,9 @@ def decide(
     # constraint's outcome says nothing of its precision), and its companion.
     seen = ([], []) if metric.events is not None else resolution(m, manifest, verdict)
     for constraint in manifest.constraints:
-        verdict = constraints.check(m.baseline, m.candidate, constraint, verdict, reasons)
+        verdict = constraints.check(m.baseline, m.candidate, constraint, verdict, reasons, medians)
+    if metric.events is not None:  # what a rate target is judged on (experiments.criteria)
+        medians["candidate_rate_upper"] = _pooled(m.baseline, m.candidate, manifest).candidate_upper
     if metric.events is None:  # right after the main reason
         reasons[1:1] = seen[1] + companion(m, manifest, medians)
     return verdict, reasons, flags + seen[0], medians

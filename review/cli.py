@@ -273,7 +273,9 @@ def reject(
     comment: Annotated[str, typer.Option("--comment", help="Why, for the audit log and the agent.")] = "",
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
-    """Reject a proposal (a waiting agent run is resumed and told)."""
+    """Reject a proposal. A run waiting for this review resumes and ends (nothing is applied);
+    the decision and comment go into its run log (`runs show`), not to the model: use
+    request-changes to send the agent back to work."""
     _decide(proposal_id, "reject", reviewer, patch_hash, comment, None, None, True, as_json)
 
 
@@ -283,7 +285,9 @@ def request_changes(
     comment: Annotated[str, typer.Option("--comment", help="What the agent should change (required).")],
     reviewer: ReviewerOpt = None, patch_hash: HashOpt = None, as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
-    """Send a proposal back to the agent with a comment it receives as a tool result."""
+    """Send a proposal back to the agent: the waiting run resumes, the model reads the comment
+    as a message and gets 2 more experiments and 10 more replies (at most max_revisions times a
+    run, 1 by default; beyond that the run ends and the request is only logged)."""
     _decide(
         proposal_id, "request_changes", reviewer, patch_hash, comment, None, None, True, as_json
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
@@ -10,7 +11,7 @@ from infra_agent.config import masked
 from infra_agent.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit
-from infra_agent.store.records import StepRecord
+from infra_agent.store.records import ProposalStatus, RunRecord, StepRecord
 
 runs_app = typer.Typer(help="Recorded runs in the run store.", no_args_is_help=True)
 config_app = typer.Typer(help="The effective configuration.", no_args_is_help=True)
@@ -26,23 +27,34 @@ def _store_or_none():  # type: ignore[no-untyped-def]
     return inv.store(readonly=True)
 
 
+class ListedRun(RunRecord):
+    """A run as `runs list` shows it: its record and where review left its proposals."""
+
+    review: dict[str, ProposalStatus] = Field(default_factory=dict)
+    """Proposal id -> its status (pending, approved, rejected, changes_requested, applied)."""
+
+
 @runs_app.command("list")
 def list_runs(
     limit: int = typer.Option(50, "--limit", help="Most recent N runs."), as_json: bool = JSON_OPT
 ) -> None:
-    """List recorded runs, newest first."""
+    """List recorded runs, newest first, with the review outcome of their proposals."""
     store = _store_or_none()
-    runs = store.list_runs(limit) if store is not None else []
+    runs = [
+        ListedRun(**r.model_dump(), review={p.id: p.status for p in store.proposals(run_id=r.id)})
+        for r in (store.list_runs(limit) if store is not None else [])
+    ]
 
     def render(console: Console) -> None:
         if not runs:
             console.print("No runs recorded yet.")
             return
-        table = Table("task", "objective", "policy", "status", "started", "summary")
+        table = Table("task", "objective", "policy", "status", "review", "started", "summary")
         table.add_column("run", no_wrap=True)
         for r in runs:
+            review = ", ".join(s.value for s in r.review.values()) or "-"
             table.add_row(
-                r.task, r.objective, r.policy, r.status.value,
+                r.task, r.objective, r.policy, r.status.value, review,
                 r.created_at.strftime("%Y-%m-%d %H:%M"), r.summary[:40], r.id,
             )  # fmt: skip
         console.print(table)

@@ -76,6 +76,28 @@ class Constraint(BaseModel):
     higher_is_better: bool = False
 
 
+class Target(BaseModel):
+    """A number the story calls fixed (e.g. 'transfer overhead below 5%'), stated in the first
+    message and checked beside every verdict; it does not decide the verdict. Exactly one of
+    `below`, `above` (the candidate's median of a sample key) or `gain` (the improvement factor
+    on the task's metric, its 95% interval's low end)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str
+    """Key in the harness's sample dict (the task's metric for `gain`)."""
+    below: float | None = None
+    above: float | None = None
+    gain: float | None = None
+    """At least this improvement factor over baseline (1.5: 1.5x faster), shown at 95%."""
+
+    @model_validator(mode="after")
+    def _one(self) -> Target:
+        if sum(v is not None for v in (self.below, self.above, self.gain)) != 1:
+            raise ValueError(f"target '{self.metric}' sets exactly one of below, above, gain")
+        return self
+
+
 class Knob(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -196,6 +218,8 @@ class TaskManifest(BaseModel):
     objectives: list[Objective] = Field(default_factory=list)
     metric: Metric
     constraints: list[Constraint] = Field(default_factory=list)
+    targets: list[Target] = Field(default_factory=list)
+    """What the story calls fixed, as numbers (stated with every verdict, not deciding it)."""
     editable: list[str]
     """Glob patterns (relative to workspace/) a patch may modify."""
     knobs: dict[str, Knob] = Field(default_factory=dict)
@@ -233,6 +257,9 @@ class TaskManifest(BaseModel):
             self.objectives = [self.objective]
         for name, knob in self.knobs.items():
             knob.validate_value(name, knob.default)
+        for target in self.targets:
+            if target.gain is not None and target.metric != self.metric.name:
+                raise ValueError(f"a gain target is on the task's metric '{self.metric.name}'")
         return self
 
 

@@ -12,13 +12,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from infra_agent.tasks.manifest import Task, TaskManifest
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
 
 
-def describe_knobs(ctx: ToolContext) -> list[str]:
+def describe_knobs(manifest: TaskManifest) -> list[str]:
     lines = []
-    for name, knob in ctx.task.manifest.knobs.items():
+    for name, knob in manifest.knobs.items():
         domain = (
             f"one of {knob.choices}"
             if knob.choices is not None
@@ -36,20 +37,33 @@ class DescribeTask(BaseModel):
 
 
 @tool(
-    "describe_task", "The task: story, objective, metric, editable files and knobs.", DescribeTask
+    "describe_task",
+    "The task again as the first message gave it: story, objective, metric, success criteria, "
+    "editable files and knobs.",
+    DescribeTask,
 )
 def describe_task(p: DescribeTask, ctx: ToolContext) -> ToolResult:
-    m = ctx.task.manifest
+    text = task_description(ctx.task.manifest)
+    workload = published_workload(ctx.task, ctx.params)
+    return ToolResult(content=f"{text}\n{workload}" if workload else text)
+
+
+def task_description(m: TaskManifest) -> str:
+    """The task in words: what describe_task returns and the first message starts with."""
+    from infra_agent.experiments.criteria import success_criteria
+
     direction = "higher is better" if m.metric.higher_is_better else "lower is better"
     lines = [
         f"task {m.name} ({m.kind}): {m.title}".rstrip(": "),
         f"objective: {m.objective}; metric {m.metric.name} [{m.metric.unit}], {direction}",
         f"story: {m.story.strip()}",
+        "success criteria:",
+        *(f"- {line}" for line in success_criteria(m)),
         f"editable files (globs in workspace/): {', '.join(m.editable) or 'none'}",
     ]
     if m.knobs:
         lines.append("knobs:")
-        lines.extend(describe_knobs(ctx))
+        lines.extend(describe_knobs(m))
     if m.plausible_speedup:
         from infra_agent.experiments.measure import gain_name
 
@@ -57,21 +71,19 @@ def describe_task(p: DescribeTask, ctx: ToolContext) -> ToolResult:
     if m.invariants:
         lines.append("invariants checked on every correctness pass (breaking one is INCORRECT):")
         lines.extend(f"- {name}: {what}" for name, what in m.invariants.items())
-    workload = _workload(ctx)
-    if workload is not None:
-        lines.append(workload.render())
-    return ToolResult(content="\n".join(lines))
+    return "\n".join(lines)
 
 
-def _workload(ctx: ToolContext) -> Any:
-    """What run_experiment measures (tools.workload), or None when the harness cannot say."""
+def published_workload(task: Task, params: dict[str, Any]) -> str:
+    """What run_experiment measures, in a few lines (tools.workload), or '' when the harness
+    cannot say: describe_task and the first message show it."""
     from infra_agent.errors import UserError
-    from infra_agent.tools.workload import task_workload
+    from infra_agent.tools.workload import workload_of
 
     try:
-        return task_workload(ctx)
+        return workload_of(task, params).render()
     except UserError:
-        return None
+        return ""
 
 
 def check_and_store(patch: Any, ctx: ToolContext) -> ToolResult:

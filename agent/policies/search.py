@@ -248,11 +248,13 @@ class SearchPolicy:
                 return
 
     def next_turn(self, state: AgentState, tools: list[dict[str, Any]]) -> ModelTurn:
-        configs = self.next_configs(state)
+        last = {t["function"]["name"] for t in tools} == {"finish"}  # the budget is used up
+        configs = [] if last else self.next_configs(state)
         incumbent, speedup = self.incumbent(state)
         best = canonical(incumbent, self.manifest) or "task defaults"
         if not configs:
-            summary = f"{self.strategy} search done: every candidate measured; best {best} ({speedup:.3f}x)"
+            done = "budget used" if last else "every candidate measured"
+            summary = f"{self.strategy} search done: {done}; best {best} ({speedup:.3f}x)"
             call = ToolCall(
                 id=f"search_{len(state.messages)}_finish",
                 name="finish",

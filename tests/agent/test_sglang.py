@@ -65,14 +65,15 @@ def test_llm_policy_against_a_real_sglang_endpoint(tmp_path: Path) -> None:
                 "llm.endpoint.timeout_s": 120,
             }
         )
-        config = RunConfig(
-            task="decode-split-norm",
+        config = RunConfig(  # a small prompt: the tiny model's context is 8192 tokens
+            task="example-matmul",
             policy="llm",
-            budget=Budget(experiments=1, turns=3, wall_s=600),
+            feedback="sparse",
+            budget=Budget(experiments=1, turns=2, wall_s=600),  # 2 replies, then the last one
         )
         outcome = start_run(config, settings)
     assert outcome.status == "finished", outcome
-    assert outcome.stop_reason is not None and "budget" in outcome.stop_reason
+    assert outcome.stop_reason == "turn budget used (3/2)"  # the last reply did not finish
     assert outcome.usage.turns == 3 and outcome.usage.tokens > 0
     store = open_store(db)
     steps = store.steps(outcome.run_id)

@@ -1,0 +1,57 @@
+"""A realistic trajectory replayed on decode-split-norm with the scripted policy (the stand-in for
+the paid endpoint): the model starts from the first message alone (no describe_task), reads the
+kernel, proposes the fix, verifies it with its one experiment, and writes its summary in the last
+reply the used-up budget leaves it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infra_agent.agent.configuration import RunConfig
+from infra_agent.agent.runner import start_run
+from infra_agent.agent.state import Budget
+from infra_agent.config import load_settings
+from infra_agent.store import open_store
+from infra_agent.tasks.manifest import load_task
+from infra_agent.tools.patching import task_description
+
+
+@pytest.mark.slow
+def test_a_replayed_trajectory_starts_from_the_first_message_and_ends_with_its_summary(
+    quick_task: Path, tmp_path: Path
+) -> None:
+    diff = (quick_task / "reference.patch").read_text()
+    summary = "each split keeps its own max and sum; one log-sum-exp merge at the end"
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([
+        {"reasoning_content": "The first message shows every split normalizing over the whole "
+                              "sequence; confirm where.",
+         "tool_calls": [{"name": "read_file", "arguments": {"path": "attention.py", "max_lines": 80}}]},
+        {"tool_calls": [{"name": "propose_patch", "arguments": {"diff": diff, "rationale": "one pass per split"}}]},
+        {"tool_calls": [{"name": "run_experiment", "arguments": {"patch_id": "{{last_patch_id}}"}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": summary}}]},
+    ]))  # fmt: skip
+    db = tmp_path / "runs.db"
+    config = RunConfig(task=str(quick_task), policy="scripted", script=str(script),
+                       budget=Budget(experiments=1, turns=10))  # fmt: skip
+    outcome = start_run(config, load_settings(overrides={"store.db": str(db)}))
+
+    store = open_store(db)
+    steps = store.steps(outcome.run_id)
+    proposals = store.proposals(run_id=outcome.run_id)
+    store.close()
+    first = next(s.content for s in steps if s.role == "user")
+    assert task_description(load_task(quick_task).manifest) in first
+    assert "Workspace files:\nattention.py  (editable)\ndecode_server.py  (editable)" in first
+    assert "def split_decode_attention" in first  # the kernel inline
+    verdict = next(s.content for s in steps if s.name == "run_experiment")
+    assert (
+        "task criteria:\n- target speedup >= 1.5x: " in verdict
+        and "[budget: 0 experiments" in verdict
+    )
+    assert [e.verdict.value for e in outcome.experiments] == ["IMPROVED"], verdict
+    assert outcome.stop_reason == "the scripted policy called finish"
+    assert [p.rationale for p in proposals] == [summary]  # the summary written after the result

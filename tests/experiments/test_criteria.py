@@ -1,0 +1,105 @@
+"""The task's success criteria beside every verdict: each target and constraint, met or not, with
+its number (synthetic measurements decided by the real rule; every assertion is deterministic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra_agent.experiments import rates
+from infra_agent.experiments.criteria import criteria_outcome, success_criteria
+from infra_agent.experiments.measure import Measurement, decide, evidence
+from infra_agent.feedback.bench import compare_samples
+from infra_agent.store.verdict import Evidence, ExperimentResult, Verdict
+from infra_agent.tasks.manifest import TaskManifest
+from infra_agent.tasks.registry import find_task
+
+BASE = [10.0 + 0.1 * (i % 5) for i in range(20)]
+
+
+def result_of(manifest: TaskManifest, cand: list[float], **extra: tuple[list[float], list[float]]) -> ExperimentResult:  # fmt: skip
+    """Decide a synthetic measurement of `manifest`'s metric (step times) and store it as a result."""
+    m = Measurement(compare_samples(BASE, cand, higher_is_better=False, paired=True))
+    name = manifest.metric.name
+    m.baseline = {name: BASE, **{k: b for k, (b, _) in extra.items()}}
+    m.candidate = {name: cand, **{k: c for k, (_, c) in extra.items()}}
+    verdict, reasons, flags, metrics = decide(m, manifest)
+    return ExperimentResult(
+        task=manifest.name, patch_id="p", verdict=verdict, reasons=reasons, flags=flags,
+        evidence=Evidence(performance=evidence(m, manifest), metrics=metrics),
+    )  # fmt: skip
+
+
+def test_the_story_target_of_kv_transfer_gil_is_checked() -> None:
+    """ "Fixed: transfer overhead on step time below 5%": the model used to build its own check."""
+    manifest = find_task("kv-transfer-gil").manifest
+    assert "target transfer_overhead_pct below 5 (candidate median)" in success_criteria(manifest)
+    fixed = result_of(manifest, [b * 0.75 for b in BASE], transfer_overhead_pct=([31.0] * 20, [3.1] * 20))  # fmt: skip
+    assert criteria_outcome(manifest, fixed) == [
+        "task criteria:", "- target transfer_overhead_pct < 5: met (3.1; baseline 31)"
+    ]  # fmt: skip
+    half = result_of(manifest, [b * 0.9 for b in BASE], transfer_overhead_pct=([31.0] * 20, [12.0] * 20))  # fmt: skip
+    assert "- target transfer_overhead_pct < 5: not met (12; baseline 31)" in criteria_outcome(manifest, half)  # fmt: skip
+    blind = result_of(manifest, [b * 0.9 for b in BASE])
+    assert "not measured (the harness did not report transfer_overhead_pct)" in criteria_outcome(manifest, blind)[1]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("factor", "met"), [(0.5, "met"), (0.8, "not met"), (0.66, "not shown")]
+)  # fmt: skip
+def test_a_gain_target_is_met_only_when_its_interval_shows_it(factor: float, met: str) -> None:
+    manifest = find_task("decode-split-norm").manifest
+    noisy = [b * factor * (0.8 + 0.4 * (i % 3) / 2) for i, b in enumerate(BASE)]
+    result = result_of(manifest, noisy if met == "not shown" else [b * factor for b in BASE])
+    perf = result.evidence.performance
+    assert perf is not None
+    if met == "not shown":  # the point estimate reaches 1.5x, the interval's low end does not
+        assert perf.speedup >= 1.5 > perf.ci_low, perf
+    [line] = criteria_outcome(manifest, result)[1:]
+    assert line.startswith(f"- target speedup >= 1.5x: {met} ({perf.speedup:.3f}x, 95% CI "), line
+
+
+def _rate_result(manifest: TaskManifest, events: list[int], rps: list[float]) -> ExperimentResult:
+    """pd-kv-reuse-race measured: the baseline's 13 corruptions in 12,000 requests at 100
+    requests/s against the candidate's `events` at `rps`."""
+
+    def arm(found: list[int], speed: list[float]) -> dict[str, list[float]]:
+        return {"corruptions_per_10k": [e / 0.15 for e in found], "corruptions": [float(e) for e in found],
+                "requests": [1500.0] * 8, "requests_per_s": speed}  # fmt: skip
+
+    m = Measurement(compare_samples([1.0] * 3, [1.0] * 3, higher_is_better=False))
+    m.baseline, m.candidate = arm([2, 1, 3, 0, 2, 1, 2, 2], [100.0] * 8), arm(events, rps)
+    pooled = rates.pooled(m.baseline, m.candidate, "corruptions", "requests", 1e4)
+    m.comparison = rates.as_comparison(pooled, 8, manifest.min_effect)
+    verdict, reasons, flags, metrics = decide(m, manifest)
+    return ExperimentResult(
+        task=manifest.name, patch_id="p", verdict=verdict, reasons=reasons, flags=flags,
+        evidence=Evidence(performance=evidence(m, manifest), metrics=metrics),
+    )  # fmt: skip
+
+
+def test_a_rate_target_and_a_constraint_state_their_numbers() -> None:
+    manifest = find_task("pd-kv-reuse-race").manifest
+    assert success_criteria(manifest)[1:] == [
+        "target corruptions_per_10k below 3 per 10k (the candidate's 95% upper bound)",
+        "constraint requests_per_s at most 1.2x worse than baseline (the 95% interval of the "
+        "ratio within it)",
+    ]
+    within = [100.0 * (0.99 + 0.02 * (i % 3) / 2) for i in range(8)]
+    fixed = _rate_result(manifest, [0] * 8, within)
+    assert fixed.verdict is Verdict.IMPROVED, fixed.reasons
+    assert criteria_outcome(manifest, fixed)[1] == "- target corruptions_per_10k < 3 per 10k (95% upper bound): met (2.5)"  # fmt: skip
+    assert criteria_outcome(manifest, fixed)[2].startswith("- constraint requests_per_s ratio to baseline <= 1.2: met (ratio 1.0")  # fmt: skip
+    slow = _rate_result(manifest, [1, 0, 1, 0, 0, 1, 0, 0], [60.0 + i % 2 for i in range(8)])
+    lines = criteria_outcome(manifest, slow)
+    assert lines[1].startswith("- target corruptions_per_10k < 3 per 10k (95% upper bound): not met (")  # fmt: skip
+    assert lines[2].startswith("- constraint requests_per_s ratio to baseline <= 1.2: broken (ratio 1.6")  # fmt: skip
+
+
+def test_a_result_without_measurement_says_so_and_a_task_without_criteria_adds_nothing() -> None:
+    manifest = find_task("kv-transfer-gil").manifest
+    failed = ExperimentResult(task="t", patch_id="p", verdict=Verdict.INCORRECT, reasons=["x"],
+                              evidence=Evidence(stage_reached="correctness"))  # fmt: skip
+    assert criteria_outcome(manifest, failed) == [
+        "task criteria: not measured (the experiment stopped at the correctness stage)"
+    ]
+    assert criteria_outcome(find_task("example-matmul").manifest, failed) == []
