@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from langgraph.runtime import Runtime
 from pydantic import BaseModel, Field, field_validator
 
 from infra_agent.agent.model.dialects import dialect_of
@@ -154,3 +155,9 @@ class AgentContext:
         return b.model_copy(
             update={"experiments": b.experiments + 2 * extra, "turns": b.turns + 10 * extra}
         )
+
+
+def run_context(runtime: Runtime[AgentContext]) -> AgentContext:
+    """The run's context inside a graph node."""
+    assert runtime.context is not None
+    return runtime.context

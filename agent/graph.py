@@ -7,11 +7,9 @@
 verifies the reply's patches, one per step (each checkpointed when done) or, with an executor,
 all at once, each admitted by the same budget check; `reflect` keeps the best proven result and
 decides whether to go on (when a budget runs out the policy gets one last reply, offered only
-`finish`, to see the final results and write its summary); `submit` sends the best IMPROVED
-patch to the review queue; `review` waits for the human (LangGraph `interrupt`): requested
-changes go back to the policy, a rejection ends the run (logged with the reviewer's comment);
-`apply` applies what was approved. The run record
-is the runner's to keep. Each side effect is looked up in the store before it is repeated: a
+`finish`, to see the final results and write its summary); `submit`, `review` and `apply` hand
+the best IMPROVED patch to a person and apply what was approved (agent/handoff.py). The run
+record is the runner's to keep. Each side effect is looked up in the store before it is repeated: a
 resumed run never re-runs an experiment or re-submits a proposal.
 """
 
@@ -23,34 +21,20 @@ from typing import Any
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
-from langgraph.types import interrupt
 
-from infra_agent.agent.configuration import AgentContext
-from infra_agent.agent.prompts import SYSTEM_PROMPT, task_message
+from infra_agent.agent.configuration import AgentContext, run_context
+from infra_agent.agent.handoff import apply, best_improved, review, submit
+from infra_agent.agent.prompts import LAST_TURN_NOTE, LAST_TURN_REFUSAL, SYSTEM_PROMPT, task_message
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Message
 from infra_agent.errors import UserError
 from infra_agent.experiments.criteria import criteria_outcome
 from infra_agent.experiments.executors import Executor, ExperimentRequest, run_batch
-from infra_agent.review.apply import apply_approved
-from infra_agent.review.queue import review_outcome, submit_proposal
-from infra_agent.store.records import ExperimentRecord, ProposalStatus, ToolCall
-from infra_agent.store.verdict import Verdict
+from infra_agent.store.records import ExperimentRecord, ToolCall
 from infra_agent.tasks.patch import Patch
 from infra_agent.tools.base import ToolResult
 
 EXPERIMENT_TOOL = "run_experiment"
 FINISH_TOOL = "finish"
-LAST_TURN_REFUSAL = "the budget is used up; only finish is available in this last reply"
-LAST_TURN_NOTE = (
-    "The budget is used up ({reason}). This is your last reply and only finish is available: "
-    "call finish(summary) with what the experiments above proved, what did not work and why, "
-    "and what you would try next. The best IMPROVED patch goes to a human reviewer."
-)
-
-
-def _ctx(runtime: Runtime[AgentContext]) -> AgentContext:
-    assert runtime.context is not None
-    return runtime.context
 
 
 def _timed(update: dict[str, Any], state: AgentState, started: float) -> dict[str, Any]:
@@ -67,7 +51,7 @@ def _answer(ctx: AgentContext, call: ToolCall, result: ToolResult) -> Message:
 
 def baseline(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     """Write the method and the task into the conversation, and record what baseline is."""
-    ctx = _ctx(runtime)
+    ctx = run_context(runtime)
     if state.messages:
         return {"phase": "baseline"}
     ctx.on_event("baseline")
@@ -90,7 +74,7 @@ def baseline(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any
 
 def propose(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     """Ask the policy for its next reply; log it (and every failed request) as it comes."""
-    ctx, started = _ctx(runtime), time.monotonic()
+    ctx, started = run_context(runtime), time.monotonic()
     ctx.on_event(f"asking the {ctx.policy.name} policy")
     schemas = ctx.tools.schemas()
     if state.last_turn:  # the budget is used up: only the summary is left to write
@@ -140,7 +124,7 @@ def _invalid(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
 
 def tools(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     """Answer the reply's instant tool calls in order; leave experiments for the next node."""
-    ctx, started = _ctx(runtime), time.monotonic()
+    ctx, started = run_context(runtime), time.monotonic()
     ctx.tool_context.known_patches = list(state.patches)
     messages, deferred = list(state.messages), []
     update: dict[str, Any] = {"phase": "tools", "invalid_replies": 0}
@@ -176,7 +160,7 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
     """Verify the reply's patches: the first pending one, or with an executor all of them as one
     parallel batch. Each is admitted only while no budget is used up (experiments, wall time,
     tokens, cost, turns); a patch measured before in this run is answered from its record."""
-    ctx, started = _ctx(runtime), time.monotonic()
+    ctx, started = run_context(runtime), time.monotonic()
     parallel = ctx.executor is not None and len(state.pending) > 1
     batch = state.pending if parallel else state.pending[:1]
     usage, budget, answers = state.usage.model_copy(), ctx.budget(state), {}
@@ -258,19 +242,11 @@ def _run(
     return out
 
 
-def best_improved(state: AgentState) -> ExperimentOutcome | None:
-    """The proven winner: IMPROVED with the highest low end of its 95% interval, what is shown
-    rather than the point estimate (overlapping wins are not ranked by noise; ties: the
-    earliest)."""
-    wins = [e for e in state.experiments if e.verdict is Verdict.IMPROVED and e.ci_low is not None]
-    return max(wins, key=lambda e: e.ci_low or 0.0) if wins else None
-
-
 def reflect(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     """Keep the best proven result; stop at the first limit reached or when the policy finished.
     The first time a budget runs out the policy gets one last reply instead (only `finish`
     offered), so that it sees the last result and writes its summary; then the run stops."""
-    ctx = _ctx(runtime)
+    ctx = run_context(runtime)
     reason = state.stop_reason or state.usage.exhausted(ctx.budget(state))
     if reason and not state.stop_reason and not state.last_turn:
         note = Message(role="user", content=LAST_TURN_NOTE.format(reason=reason))
@@ -290,85 +266,6 @@ def reflect(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
         left = state.usage.left(ctx.budget(state))
         ctx.log.harness(f"decision: {decision}; {best_text}; {left}", name="decision")
     return {"phase": "reflect", "stop_reason": reason}
-
-
-def submit(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    """Send the best IMPROVED patch to the review queue (once, even across resumes)."""
-    ctx, best = _ctx(runtime), best_improved(state)
-    if best is None:
-        ctx.log.harness("nothing to submit: no experiment came out IMPROVED", name="decision")
-        return {"phase": "submit"}
-    existing = [
-        p.id for p in ctx.store.proposals(run_id=state.run_id) if p.patch_hash == best.patch_id
-    ]
-    if existing:
-        return {"phase": "submit", "proposals": [*state.proposals, *(i for i in existing if i not in state.proposals)]}  # fmt: skip
-    record = ctx.store.get_experiment(best.experiment_id)
-    assert record is not None
-    ctx.on_event("submitting to the review queue")
-    patch = ctx.tool_context.patch(best.patch_id)
-    proposal = submit_proposal(
-        ctx.store, task=ctx.task, patch=patch, experiment=record,
-        rationale=state.finish_summary or patch.rationale, run_id=state.run_id,
-    )  # fmt: skip
-    ctx.log.harness(
-        f"proposal {proposal.id} submitted: patch {best.patch_id[:12]} ({best.patch_summary}), "
-        f"{best.speedup:.3f}x, risk {proposal.risk.value}, status {proposal.status.value}",
-        name="proposal",
-    )
-    return {"phase": "submit", "proposals": [*state.proposals, proposal.id]}
-
-
-def review(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    """Wait (interrupt) while a proposal is pending; the decision is read from the store."""
-    ctx = _ctx(runtime)
-
-    def statuses() -> dict[str, ProposalStatus]:
-        found = {pid: ctx.store.get_proposal(pid) for pid in state.proposals}
-        return {pid: p.status for pid, p in found.items() if p is not None}
-
-    current = statuses()
-    while waiting := [p for p, s in current.items() if s is ProposalStatus.PENDING]:
-        # Idempotent up to here: on resume this node runs again from its start.
-        interrupt({"run_id": state.run_id, "waiting_for": waiting})
-        current = statuses()
-    update: dict[str, Any] = {"phase": "review", "review": current}
-    for pid, status in current.items():
-        if state.review.get(pid) == status:
-            continue
-        told = review_outcome(ctx.store, pid)
-        revise = status is ProposalStatus.CHANGES_REQUESTED and state.revisions < ctx.config.max_revisions  # fmt: skip
-        ends = ""
-        if status is ProposalStatus.CHANGES_REQUESTED and not revise:
-            ends = f"; not sent back: the run has used its {ctx.config.max_revisions} revision(s)"
-        by = f" by {told.reviewer}" if told.reviewer else ""
-        said = f": {told.comment}" if told.comment else ""
-        ctx.log.harness(f"review: proposal {pid} is {status.value}{by}{said}{ends}", name="review")
-        if revise:
-            note = Message(role="user", content="Reviewer feedback:\n" + told.render())
-            ctx.log.message(note)
-            update |= {"messages": [*state.messages, note], "revisions": state.revisions + 1,
-                       "stop_reason": None, "finish_summary": "", "last_turn": False}  # fmt: skip
-    return update
-
-
-def apply(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    """Apply every approved proposal of this run."""
-    ctx, applied = _ctx(runtime), dict(state.applied)
-    for pid, status in state.review.items():
-        if pid in applied or status not in (ProposalStatus.APPROVED, ProposalStatus.APPLIED):
-            continue
-        proposal = ctx.store.get_proposal(pid)
-        if proposal is not None and proposal.status is ProposalStatus.APPROVED:
-            ctx.on_event(f"applying {pid}")
-            try:
-                proposal = apply_approved(ctx.store, pid, reviewer=f"infra-agent run {state.run_id}")  # fmt: skip
-            except UserError as exc:  # e.g. the stored patch was edited after approval
-                ctx.log.harness(f"proposal {pid} not applied", error=str(exc), name="apply")
-                continue
-        applied[pid] = where = proposal.applied_to if proposal is not None else "?"
-        ctx.log.harness(f"applied proposal {pid}: {where}", name="apply")
-    return {"phase": "done", "applied": applied}
 
 
 builder = StateGraph(AgentState, context_schema=AgentContext)

@@ -111,3 +111,11 @@ def task_message(
             "numbers.",
         ]
     )
+
+
+LAST_TURN_REFUSAL = "the budget is used up; only finish is available in this last reply"
+LAST_TURN_NOTE = (
+    "The budget is used up ({reason}). This is your last reply and only finish is available: "
+    "call finish(summary) with what the experiments above proved, what did not work and why, "
+    "and what you would try next. The best IMPROVED patch goes to a human reviewer."
+)

@@ -24,7 +24,8 @@ from pydantic import BaseModel, Field
 
 from infra_agent.agent.checkpoint_serde import RedactingSerializer
 from infra_agent.agent.configuration import AgentContext, DeferredPolicy, RunConfig, build_policy
-from infra_agent.agent.graph import best_improved, builder
+from infra_agent.agent.graph import builder
+from infra_agent.agent.handoff import best_improved
 from infra_agent.agent.runlog import RunLog
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Usage
 from infra_agent.config import Settings, load_settings

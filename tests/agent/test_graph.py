@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from infra_agent.agent.configuration import AgentContext, RunConfig
-from infra_agent.agent.graph import best_improved, experiment
+from infra_agent.agent.graph import experiment
+from infra_agent.agent.handoff import best_improved
 from infra_agent.agent.runlog import RunLog
 from infra_agent.agent.state import AgentState, Budget, ExperimentOutcome, Usage
 from infra_agent.experiments import run_experiment

@@ -177,7 +177,7 @@ def test_cli_refuses_bad_input_with_one_line_and_records_nothing(
 def test_the_best_candidate_is_the_one_proven_best() -> None:
     """On sglang-cpu-tiny four overlapping wins were once ranked by point estimate and the
     winner applied; the interval's low end (what is shown) decides now."""
-    from infra_agent.agent.graph import best_improved
+    from infra_agent.agent.handoff import best_improved
 
     def outcome(i: int, speedup: float, low: float, verdict: str = "IMPROVED") -> ExperimentOutcome:
         return ExperimentOutcome(

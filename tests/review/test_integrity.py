@@ -80,7 +80,7 @@ def test_the_agent_logs_a_patch_edited_after_approval_as_not_applied(
     """The run's apply node records the refusal and finishes instead of crashing the run."""
     from types import SimpleNamespace
 
-    from infra_agent.agent.graph import apply
+    from infra_agent.agent.handoff import apply
     from infra_agent.agent.runlog import RunLog
     from infra_agent.agent.state import AgentState
     from infra_agent.store.records import RunRecord
