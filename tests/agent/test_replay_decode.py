@@ -1,7 +1,8 @@
 """A realistic trajectory replayed on decode-split-norm with the scripted policy (the stand-in for
 the paid endpoint): the model starts from the first message alone (no describe_task), reads the
-kernel, proposes the fix, verifies it with its one experiment, and writes its summary in the last
-reply the used-up budget leaves it."""
+kernel, times it with microbench on the experiment's own workload (no inputs given), makes the
+fix with edit_file (one call per place, the edits accumulating into one patch), verifies it with
+its one experiment, and writes its summary in the last reply the used-up budget leaves it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,21 @@ from infra_agent.tasks.manifest import load_task
 from infra_agent.tools.patching import task_description
 
 
+def edits_of(diff: str) -> list[tuple[str, str]]:
+    """The (old, new) text of each hunk of a unified diff, as a model would pass to edit_file."""
+    edits: list[tuple[list[str], list[str]]] = []
+    for line in diff.splitlines():
+        if line.startswith("@@"):
+            edits.append(([], []))
+        elif edits and line[:1] in (" ", "-", "+") and not line.startswith(("---", "+++")):
+            old, new = edits[-1]
+            if line[0] != "+":
+                old.append(line[1:])
+            if line[0] != "-":
+                new.append(line[1:])
+    return [("\n".join(old), "\n".join(new)) for old, new in edits]
+
+
 @pytest.mark.slow
 def test_a_replayed_trajectory_starts_from_the_first_message_and_ends_with_its_summary(
     quick_task: Path, tmp_path: Path
@@ -30,7 +46,10 @@ def test_a_replayed_trajectory_starts_from_the_first_message_and_ends_with_its_s
         {"reasoning_content": "The first message shows every split normalizing over the whole "
                               "sequence; confirm where.",
          "tool_calls": [{"name": "read_file", "arguments": {"path": "attention.py", "max_lines": 80}}]},
-        {"tool_calls": [{"name": "propose_patch", "arguments": {"diff": diff, "rationale": "one pass per split"}}]},
+        {"tool_calls": [{"name": "microbench", "arguments": {}}]},
+        *({"tool_calls": [{"name": "edit_file", "arguments": {"path": "attention.py", "old": old, "new": new,
+                                                             "rationale": "one pass per split"}}]}
+          for old, new in edits_of(diff)),
         {"tool_calls": [{"name": "run_experiment", "arguments": {"patch_id": "{{last_patch_id}}"}}]},
         {"tool_calls": [{"name": "finish", "arguments": {"summary": summary}}]},
     ]))  # fmt: skip
@@ -52,6 +71,10 @@ def test_a_replayed_trajectory_starts_from_the_first_message_and_ends_with_its_s
         "task criteria:\n- target speedup >= 1.5x: " in verdict
         and "[budget: 0 experiments" in verdict
     )
+    bench = next(s for s in steps if s.name == "microbench")
+    assert not bench.error and "workload" in bench.content, bench.content  # the published one
+    edits = [s for s in steps if s.name == "edit_file"]
+    assert len(edits) == len(edits_of(diff)) == 2 and not any(s.error for s in edits)
     assert [e.verdict.value for e in outcome.experiments] == ["IMPROVED"], verdict
     assert outcome.stop_reason == "the scripted policy called finish"
     assert [p.rationale for p in proposals] == [summary]  # the summary written after the result
