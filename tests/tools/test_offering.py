@@ -13,17 +13,18 @@ from infra_agent.tasks.registry import find_task
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.registry import default_registry
 
-SERVING_TOOLS = {"serving_workload"}
+SERVING_TOOLS = {"serving_workload", "server_steps"}
 
 
 def test_a_kernel_task_gets_no_serving_tools_and_a_knobless_task_no_propose_knobs() -> None:
     kernel = default_registry("dense", find_task("decode-split-norm")).names()
     assert "edit_file" in kernel and "propose_knobs" in kernel  # it has knobs
-    assert not SERVING_TOOLS & set(kernel)
+    assert "gil_trace" in kernel and not SERVING_TOOLS & set(kernel)
     gil = default_registry("dense", find_task("kv-transfer-gil")).names()
     assert "propose_knobs" not in gil and "edit_file" in gil  # no knobs, editable files
     serving = default_registry("dense", find_task("sglang-cpu-tiny")).names()
     assert SERVING_TOOLS <= set(serving) and "propose_knobs" in serving
+    assert "gil_trace" not in serving  # it traces the task's own program
     assert set(default_registry().names()) >= set(serving) | set(kernel)  # no task: every tool
     sparse = default_registry("sparse", find_task("decode-split-norm")).names()
     assert "edit_file" in sparse and "microbench" not in sparse
@@ -50,7 +51,7 @@ def test_tools_list_prints_the_schemas_a_run_on_the_task_sends() -> None:
     expected = default_registry("dense", find_task("decode-split-norm")).schemas()
     assert schemas == expected  # exactly what the model sees
     names = {s["function"]["name"] for s in schemas}
-    assert "edit_file" in names and not SERVING_TOOLS & names
+    assert {"edit_file", "gil_trace"} <= names and not SERVING_TOOLS & names
     serving = run_cli("tools", "list", "--task", "sglang-cpu-tiny", "--json")
     assert serving.returncode == 0, serving.stderr
     assert SERVING_TOOLS <= {s["function"]["name"] for s in json.loads(serving.stdout)}
