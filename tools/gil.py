@@ -17,8 +17,6 @@ import math
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -27,6 +25,7 @@ from infra_agent.errors import UserError
 from infra_agent.sandboxes import Sandbox, SandboxProcess
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
+from infra_agent.tools.instruments import compile_check, open_sandbox
 
 SCRIPT = "_infra_agent_gil.py"
 STACKS, HOLDERS, DONE = (
@@ -89,14 +88,14 @@ def gil_trace(p: GilTrace, ctx: ToolContext) -> ToolResult:
     from infra_agent.feedback.gil.record import read_recording, recorder_commands
     from infra_agent.feedback.gil.trace import report_of_recording
 
-    _compile_check(p.setup, "exec", "setup")
-    _compile_check(p.code, "eval", "code")
+    compile_check(p.setup, "exec", "setup")
+    compile_check(p.code, "eval", "code")
     recorders = recorder_commands(0, rate=RATE, duration_s=p.seconds, stacks_out=Path(STACKS),
                                   gil_out=Path(HOLDERS))  # fmt: skip
     values = {"SETUP": textwrap.dedent(p.setup), "CODE": p.code, "RECORDERS": recorders,
               "DONE": DONE, "LIMIT_S": p.seconds + 60}  # fmt: skip
     script = "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()) + _LOOP
-    with _workspace_sandbox(ctx, p.patch_id) as box:
+    with open_sandbox(ctx, ctx.patch(p.patch_id) if p.patch_id else None) as box:
         box.write_file(SCRIPT, script.encode())
         process = box.spawn([sys.executable, SCRIPT])
         try:
@@ -114,30 +113,6 @@ def gil_trace(p: GilTrace, ctx: ToolContext) -> ToolResult:
     report = report_of_recording(rec, process.pid, RATE, blame_threshold=0.2)
     head = f"GIL trace of `{p.code[:80]}` called in a loop, inside the sandbox"
     return ToolResult(content=f"{report.render()}\n{head}", data=report.model_dump(mode="json"))
-
-
-def _compile_check(code: str, mode: str, what: str) -> None:
-    try:
-        compile(code, f"<{what}>", mode)
-    except SyntaxError as exc:
-        raise UserError(f"{what} is not valid Python ({exc.msg}, line {exc.lineno})") from exc
-
-
-@contextmanager
-def _workspace_sandbox(ctx: ToolContext, patch_id: str | None) -> Iterator[Sandbox]:
-    """A sandboxed copy of the task's workspace, patched if asked (as the instruments use)."""
-    from infra_agent.experiments.arms import sandbox_spec
-    from infra_agent.sandboxes import create_sandbox
-    from infra_agent.tasks.patch import apply_patch
-    from infra_agent.tasks.tree import workspace_folder
-
-    patch = ctx.patch(patch_id) if patch_id else None
-    with workspace_folder(ctx.task, patch.files if patch else ()) as folder:
-        box = create_sandbox(ctx.sandbox, folder, sandbox_spec(ctx.task))
-    with box:
-        if patch is not None:
-            apply_patch(patch, ctx.task, box.root)
-        yield box
 
 
 def _wait_until_done(box: Sandbox, process: SandboxProcess, timeout_s: float) -> None:

@@ -137,17 +137,8 @@ def run_in_sandbox(
     error when it fails."""
     import sys
 
-    from infra_agent.experiments.arms import sandbox_spec
-    from infra_agent.sandboxes import create_sandbox
-    from infra_agent.tasks.patch import apply_patch
-    from infra_agent.tasks.tree import workspace_folder
-
     patch = ctx.patch(patch_id) if patch_id else None
-    with workspace_folder(ctx.task, patch.files if patch else ()) as folder:
-        box = create_sandbox(ctx.sandbox, folder, sandbox_spec(ctx.task))
-    with box:
-        if patch is not None:
-            apply_patch(patch, ctx.task, box.root)
+    with open_sandbox(ctx, patch) as box:
         box.write_file("_infra_agent_instrument.py", script.encode())
         result = box.exec([sys.executable, "_infra_agent_instrument.py"], timeout_s=timeout_s)
         if result.timed_out:
@@ -160,14 +151,14 @@ def run_in_sandbox(
         return box.read_file(RESULT_FILE)
 
 
-def _compile_check(code: str, mode: str, what: str) -> None:
+def compile_check(code: str, mode: str, what: str) -> None:
     try:
         compile(code, f"<{what}>", mode)
     except SyntaxError as exc:
         raise UserError(f"{what} is not valid Python ({exc.msg}, line {exc.lineno})") from exc
 
 
-def _open_sandbox(ctx: ToolContext, patch: Patch | None) -> Sandbox:
+def open_sandbox(ctx: ToolContext, patch: Patch | None) -> Sandbox:
     """A sandboxed copy of the workspace (with `patch` applied); the caller cleans it up."""
     from infra_agent.experiments.arms import sandbox_spec
     from infra_agent.sandboxes import create_sandbox
@@ -253,10 +244,10 @@ def _arms(
         patch_id=patch_id,
         workload=workload,
     )
-    _compile_check(arms.setup, "exec", "setup")
+    compile_check(arms.setup, "exec", "setup")
     for what, code in (("baseline", baseline), ("candidate", candidate), ("reference", reference)):
         if code:
-            _compile_check(code, "eval", what)
+            compile_check(code, "eval", what)
     return arms, patch
 
 
@@ -307,7 +298,7 @@ def microbench(p: Microbench, ctx: ToolContext) -> ToolResult:
             ("baseline", arms.baseline, None),
             ("candidate", arms.candidate, patch),
         ):
-            box = _open_sandbox(ctx, arm_patch)
+            box = open_sandbox(ctx, arm_patch)
             stack.callback(box.cleanup)
             script = _script(_BENCH_WORKER, SETUP=arms.setup, EXPR=code, LABEL=label, CLOCK=p.clock)
             box.write_file("_infra_agent_bench.py", script.encode())
@@ -386,7 +377,7 @@ def accuracy_diff(p: AccuracyDiff, ctx: ToolContext) -> ToolResult:
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     for wanted, arm_patch in runs:
         script = _script(_ACCURACY, SETUP=arms.setup, EXPRS=wanted)
-        with _open_sandbox(ctx, arm_patch) as box:
+        with open_sandbox(ctx, arm_patch) as box:
             out = _run_script(box, script, timeout_s=120)
         tensors.update(torch.load(io.BytesIO(out), weights_only=True))  # tensors only
     rule = _rule(ctx, arms.workload, tensors["baseline"])
@@ -462,8 +453,8 @@ def profile(p: Profile, ctx: ToolContext) -> ToolResult:
 
     from infra_agent.feedback.timeline import load_trace, summarize
 
-    _compile_check(p.setup, "exec", "setup")
-    _compile_check(p.code, "eval", "code")
+    compile_check(p.setup, "exec", "setup")
+    compile_check(p.code, "eval", "code")
     script = _script(_PROFILE, SETUP=textwrap.dedent(p.setup), STMT=p.code, REPEAT=p.repeat)
     extra = [RESULT_FILE + ".wall", RESULT_FILE + ".threads"]
     trace, wall, meta = run_in_sandbox(ctx, script, p.patch_id, timeout_s=120, extra=extra)
