@@ -29,11 +29,15 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     body = json.loads(await reader.readexactly(length))
     wanted = body["sampling_params"]["max_new_tokens"]
     if wanted == 13:  # an error response
-        writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\noops")
+        writer.write(b"HTTP/1.1 500 Internal Server Error\r\nconnection: close\r\n"
+                     b"content-length: 4\r\n\r\noops")  # fmt: skip
         await writer.drain()
         writer.close()
         return
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    # connection: close, as the stand-in closes after each answer: without it the client may
+    # reuse a pooled connection the stand-in is closing, and that request fails (3 of 12 stress
+    # probes once, at load 1-2)
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
                  b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
     for i in range(wanted if wanted != 11 else 3):  # 11: the stream breaks off early
         piece = _chunk(i)
