@@ -12,7 +12,7 @@ import json
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -37,6 +37,14 @@ NEEDS: dict[str, Callable[[TaskManifest], bool]] = {
 it; a run offers a tool only when its task has what it needs (`Tool.works_for`)."""
 
 
+class Record(Protocol):
+    """An instrument's typed record: stored as JSON, rendered for the model (decisive numbers
+    first, a few hundred tokens)."""
+
+    def render(self) -> str: ...
+    def model_dump(self, *, mode: str) -> dict[str, Any]: ...
+
+
 class ToolResult(BaseModel):
     """What a tool call returns to the model."""
 
@@ -50,6 +58,11 @@ class ToolResult(BaseModel):
     @classmethod
     def failure(cls, message: str) -> ToolResult:
         return cls(content=f"error: {message}", error=message)
+
+    @classmethod
+    def of(cls, record: Record) -> ToolResult:
+        """An instrument's answer: its record's rendering, and the record as data."""
+        return cls(content=record.render(), data=record.model_dump(mode="json"))
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,9 @@ class Tool(Generic[P]):
     """True for tools the graph runs in a node of its own (experiments): `call` only validates."""
     needs: str = ""
     """What the task must have for this tool to work, one word of `NEEDS` ('' for any task)."""
+    kind: Literal["tool", "instrument"] = "tool"
+    """'instrument': a measurement (`@instrument`), which `infra-agent feedback run NAME --task T`
+    also runs for a person, through this same function."""
 
     def __post_init__(self) -> None:
         if self.needs not in NEEDS:
@@ -153,14 +169,31 @@ class ToolRegistry:
 
 
 def tool(
-    name: str, description: str, params: type[P], *, deferred: bool = False, needs: str = ""
+    name: str,
+    description: str,
+    params: type[P],
+    *,
+    deferred: bool = False,
+    needs: str = "",
+    kind: Literal["tool", "instrument"] = "tool",
 ) -> Callable[[Callable[[P, Any], ToolResult]], Tool[P]]:
     """Decorator: turn `fn(params, context) -> ToolResult` into a `Tool`; `needs` says what kind
     of task it works for (one word of `NEEDS`, e.g. `needs="serving"`)."""
 
     def wrap(fn: Callable[[P, Any], ToolResult]) -> Tool[P]:
         return Tool(
-            name=name, description=description, params=params, fn=fn, deferred=deferred, needs=needs
-        )
+            name=name, description=description, params=params, fn=fn, deferred=deferred,
+            needs=needs, kind=kind,
+        )  # fmt: skip
 
     return wrap
+
+
+def instrument(
+    name: str, description: str, params: type[P], *, needs: str = ""
+) -> Callable[[Callable[[P, Any], ToolResult]], Tool[P]]:
+    """Decorator for a measurement: a `@tool` of kind 'instrument', which the agent calls and
+    `infra-agent feedback run NAME --task T` runs for a person. Its function returns
+    `ToolResult.of(record)`: a typed record (a pydantic model of its module) with a `render()`,
+    decisive numbers first, a few hundred tokens."""
+    return tool(name, description, params, needs=needs, kind="instrument")

@@ -22,10 +22,11 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from infra_agent.errors import UserError
+from infra_agent.feedback.gil import GilReport
 from infra_agent.sandboxes import Sandbox, SandboxProcess
-from infra_agent.tools.base import ToolResult, tool
+from infra_agent.tools.base import ToolResult, instrument
 from infra_agent.tools.context import ToolContext
-from infra_agent.tools.instruments import compile_check, open_sandbox
+from infra_agent.tools.sandboxed import compile_check, open_sandbox
 
 SCRIPT = "_infra_agent_gil.py"
 STACKS, HOLDERS, DONE = (
@@ -76,7 +77,17 @@ class GilTrace(BaseModel):
     seconds: float = Field(3.0, ge=1.0, le=15.0, description="How long to sample.")
 
 
-@tool(
+class GilTraceRecord(GilReport):
+    """`feedback gil`'s GilReport, plus the expression that was called in a loop."""
+
+    code: str
+
+    def render(self) -> str:
+        head = f"GIL trace of `{self.code[:80]}` called in a loop, inside the sandbox"
+        return f"{super().render()}\n{head}"
+
+
+@instrument(
     "gil_trace",
     "Attach the GIL tracer (py-spy) to the task's code running in a sandboxed copy of the "
     "workspace: per named thread, its shares of holding / waiting for / running without the "
@@ -111,8 +122,7 @@ def gil_trace(p: GilTrace, ctx: ToolContext) -> ToolResult:
             stacks_error=_error_line(box, STACKS), gil_error=_error_line(box, HOLDERS),
         )  # fmt: skip
     report = report_of_recording(rec, process.pid, RATE, blame_threshold=0.2)
-    head = f"GIL trace of `{p.code[:80]}` called in a loop, inside the sandbox"
-    return ToolResult(content=f"{report.render()}\n{head}", data=report.model_dump(mode="json"))
+    return ToolResult.of(GilTraceRecord(**dict(report), code=p.code))
 
 
 def _wait_until_done(box: Sandbox, process: SandboxProcess, timeout_s: float) -> None:

@@ -1,15 +1,18 @@
 """The tools a run gives its model. A new tool is one function plus one line here; a tool that
 only works for some tasks says so with `needs=` on its `@tool` (see `tools.base.NEEDS`), and a
-run on a task is offered only the tools that can work for it."""
+run on a task is offered only the tools that can work for it. Instruments (`@instrument`, one
+module each) are listed here too: `infra-agent feedback run NAME --task T` runs them from this
+list, exactly as the model calls them."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from infra_agent.tools.accuracy_diff import accuracy_diff
 from infra_agent.tools.base import Tool, ToolRegistry
 from infra_agent.tools.editing import edit_file
 from infra_agent.tools.gil import gil_trace
-from infra_agent.tools.instruments import INSTRUMENT_TOOLS
+from infra_agent.tools.microbench import microbench
 from infra_agent.tools.patching import (
     describe_task,
     finish,
@@ -17,6 +20,7 @@ from infra_agent.tools.patching import (
     propose_patch,
     run_experiment,
 )
+from infra_agent.tools.profile import profile
 from infra_agent.tools.serving import server_steps, serving_workload
 from infra_agent.tools.skeletons import lookup_skeletons
 from infra_agent.tools.workspace import list_files, read_file, search_files
@@ -30,7 +34,9 @@ AGENT_TOOLS: list[Tool] = [  # type: ignore[type-arg]
     read_file,
     search_files,
     lookup_skeletons,
-    *INSTRUMENT_TOOLS,
+    microbench,
+    accuracy_diff,
+    profile,
     gil_trace,
     serving_workload,
     server_steps,

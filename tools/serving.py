@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from infra_agent.errors import UserError
-from infra_agent.tools.base import ToolResult, tool
+from infra_agent.tools.base import ToolResult, instrument
 from infra_agent.tools.context import ToolContext
 
 
@@ -91,7 +91,7 @@ def _load(p: ServingWorkload) -> Any:
     return LoadSpec(request_rate=p.request_rate or math.inf)
 
 
-@tool(
+@instrument(
     "serving_workload",
     "Start the task's server (optionally with a knob patch), run a workload, report throughput, "
     "TTFT/TPOT percentiles and failures. One sample, not a verdict.",
@@ -117,7 +117,7 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
     )
 
 
-@tool(
+@instrument(
     "server_steps",
     "Start the task's server (optionally with a knob patch), run a workload, and report what "
     "happened inside it from the scheduler's own step statistics: running and queued requests "

@@ -224,7 +224,7 @@ def test_would_fail_agrees_with_run_experiment_on_a_candidate_one_percent_off(
 def test_what_the_model_leaves_out_comes_from_the_workload_with_the_patch_knobs(
     ctx: ToolContext, tmp_path: Path
 ) -> None:
-    from infra_agent.tools.instruments import _arms
+    from infra_agent.tools.sandboxed import resolve_arms as _arms
 
     reg = default_registry()
     knobs = reg.call(

@@ -1,0 +1,102 @@
+"""`microbench`: two expressions, each in its own sandboxed workspace process (the candidate's in a
+patched copy when a patch is named), timed by the real bench engine (`feedback.bench.run_bench`:
+warm-up, calibration, interleaved samples, adaptive stopping); speedup with a 95% CI. With no
+setup or expressions: the experiment's own workload (the harness's `workload()`)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from infra_agent.feedback.bench import BenchResult
+from infra_agent.tools.base import ToolResult, instrument
+from infra_agent.tools.context import ToolContext
+from infra_agent.tools.sandboxed import ArmParams, Arms, open_sandbox, resolve_arms, script
+
+_BENCH_WORKER = """\
+import sys, time
+sys.path.insert(0, ".")
+ns = {}
+exec(compile(SETUP, "<setup>", "exec"), ns)
+NOW = time.thread_time_ns if CLOCK == "cpu" else time.perf_counter_ns
+f = eval(compile("lambda: (" + EXPR + ")", "<" + LABEL + ">", "eval"), ns)
+print("ready", flush=True)
+for line in sys.stdin:
+    n = int(line)
+    try:
+        t0 = NOW()
+        for _ in range(n):
+            f()
+        dt = NOW() - t0
+    except Exception as exc:
+        print("error " + (type(exc).__name__ + ": " + str(exc)).replace("\\n", " "), flush=True)
+        continue
+    print(repr(dt / 1e9 / n), flush=True)
+"""
+"""One arm inside its sandbox: the worker protocol of feedback.bench (timed here with
+perf_counter_ns, or thread_time_ns for clock 'cpu'; the bench engine in the tool's process decides
+iterations and stopping)."""
+
+
+class Microbench(ArmParams):
+    seconds: float = Field(3.0, ge=0.5, le=20.0, description="Measurement time budget.")
+    clock: Literal["wall", "cpu"] = Field(
+        "wall",
+        description="'wall' (what run_experiment's harness clock sees) or 'cpu' (the arm's "
+        "thread CPU time: far less noisy on a busy machine, for single-threaded CPU-bound code).",
+    )
+
+
+class MicrobenchRecord(BenchResult):
+    """`feedback bench`'s BenchResult, plus the arms that ran."""
+
+    arms: Arms
+
+    def render(self) -> str:
+        return f"microbench {self.arms.render()}\n{super().render()}"
+
+
+@instrument(
+    "microbench",
+    "Time two expressions interleaved (warm-up, calibration, adaptive stopping) in sandboxed "
+    "workspace copies; speedup with 95% CI. With no inputs: on the experiment's own workload.",
+    Microbench,
+)
+def microbench(p: Microbench, ctx: ToolContext) -> ToolResult:
+    from infra_agent.feedback.bench import PipeTarget, run_bench
+
+    arms, patch = resolve_arms(ctx, p.setup, p.baseline, p.candidate, p.patch_id)
+    timer = "sandbox:" + ("thread_time_ns" if p.clock == "cpu" else "perf_counter_ns")
+    with ExitStack() as stack:
+        targets = []
+        for label, code, arm_patch in (
+            ("baseline", arms.baseline, None),
+            ("candidate", arms.candidate, patch),
+        ):
+            box = open_sandbox(ctx, arm_patch)
+            stack.callback(box.cleanup)
+            worker = script(_BENCH_WORKER, SETUP=arms.setup, EXPR=code, LABEL=label, CLOCK=p.clock)
+            box.write_file("_infra_agent_bench.py", worker.encode())
+            proc = box.spawn([sys.executable, "_infra_agent_bench.py"])
+            targets.append(
+                PipeTarget(
+                    proc.stdin,
+                    proc.stdout,
+                    name=f"the {label} arm",
+                    timer=timer,
+                    describe_exit=functools.partial(_stderr_tail, proc.stderr_path),
+                )
+            )
+        result = run_bench(targets[0], targets[1], budget_s=p.seconds)
+    return ToolResult.of(MicrobenchRecord(**dict(result), arms=arms))
+
+
+def _stderr_tail(path: Path | None, lines: int = 6) -> str:
+    if path is None or not Path(path).is_file():
+        return ""
+    return "\n".join(Path(path).read_text(errors="replace").strip().splitlines()[-lines:])
