@@ -72,12 +72,14 @@ def _register() -> None:
     from infra_agent.tasks.cli import register as register_tasks
     from infra_agent.tasks.cli import tasks_app
     from infra_agent.tools.cli import register as register_tools
+    from infra_agent.tools.cli import register_feedback as register_tool_feedback
     from infra_agent.trajectories.cli import register as register_export
 
     register_agent(app)  # optimize
     register_experiments(app)  # experiment, diagnose
     register_tasks(app)  # tasks
     register_check(tasks_app)  # tasks check (runs experiments)
+    register_tool_feedback(feedback_app)  # feedback run (the agent's instruments on a task)
     app.add_typer(feedback_app, name="feedback")
     app.add_typer(runs_app, name="runs")
     app.add_typer(review_app, name="review")

@@ -1,4 +1,6 @@
-"""`infra-agent feedback accuracy|timeline|bench|gil`: the dense-feedback instruments.
+"""`infra-agent feedback accuracy|timeline|bench|gil`: the dense-feedback instruments on a
+person's own files and code, without a task (`infra-agent feedback run NAME --task T`, from
+`tools/cli.py`, runs the agent's instruments on a task's workspace).
 
 Each command prints the instrument's typed record as one JSON document with `--json`, or its
 short rendering otherwise. When a run store is configured (`--db`, INFRA_AGENT_DB or the config
@@ -24,7 +26,8 @@ from infra_agent.errors import UserError
 from infra_agent.output import emit, err_console
 
 app = typer.Typer(
-    help="Dense-feedback instruments: accuracy diff, timeline, microbenchmark, GIL.",
+    help="Dense-feedback instruments: accuracy diff, timeline, microbenchmark, GIL on your own "
+    "code; `run NAME --task T`: the agent's instruments on a task.",
     no_args_is_help=True,
 )
 
@@ -34,21 +37,23 @@ RunIdOpt = Annotated[
 ]
 
 
+def store_feedback(
+    instrument: str, record: dict[str, Any], text: str, run_id: str | None = None
+) -> None:
+    """Store an instrument's result as a `FeedbackRecord` when a run store is configured."""
+    if current().settings().store.db is not None:
+        from infra_agent.store.records import FeedbackRecord
+
+        fb = FeedbackRecord(run_id=run_id, instrument=instrument, record=record, rendering=text)
+        current().store().put_feedback(fb)
+        err_console.print(f"stored as {fb.id}", style="dim")
+
+
 def _finish(
     instrument: str, record: BaseModel, text: str, *, as_json: bool, run_id: str | None
 ) -> None:
     """Store the result when a store is configured, then print it."""
-    if current().settings().store.db is not None:
-        from infra_agent.store.records import FeedbackRecord
-
-        fb = FeedbackRecord(
-            run_id=run_id,
-            instrument=instrument,
-            record=record.model_dump(mode="json"),
-            rendering=text,
-        )
-        current().store().put_feedback(fb)
-        err_console.print(f"stored as {fb.id}", style="dim")
+    store_feedback(instrument, record.model_dump(mode="json"), text, run_id)
 
     def render(console: Console) -> None:
         console.print(Panel(text, title=f"feedback {instrument}", expand=False), markup=False)
