@@ -123,6 +123,13 @@ def test_a_new_instrument_is_one_registration_away_from_the_cli(
     assert doc.exit_code == 0, doc.output
     assert json.loads(doc.stdout) == {"text": None, "n": 2, "patch_files": ["attention.py"]}
 
+    db = tmp_path / "runs.db"
+    stored = runner.invoke(app, ["--db", str(db), *base, "text=kept"], catch_exceptions=False)
+    assert stored.exit_code == 0, stored.output
+    kept = open_store(db).feedback()
+    assert [(f.instrument, f.record["text"]) for f in kept] == [("echo", "kept")]
+    assert kept[0].rendering == "echo 'kept' x1; patch files: -"
+
     both = runner.invoke(app, [*base, "--patch", str(patch), "patch_id=abc"])
     assert isinstance(both.exception, UserError) and "not both" in str(both.exception)
     not_json = runner.invoke(app, [*base, "--params", "[1]"])
