@@ -161,12 +161,10 @@ class ProcessProfile(BaseModel):
         depth = profile.depths(dirs) if profile else {}
         # By total time, callees before their callers at equal time; of the entry chain every
         # sample passes through (the process's main loop and its callers), only the innermost.
-        by_total = sorted(rows, key=lambda r: (r.total_samples, depth[r.where]), reverse=True)
+        ranked = [r for r in rows if not _wrapper(r)]
+        by_total = sorted(ranked, key=lambda r: (r.total_samples, depth[r.where]), reverse=True)
         entry = by_total[:1]
-        below = [
-            r for r in by_total
-            if entry and r.total_samples < entry[0].total_samples and not _wrapper(r)
-        ]  # fmt: skip
+        below = [r for r in by_total if entry and r.total_samples < entry[0].total_samples]
         return cls(
             role=trace.role, pid=trace.pid,
             samples=profile.samples if profile else 0,

@@ -157,10 +157,10 @@ def test_by_total_the_entry_chain_is_one_row_its_innermost_and_wrappers_are_skip
     def stack(*names: str) -> str:
         return "thread (1): MainThread;" + ";".join(f"{n} ({f}:1)" for n in names)
 
-    entry = ("run_scheduler_process", "Scheduler.run_event_loop", "Scheduler.event_loop")
+    wrapper = "profile.<locals>.decorator.<locals>.wrapper"  # around each loop iteration
+    entry = ("run_scheduler_process", "Scheduler.run_event_loop", "Scheduler.event_loop", wrapper)
     profile = FunctionProfile(pid=1, duration_s=1, samples=100, stacks={
-        stack(*entry, "profile.<locals>.decorator.<locals>.wrapper", "Scheduler.run_batch",
-              "Model.forward"): 60,
+        stack(*entry, "Scheduler.run_batch", "Model.forward"): 60,
         stack(*entry, "Scheduler.recv_requests"): 30, stack(*entry): 10,
     })  # fmt: skip
     trace = tracing.ProcessTrace(role="scheduler", pid=1, profile=profile)
