@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from infra_agent.feedback.gil import GilReport, ThreadBlame, ThreadGil
+from infra_agent.feedback.gil import GilReport, PySpyUnavailable, ThreadBlame, ThreadGil, pyspy
 from infra_agent.feedback.pyprofile import FunctionTime
 from infra_agent.serving import tracing
 from infra_agent.serving.workload import LoadSpec, WorkloadResult
@@ -128,7 +128,9 @@ def test_the_rendering_stays_bounded_with_every_process_and_many_threads() -> No
     assert "w" * 300 not in text  # the tracer's warnings stay in the data
 
 
-def test_server_profile_refuses_bad_processes_and_kernel_tasks(tmp_path: Path) -> None:
+def test_server_profile_refuses_bad_processes_and_kernel_tasks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     reg = default_registry()
     serving = ToolContext(
         task=find_task("sglang-cpu-tiny"), store=open_store(tmp_path / "r.db"), run_id="r"
@@ -145,6 +147,13 @@ def test_server_profile_refuses_bad_processes_and_kernel_tasks(tmp_path: Path) -
     )
     refused = reg.call("server_profile", "{}", kernel)
     assert refused.error is not None and "not a serving task" in refused.error
+
+    def missing() -> str:
+        raise PySpyUnavailable("py-spy not found (pip install py-spy)")
+
+    monkeypatch.setattr(pyspy, "find_py_spy", missing)  # refused before a server starts
+    none = reg.call("server_profile", "{}", serving)
+    assert none.error == "server_profile: py-spy not found (pip install py-spy)"
 
 
 def test_by_total_the_entry_chain_is_one_row_its_innermost_and_wrappers_are_skipped(
