@@ -96,6 +96,19 @@ class FunctionProfile(BaseModel):
                 totals[f"{key[1]}:{key[0]}"] += count
         return dict(totals)
 
+    def depths(self, within: list[Path]) -> dict[str, float]:
+        """'file:function' -> its mean depth among the frames under `within` (0: outermost),
+        weighted by samples: of functions with equal total time, the deeper is the callee."""
+        roots = [str(p.resolve()) + "/" for p in within]
+        weighted: Counter[str] = Counter()
+        seen: Counter[str] = Counter()
+        for stack, count in self.stacks.items():
+            mine = [f for f in (_frame(f, roots) for f in stack.split(";")[1:]) if f is not None]
+            for depth, (name, file) in enumerate(mine):
+                weighted[f"{file}:{name}"] += depth * count
+                seen[f"{file}:{name}"] += count
+        return {where: weighted[where] / seen[where] for where in seen}
+
     def render(self, within: list[Path], limit: int = 8) -> str:
         rows = self.functions(within, limit)
         head = f"pid {self.pid}: {self.samples} active samples in {self.duration_s:.1f} s"

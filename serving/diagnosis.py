@@ -21,15 +21,15 @@ Function names are as py-spy reads them (`Class.method`), files relative to the 
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
-from infra_agent.feedback.gil import PySpyUnavailable, trace_pid
-from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime, profile_pid
+from infra_agent.feedback.gil import PySpyUnavailable
+from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime
 from infra_agent.serving.datasets import random_sessions
-from infra_agent.serving.instruments import LoadRun, describe, server_processes
+from infra_agent.serving.instruments import describe
 from infra_agent.serving.overlay import installed_package
+from infra_agent.serving.tracing import trace_during
 from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
 LIGHT_CONCURRENCY = 4
@@ -57,16 +57,14 @@ def profiled_run(
 ) -> tuple[FunctionProfile, Any]:
     """The task's request shape at a given concurrency, with the scheduler profiled throughout."""
     p = harness.params
-    server = harness.server(arm)
-    pid = server_processes(server)["scheduler"]
     sessions = random_sessions(
         prompts, int(p["input_len"]), int(p["output_len"]), vocab_size=harness.vocab, seed=seed
     )
     load = harness.load(seed).model_copy(update={"max_concurrency": concurrency})
-    with LoadRun(server, sessions, load) as run:
-        time.sleep(0.5)  # past the first arrivals
-        profile = profile_pid(pid, duration_s=600, until=run.done)
-    return profile, run.result
+    (trace,), result = trace_during(harness.server(arm), sessions, load, ["scheduler"])
+    if trace.profile is None:
+        raise PySpyUnavailable("; ".join(trace.errors))
+    return trace.profile, result
 
 
 def _per_token(rows: list[FunctionTime], tokens: int) -> dict[str, float]:
@@ -81,7 +79,6 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
     median = statistics.median(values)
     dirs = package_dirs(harness, arm)
     server = harness.server(arm)
-    roles = server_processes(server)
     evidence = [f"{metric} per sample: " + ", ".join(f"{v:.4g}" for v in values)]
     instruments = ["harness.sample"]
 
@@ -92,10 +89,13 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
         vocab_size=harness.vocab, seed=DIAGNOSE_SEED + 7,
     )  # fmt: skip
     culprit = None
-    try:
-        with LoadRun(server, sessions, harness.load(DIAGNOSE_SEED + 7)):
-            time.sleep(0.5)
-            report = trace_pid(roles["scheduler"], duration_s=4.0)
+    (trace,), _ = trace_during(
+        server, sessions, harness.load(DIAGNOSE_SEED + 7), ["scheduler"], profile=False, gil_s=4.0
+    )
+    report = trace.gil
+    if report is None:
+        evidence.append(f"GIL trace unavailable: {'; '.join(trace.errors)}")
+    else:
         instruments.append(f"gil.trace_pid scheduler ({report.method})")
         evidence.extend(report.render().splitlines()[:4])
         found = report.culprit()
@@ -108,8 +108,6 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
             or (holder is not None and holder.holding >= 0.5)
         ):
             culprit = found
-    except PySpyUnavailable as exc:
-        evidence.append(f"GIL trace unavailable: {exc}")
 
     # 2./3. Function profiles at a light load and at the task's load.
     light, light_run = profiled_run(

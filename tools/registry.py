@@ -21,6 +21,7 @@ from infra_agent.tools.patching import (
     run_experiment,
 )
 from infra_agent.tools.profile import profile
+from infra_agent.tools.server_trace import server_profile
 from infra_agent.tools.serving import server_steps, serving_workload
 from infra_agent.tools.skeletons import lookup_skeletons
 from infra_agent.tools.workspace import list_files, read_file, search_files
@@ -40,6 +41,7 @@ AGENT_TOOLS: list[Tool] = [  # type: ignore[type-arg]
     gil_trace,
     serving_workload,
     server_steps,
+    server_profile,
     propose_patch,
     edit_file,
     propose_knobs,

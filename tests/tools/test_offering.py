@@ -13,7 +13,7 @@ from infra_agent.tasks.registry import find_task
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.registry import default_registry
 
-SERVING_TOOLS = {"serving_workload", "server_steps"}
+SERVING_TOOLS = {"serving_workload", "server_steps", "server_profile"}
 
 
 def test_a_kernel_task_gets_no_serving_tools_and_a_knobless_task_no_propose_knobs() -> None:

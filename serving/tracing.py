@@ -1,0 +1,284 @@
+"""Profiles and GIL traces of a live server's processes while a workload runs.
+
+    traces, result = trace_during(server, sessions, load, ["scheduler", "tokenizer"], gil_s=4)
+    traces[0].profile.functions(package_dirs_of(server))   # the scheduler's hottest functions
+    traces[0].gil.render()                                  # its threads' GIL states and blame
+
+One workload (`LoadRun`) and, attached to each chosen process at once (py-spy, from outside:
+the server shares this machine's process table), a function profile for the whole workload
+(`feedback.pyprofile.profile_pid`, non-blocking) and a GIL trace over its first `gil_s` seconds
+(`feedback.gil.trace_pid`). A process that is missing, died, or that py-spy cannot attach to
+gets an error line in its trace instead; the other processes' results stand. The serving
+diagnosis (`serving.diagnosis`) and the `server_profile` tool both run through here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from infra_agent.errors import UserError
+from infra_agent.feedback.gil import GilReport, ThreadGil, trace_pid
+from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime, profile_pid
+from infra_agent.serving.datasets import Session
+from infra_agent.serving.instruments import LoadRun, describe, server_processes
+from infra_agent.serving.overlay import installed_package
+from infra_agent.serving.server import Server
+from infra_agent.serving.workload import LoadSpec, WorkloadResult
+
+ROLES = ("scheduler", "tokenizer", "detokenizer")
+"""The SGLang processes instruments attach to (`server_processes`' roles)."""
+SETTLE_S = 0.5
+"""Instruments attach this long after the workload starts (past the first arrivals)."""
+PROFILE_LIMIT_S = 600.0
+"""The longest a profile records (it stops earlier, when the workload ends)."""
+
+
+class ProcessTrace(BaseModel):
+    """What the instruments saw of one server process during the workload."""
+
+    role: str
+    """'scheduler', 'tokenizer' or 'detokenizer'."""
+    pid: int | None = None
+    """None when the server has no such process."""
+    profile: FunctionProfile | None = None
+    gil: GilReport | None = None
+    errors: list[str] = Field(default_factory=list)
+    """One line per instrument that could not run (missing process, died, py-spy refused)."""
+
+
+def package_dirs_of(server: Server) -> list[Path]:
+    """Where `server` imports SGLang from: an overlay on its PYTHONPATH (a patched arm) first,
+    then the installed package; profiles name files relative to these ('sglang/srt/...')."""
+    path = server.env.get("PYTHONPATH", "")
+    overlays = [Path(p) / "sglang" for p in path.split(os.pathsep) if p]
+    return [d for d in overlays if d.is_dir()] + [installed_package(server.spec.sglang_version)]
+
+
+def trace_during(
+    server: Server,
+    sessions: list[Session],
+    load: LoadSpec,
+    roles: list[str],
+    *,
+    profile: bool = True,
+    gil_s: float | None = None,
+) -> tuple[list[ProcessTrace], WorkloadResult | None]:
+    """Run the workload and, on each of `roles`' processes, a function profile for the whole
+    workload (`profile`) and a GIL trace over its first `gil_s` seconds (None: none). Returns one
+    `ProcessTrace` per role (in order) and the workload's result; the workload's own failure is
+    raised."""
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown:
+        raise UserError(f"unknown server process {unknown[0]!r}; choose from {', '.join(ROLES)}")
+    pids = server_processes(server)
+    traces = [ProcessTrace(role=r, pid=pids.get(r)) for r in roles]
+    for t in traces:
+        if t.pid is None:
+            found = ", ".join(f"{r} {p}" for r, p in sorted(pids.items())) or "none"
+            t.errors.append(f"the server has no {t.role} process (found: {found})")
+    jobs: list[tuple[ProcessTrace, str, Future[Any]]] = []
+    with LoadRun(server, sessions, load) as run:
+        time.sleep(SETTLE_S)
+        live = [t for t in traces if t.pid is not None]
+        with ThreadPoolExecutor(max_workers=max(1, 2 * len(live))) as pool:
+            for t in live:
+                assert t.pid is not None
+                if profile:
+                    job = pool.submit(
+                        profile_pid, t.pid, duration_s=PROFILE_LIMIT_S, until=run.done
+                    )
+                    jobs.append((t, "profile", job))
+                if gil_s:
+                    jobs.append((t, "gil", pool.submit(trace_pid, t.pid, duration_s=gil_s)))
+            for t, kind, job in jobs:
+                try:
+                    setattr(t, kind, job.result())
+                except UserError as exc:  # py-spy missing or refused, the process gone
+                    t.errors.append(f"{kind}: {_why(t, exc)}")
+    for t in traces:
+        if t.pid is not None and not t.errors and not _alive(t.pid):
+            t.errors.append(f"the {t.role} process (pid {t.pid}) died during the workload")
+    return traces, run.result
+
+
+def _why(trace: ProcessTrace, exc: Exception) -> str:
+    line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if trace.pid is not None and not _alive(trace.pid):
+        return f"the {trace.role} process (pid {trace.pid}) died during the workload ({line})"
+    return line
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+TOP = 5
+"""Functions shown per process, by self and by total time."""
+THREADS = 4
+"""Threads shown per process (the busiest)."""
+IDLE = 0.99
+"""Threads idle at least this share of the GIL trace are counted, not shown."""
+WIDTH = 140
+"""Characters per rendered line, at most."""
+
+
+class ProcessProfile(BaseModel):
+    """One process's side of a `ServerProfile`: its hottest functions and its threads' GIL."""
+
+    role: str
+    pid: int | None = None
+    samples: int = 0
+    """Active-thread samples of the function profile."""
+    duration_s: float = 0.0
+    top_self: list[FunctionTime] = Field(default_factory=list)
+    """Hottest by self time (innermost SGLang frame), with their shares of active samples."""
+    top_total: list[FunctionTime] = Field(default_factory=list)
+    """Hottest with their callees (anywhere on the stack): the innermost function every sample
+    passes through (e.g. the scheduler's event loop), then the hottest below it."""
+    gil: GilReport | None = None
+    errors: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, trace: ProcessTrace, dirs: list[Path]) -> ProcessProfile:
+        profile = trace.profile
+        rows = profile.functions(dirs, limit=10**6) if profile else []
+        depth = profile.depths(dirs) if profile else {}
+        # By total time, callees before their callers at equal time; of the entry chain every
+        # sample passes through (the process's main loop and its callers), only the innermost.
+        ranked = [r for r in rows if not _wrapper(r)]
+        by_total = sorted(ranked, key=lambda r: (r.total_samples, depth[r.where]), reverse=True)
+        entry = by_total[:1]
+        below = [r for r in by_total if entry and r.total_samples < entry[0].total_samples]
+        return cls(
+            role=trace.role, pid=trace.pid,
+            samples=profile.samples if profile else 0,
+            duration_s=profile.duration_s if profile else 0.0,
+            top_self=[r for r in rows if r.self_samples][:TOP], top_total=(entry + below)[:TOP],
+            gil=trace.gil, errors=list(trace.errors),
+        )  # fmt: skip
+
+    def render(self) -> list[str]:
+        head = f"{self.role} (pid {self.pid})" if self.pid else self.role
+        lines = [f"{head}: {self.samples} active samples in {self.duration_s:.1f} s"]
+        if not self.top_self and not self.errors:
+            lines.append("  (no SGLang frames sampled)")
+        lines += [
+            _cut(f"  self {r.self_share:4.0%} (total {r.total_share:4.0%}) {r.where}")
+            for r in self.top_self[:TOP]
+        ]
+        shown = {r.where for r in self.top_self[:TOP]}
+        rest = [
+            f"{_short(r)} {r.total_share:.0%}" for r in self.top_total[:TOP] if r.where not in shown
+        ]
+        if rest:
+            lines.append(_cut("  by total: " + ", ".join(rest), 2 * WIDTH))
+        if self.gil is not None:
+            lines += _gil_lines(self.gil)
+        lines += [_cut(f"  error: {e}") for e in self.errors]
+        return lines
+
+
+class ServerProfile(BaseModel):
+    """The `server_profile` tool's record: a workload against one server, its processes'
+    profiles and GIL states meanwhile."""
+
+    version: int = 1
+    label: str
+    """Which server: 'baseline' or the knob patch's assignments."""
+    workload: str
+    """One line: requests, output tokens, seconds."""
+    duration_s: float
+    """The workload's wall time, seconds."""
+    gil_window_s: float | None = None
+    """The GIL traces' window (from `SETTLE_S` after the start), seconds; None: none ran."""
+    processes: list[ProcessProfile] = Field(default_factory=list)
+
+    def render(self) -> str:
+        lines = [f"{self.label}: {self.workload}"]
+        for process in self.processes:
+            lines += process.render()
+        if self.gil_window_s and self.gil_window_s + SETTLE_S > self.duration_s:
+            lines.append(
+                f"note: the GIL window ({self.gil_window_s:g} s) outlasted the workload "
+                f"({self.duration_s:.1f} s): its idle shares include the time after it"
+            )
+        return "\n".join(lines)
+
+
+def profile_server(
+    server: Server,
+    sessions: list[Session],
+    load: LoadSpec,
+    roles: list[str],
+    *,
+    label: str,
+    gil_s: float | None,
+) -> ServerProfile:
+    """`trace_during` summarized: each process's hottest functions and its threads' GIL."""
+    traces, result = trace_during(server, sessions, load, roles, gil_s=gil_s)
+    dirs = package_dirs_of(server)
+    return ServerProfile(
+        label=label,
+        workload=describe(result),
+        duration_s=result.duration_s if result is not None else 0.0,
+        gil_window_s=gil_s,
+        processes=[ProcessProfile.of(t, dirs) for t in traces],
+    )
+
+
+def _wrapper(row: FunctionTime) -> bool:
+    """A decorator's closure ('profile_method.<locals>.decorator.<locals>.wrapper'): it carries
+    the time of the function it wraps, which is the one to name."""
+    return row.function.endswith(".<locals>.wrapper")
+
+
+def _short(row: FunctionTime) -> str:
+    """'scheduler.py:Scheduler.run_batch' (the file's name, not its folders)."""
+    return f"{row.file.rsplit('/', 1)[-1]}:{row.function}"
+
+
+def _gil_lines(report: GilReport) -> list[str]:
+    """Who waits for the GIL and who held it (the report's own lines), then the busiest threads'
+    states in one line each."""
+    blame = [ln for ln in report.render().splitlines() if ln.startswith("thread ")][:1]
+    busy = sorted(report.threads, key=lambda t: t.idle)
+    shown = [t for t in busy if t.idle < IDLE][:THREADS] or busy[:1]
+    lines = [f"  GIL: {ln}" for ln in blame] + [f"  GIL {_thread(t, report)}" for t in shown]
+    hidden = [t for t in busy if t not in shown]
+    if hidden:
+        idle = sum(t.idle >= IDLE for t in hidden)
+        more = f"{len(hidden)} more thread{'s' if len(hidden) > 1 else ''}"
+        lines.append(f"  GIL: {more} ({idle} idle {IDLE:.0%} or more)")
+    return [_cut(ln) for ln in lines]
+
+
+def _cut(line: str, width: int | None = None) -> str:
+    width = width or WIDTH
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _thread(t: ThreadGil, report: GilReport) -> str:
+    if not report.gil_visible:
+        return f"{t.thread}: active {t.running:.0%} idle {t.idle:.0%}"
+    runs = "runs-native" if report.gil_inferred else "runs-no-GIL"
+    top = t.top_functions[0] if t.top_functions else "-"
+    return (
+        f"{t.thread}: holds {t.holding:.0%} waits {t.waiting:.0%} {runs} {t.running:.0%} "
+        f"idle {t.idle:.0%}; top {top}"
+    )

@@ -1,0 +1,81 @@
+"""`server_profile`: the profiler and the GIL tracer attached to the live server's processes.
+
+Starts the task's server (the baseline, or a knob patch's, as `serving_workload` does), runs the
+experiment's published workload against it (or fewer requests / in flight, when asked) and,
+while it runs, attaches py-spy to the chosen SGLang processes (`serving.tracing`, the path the
+serving diagnosis uses): per process, the hottest SGLang functions by self and by total time
+with their shares of the active samples, and per thread its GIL states (holds / waits /
+runs without it / idle) with who held the GIL while a thread waited. The typed
+`serving.tracing.ServerProfile` is the data. One run is one look, not a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from infra_agent.errors import UserError
+from infra_agent.tools.base import ToolResult, instrument
+from infra_agent.tools.context import ToolContext
+
+Process = Literal["scheduler", "tokenizer", "detokenizer", "all"]
+
+
+class ServerProfileParams(BaseModel):
+    patch_id: str | None = Field(None, description="A knob patch to run (default: the baseline).")
+    processes: list[Process] = Field(
+        ["scheduler", "tokenizer"],
+        min_length=1,
+        description="SGLang processes to attach to: scheduler (batching, the model's forward), "
+        "tokenizer (HTTP front end and tokenization), detokenizer, or all.",
+    )
+    num_prompts: int | None = Field(
+        None, ge=1, le=512, description="Requests to send (default: the experiment's workload)."
+    )
+    max_concurrency: int | None = Field(
+        None, ge=1, le=512, description="At most this many in flight (default: the experiment's)."
+    )
+    gil_seconds: float = Field(
+        4.0, ge=0.0, le=15.0, description="GIL trace window from the workload's start (0: none)."
+    )
+
+
+@instrument(
+    "server_profile",
+    "Start the task's server (optionally with a knob patch), run the experiment's workload (or "
+    "a smaller one) and profile the server's own processes meanwhile with py-spy: per process "
+    "(scheduler, tokenizer, detokenizer) the hottest SGLang functions by self and by total "
+    "time, and per thread its GIL states (holding, waiting for it, idle) with who held the GIL "
+    "while it waited. Shows where the server spends its time, down to the function to patch.",
+    ServerProfileParams,
+    needs="serving",
+)
+def server_profile(p: ServerProfileParams, ctx: ToolContext) -> ToolResult:
+    from infra_agent.feedback.gil.pyspy import find_py_spy
+    from infra_agent.serving.tracing import ROLES, profile_server
+    from infra_agent.serving.workload import LoadSpec
+    from infra_agent.tools.serving import ServingWorkload, task_server
+    from infra_agent.tools.workload import task_workload
+
+    if ctx.task.manifest.kind != "serving":
+        raise UserError(f"task {ctx.task.name} is not a serving task (no server to profile)")
+    find_py_spy()  # refused before a server starts: "py-spy not found (pip install py-spy)"
+    roles: list[str] = list(ROLES) if "all" in p.processes else list(dict.fromkeys(p.processes))
+    w = task_workload(ctx).params
+    conc = p.max_concurrency or int(w["max_concurrency"]) or None
+    rate = float(w["request_rate"])
+    load = LoadSpec(
+        api=w["api"], max_concurrency=conc, request_rate=rate if rate > 0 else math.inf,
+        temperature=float(w["temperature"]), seed=1,
+    )  # fmt: skip
+    shape = ServingWorkload(
+        patch_id=p.patch_id, num_prompts=p.num_prompts or int(w["num_prompts"]),
+        input_len=int(w["input_len"]), output_len=int(w["output_len"]), request_rate=None,
+    )  # fmt: skip
+    with task_server(shape, ctx) as (server, sessions, _, label):
+        report = profile_server(
+            server, sessions, load, roles, label=label, gil_s=p.gil_seconds or None
+        )
+    return ToolResult.of(report)
