@@ -34,6 +34,9 @@ def evaluate(
     sandbox: str = typer.Option(None, "--sandbox", help="local | docker."),
     executor: str = typer.Option(None, "--executor", help="local | ray: a turn's experiments."),
     parallel: int = typer.Option(1, "--parallel", help="Experiments at once on the executor."),
+    parallel_attempts: int = typer.Option(
+        1, "--parallel-attempts", help="Attempts at once, each in its own process and CPU set."
+    ),
     suites_file: Path = typer.Option(None, "--suites-file", help="Suites TOML of your own."),
     resume: str = typer.Option(None, "--resume", help="Continue eval EVAL_ID."),
     no_reverify: bool = typer.Option(
@@ -48,7 +51,8 @@ def evaluate(
     from infra_agent.agent.configuration import RunConfig, resolve_policy
     from infra_agent.agent.state import Budget
     from infra_agent.context import current
-    from infra_agent.evals.runner import create_eval, run_eval, with_profile
+    from infra_agent.evals.attempt import with_profile
+    from infra_agent.evals.runner import create_eval, run_eval
     from infra_agent.evals.suites import resolve
     from infra_agent.output import status_console
 
@@ -103,7 +107,9 @@ def evaluate(
         models = f" x {len(model)} profiles" if len(model) > 1 else ""
         out.print(f"eval {eval_id}: {reason}; {len(tasks)} task(s) x {attempts} attempt(s){models}")
     try:
-        run_eval(eval_id, settings, progress=out.print)
+        if parallel_attempts < 1:
+            raise UserError("--parallel-attempts: at least 1")
+        run_eval(eval_id, settings, progress=out.print, parallel_attempts=parallel_attempts)
     except KeyboardInterrupt:
         out.print(
             f"interrupted; resume with: infra-agent --db {settings.store.path()} eval --resume {eval_id}"
