@@ -22,7 +22,11 @@ def evaluate(
         [], "--suite", help="A suite from suites.toml (seed, sglang, all) or a task (repeatable)."
     ),
     policy: str = typer.Option("search", "--policy", help="search | scripted | llm."),
-    model: list[str] = typer.Option([], "--model", help="LLM profile (not built yet)."),
+    model: list[str] = typer.Option(
+        [],
+        "--model",
+        help="An LLM profile (`config profiles`) for --policy llm; repeat to compare.",
+    ),
     attempts: int = typer.Option(1, "--attempts", help="Attempts per task (pass@k)."),
     feedback: str = typer.Option("dense", "--feedback", help="dense | sparse (no instruments)."),
     budget: str = typer.Option(None, "--budget", help="Each attempt's budget, as for optimize."),
@@ -30,8 +34,14 @@ def evaluate(
     sandbox: str = typer.Option(None, "--sandbox", help="local | docker."),
     executor: str = typer.Option(None, "--executor", help="local | ray: a turn's experiments."),
     parallel: int = typer.Option(1, "--parallel", help="Experiments at once on the executor."),
+    parallel_attempts: int = typer.Option(
+        1, "--parallel-attempts", help="Attempts at once, each in its own process and CPU set."
+    ),
     suites_file: Path = typer.Option(None, "--suites-file", help="Suites TOML of your own."),
     resume: str = typer.Option(None, "--resume", help="Continue eval EVAL_ID."),
+    no_reverify: bool = typer.Option(
+        False, "--no-reverify", help="Skip re-measuring each attempt's best win on fresh seeds."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON document."),
 ) -> None:
     """Run every task of the suite `--attempts` times with the policy; print the report."""
@@ -41,6 +51,7 @@ def evaluate(
     from infra_agent.agent.configuration import RunConfig, resolve_policy
     from infra_agent.agent.state import Budget
     from infra_agent.context import current
+    from infra_agent.evals.attempt import with_profile
     from infra_agent.evals.runner import create_eval, run_eval
     from infra_agent.evals.suites import resolve
     from infra_agent.output import status_console
@@ -48,7 +59,7 @@ def evaluate(
     settings = current().settings()
     out = status_console(as_json)
     if resume:
-        if suite or script or budget:
+        if suite or script or budget or model or no_reverify:
             raise UserError("--resume continues an eval with its own suite and settings")
         eval_id = resume
     else:
@@ -58,12 +69,17 @@ def evaluate(
             raise UserError(f"--feedback: '{feedback}' is not dense or sparse")
         if executor not in (None, "local", "ray"):
             raise UserError(f"--executor: '{executor}' is not local or ray")
-        if model:
-            raise UserError(
-                "--model: comparing LLM profiles in one eval is not built yet; run one eval per "
-                "profile (llm.profile in the config) and `eval report A B`"
-            )
-        chosen, reason = resolve_policy(policy, settings.llm, script)  # type: ignore[arg-type]
+        if model and policy != "llm":
+            raise UserError(f"--model: profiles are for --policy llm, not {policy}")
+        if len(set(model)) != len(model):
+            raise UserError("--model: a profile is named twice")
+        chosen, reason = "", ""
+        each: list[str | None] = [*model] or [None]
+        for profile in each:  # each profile must reach an endpoint
+            mine = with_profile(settings, profile).llm
+            chosen, reason = resolve_policy(policy, mine, script)  # type: ignore[arg-type]
+        if len(model) > 1:
+            reason = f"llm policy: {len(model)} profiles ({', '.join(model)})"
         label, tasks = resolve(suite, suites_file)
         base = RunConfig(
             task="-",
@@ -76,7 +92,7 @@ def evaluate(
             parallel=parallel,
             feedback=feedback,  # type: ignore[arg-type]
         )
-        model_name = settings.llm.active().model if chosen == "llm" else None
+        model_name = settings.llm.active().model if chosen == "llm" and not model else None
         record = create_eval(
             settings.store.path(),
             suite=label,
@@ -84,11 +100,16 @@ def evaluate(
             base=base,
             attempts=attempts,
             model=model_name,
+            profiles=model,
+            reverify=not no_reverify,
         )
         eval_id = record.id
-        out.print(f"eval {eval_id}: {reason}; {len(tasks)} task(s) x {attempts} attempt(s)")
+        models = f" x {len(model)} profiles" if len(model) > 1 else ""
+        out.print(f"eval {eval_id}: {reason}; {len(tasks)} task(s) x {attempts} attempt(s){models}")
     try:
-        run_eval(eval_id, settings, progress=out.print)
+        if parallel_attempts < 1:
+            raise UserError("--parallel-attempts: at least 1")
+        run_eval(eval_id, settings, progress=out.print, parallel_attempts=parallel_attempts)
     except KeyboardInterrupt:
         out.print(
             f"interrupted; resume with: infra-agent --db {settings.store.path()} eval --resume {eval_id}"
@@ -170,8 +191,9 @@ def list_evals(
 
     def render(console: object) -> None:
         for e in found:
+            models = f" ({', '.join(e.profiles)})" if e.profiles else ""
             console.print(  # type: ignore[attr-defined]
-                f"{e.id}  {e.status:<11} {e.policy:<9} {e.feedback:<6} suite {e.suite} "
+                f"{e.id}  {e.status:<11} {e.policy:<9}{models} {e.feedback:<6} suite {e.suite} "
                 f"x{e.attempts}  {e.created_at:%Y-%m-%d %H:%M}"
             )
 

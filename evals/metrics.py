@@ -1,10 +1,13 @@
 """Eval metrics per (policy or model) x feedback x task, and across tasks.
 
-solved: the share of attempts with a correct, IMPROVED patch; pass@k: the unbiased estimator
-over n attempts with c solved (1 - C(n-c, k) / C(n, k)); fast_p: the share of attempts whose
-best IMPROVED ratio exceeds p (KernelBench's fast_p, p in 1.0, 1.2, 1.5, 2.0; at p = 1.0 it is
-the solve rate); to the first win: medians over the attempts that won. Intervals are Wilson
-95% intervals for shares over attempts.
+solved: the share of attempts that met the task's own success criterion (a correct, IMPROVED
+patch with every target and constraint the task declares shown met; IMPROVED alone where it
+declares none); improved: the share with any IMPROVED patch; pass@k: the unbiased estimator over
+n attempts with c solved (1 - C(n-c, k) / C(n, k)); fast_p: the share of attempts whose best
+IMPROVED ratio exceeds p (KernelBench's fast_p, correct and faster than p, p in 1.0, 1.2, 1.5,
+2.0); to the first win: medians over the attempts with an IMPROVED patch; disproved: attempts
+whose best win was not IMPROVED again when re-measured on fresh seeds. Intervals are Wilson 95%
+intervals for shares over attempts.
 """
 
 from __future__ import annotations
@@ -50,11 +53,18 @@ class Cell(BaseModel):
     not_applicable: int = 0
     failed: int = 0
     solved: int
+    """Attempts that met the task's own success criterion."""
     solve_rate: float
     solve_ci: tuple[float, float]
+    improved: int = 0
+    """Attempts with an IMPROVED patch (more than `solved` where targets were missed)."""
+    reverified: int = 0
+    """Attempts whose best win was re-measured on fresh seeds."""
+    disproved: int = 0
+    """Of those, the wins that were not IMPROVED again (claims disproved)."""
     best_speedup: float | None = None
     speedups: list[float] = Field(default_factory=list)
-    """Each attempt's best IMPROVED ratio (solved attempts only)."""
+    """Each attempt's best IMPROVED ratio (attempts with an IMPROVED patch only)."""
     fast_p: dict[str, float] = Field(default_factory=dict)
     pass_at_k: dict[str, float] = Field(default_factory=dict)
     first_win: dict[str, float | None] = Field(default_factory=dict)
@@ -64,15 +74,18 @@ class Cell(BaseModel):
     tools: list[str] = Field(default_factory=list)
 
 
-def agent_label(record: EvalRecord) -> str:
-    return f"{record.policy}:{record.model}" if record.model else record.policy
+def agent_label(record: EvalRecord, profile: str | None = None) -> str:
+    """The policy, with the LLM profile (several in one eval) or the model it ran."""
+    model = profile or record.model
+    return f"{record.policy}:{model}" if model else record.policy
 
 
 def cell(agent: str, feedback: str, task: str, attempts: list[AttemptRecord], k: int) -> Cell:
     results = [a.result for a in attempts if a.result is not None]
     n = len(attempts)
-    best = [r.best_speedup for r in results if r.solved and r.best_speedup is not None]
+    best = [r.best_speedup for r in results if r.best_speedup is not None]  # IMPROVED ones
     solved = sum(1 for r in results if r.solved)
+    again = [r.reverification for r in results if r.reverification is not None]
     wins = [r.first_win for r in results if r.first_win is not None]
     tools = sorted({t for r in results for t in r.tools})
     return Cell(
@@ -85,6 +98,9 @@ def cell(agent: str, feedback: str, task: str, attempts: list[AttemptRecord], k:
         solved=solved,
         solve_rate=solved / n if n else 0.0,
         solve_ci=wilson(solved, n),
+        improved=sum(1 for r in results if (r.solved if r.improved is None else r.improved)),
+        reverified=len(again),
+        disproved=sum(1 for r in again if r.disproved),
         best_speedup=max(best) if best else None,
         speedups=best,
         fast_p={f"{p:g}": (sum(1 for b in best if b > p) / n if n else 0.0) for p in FAST_P},
@@ -104,22 +120,28 @@ class EvalSummary(BaseModel):
 
     eval: dict[str, Any]
     cells: list[Cell]
-    """Per task, then one '*' row for the whole suite."""
+    """Per agent: per task, then one '*' row for the whole suite."""
     attempts: list[dict[str, Any]]
 
 
 def summarize(record: EvalRecord, attempts: list[AttemptRecord]) -> EvalSummary:
-    agent = agent_label(record)
-    cells = [
-        cell(agent, record.feedback, task, [a for a in attempts if a.task == task], record.attempts)
-        for task in record.tasks
-    ]
-    suite = cell(agent, record.feedback, "*", attempts, record.attempts)
-    if cells:  # pass@k of a suite: the mean over its tasks (each task's attempts are its n)
-        suite.pass_at_k = {
-            j: statistics.fmean(c.pass_at_k.get(j, 0.0) for c in cells) for j in suite.pass_at_k
-        }
-    cells.append(suite)
+    """Per agent (one, or one per LLM profile), its tasks and then its '*' suite row."""
+    cells: list[Cell] = []
+    profiles: list[str | None] = [*record.profiles] or [None]
+    for profile in profiles:
+        agent = agent_label(record, profile)
+        mine = [a for a in attempts if a.profile == profile]
+        per_task = [
+            cell(agent, record.feedback, task, [a for a in mine if a.task == task], record.attempts)
+            for task in record.tasks
+        ]
+        suite = cell(agent, record.feedback, "*", mine, record.attempts)
+        if per_task:  # pass@k of a suite: the mean over its tasks (each task's attempts are its n)
+            suite.pass_at_k = {
+                j: statistics.fmean(c.pass_at_k.get(j, 0.0) for c in per_task)
+                for j in suite.pass_at_k
+            }
+        cells += [*per_task, suite]
     return EvalSummary(
         eval=record.model_dump(mode="json"),
         cells=cells,

@@ -1,8 +1,8 @@
 """Evaluations, stored in the run store: an eval and its attempts, each attempt linked to its run.
 
 Two tables in the same SQLite file as the runs (`evals`, `eval_attempts`), each row a whole
-record as JSON, like the other records. An attempt's id is `<eval id>/<task>/<k>`, so a resumed
-eval finds exactly the attempts it already made.
+record as JSON, like the other records. An attempt's id is `<eval id>/[<profile>/]<task>/<k>`, so
+a resumed eval finds exactly the attempts it already made.
 """
 
 from __future__ import annotations
@@ -30,15 +30,39 @@ class FirstWin(BaseModel):
     wall_s: float
 
 
+class Reverification(BaseModel):
+    """The attempt's best win measured once more, as a new experiment on fresh seeds."""
+
+    experiment_id: str
+    """The new experiment (stored without a run: the agent never saw it)."""
+    of_experiment: str
+    """The win it re-measured: the IMPROVED experiment with the highest 95% CI low end."""
+    patch_id: str
+    seed: int
+    """The statistics' seed, one the run never used (input seeds are always fresh)."""
+    verdict: str
+    speedup: float | None = None
+    ci_low: float | None = None
+    disproved: bool
+    """The re-measurement was not IMPROVED: the claim did not survive."""
+
+
 class AttemptResult(BaseModel):
     """The numbers of one finished attempt, read from its run."""
 
     solved: bool
-    """At least one experiment came out IMPROVED (correct, and better beyond the task's
-    min_effect with a CI and a sign test that agree)."""
+    """The task's own success criterion was met by one experiment: IMPROVED (correct, and better
+    beyond the task's min_effect with a CI and a sign test that agree) with every target and
+    constraint the task declares shown met (`experiments.criteria.success`)."""
+    improved: bool | None = None
+    """At least one experiment came out IMPROVED (None in records made when that was `solved`)."""
     best_speedup: float | None = None
     """The best IMPROVED experiment's ratio, oriented so > 1 is better (speedup, or the metric's
     change for accuracy and correctness tasks)."""
+    criteria_met: list[bool] = Field(default_factory=list)
+    """Per experiment, in order: whether it met the task's success criterion."""
+    reverification: Reverification | None = None
+    """None: no win to re-verify, or the eval skipped it (--no-reverify)."""
     verdicts: list[str] = Field(default_factory=list)
     speedups: list[float | None] = Field(default_factory=list)
     turns: int = 0
@@ -62,8 +86,13 @@ class EvalRecord(BaseModel):
     tasks: list[str]
     policy: str
     model: str | None = None
+    profiles: list[str] = Field(default_factory=list)
+    """The LLM profiles compared (`--model`, each attempt runs with one); empty: the settings'
+    own endpoint or profile."""
     feedback: Literal["dense", "sparse"] = "dense"
     attempts: int = 1
+    reverify: bool = True
+    """Re-measure each attempt's best win on fresh seeds (claims disproved)."""
     config: dict[str, Any] = Field(default_factory=dict)
     """What every attempt's run is started with (budget, sandbox, script, ...)."""
     status: Literal["running", "finished", "interrupted"] = "running"
@@ -76,6 +105,8 @@ class AttemptRecord(BaseModel):
     eval_id: str
     task: str
     index: int
+    profile: str | None = None
+    """The LLM profile this attempt's run uses (None: the settings' own)."""
     status: AttemptStatus = "pending"
     run_id: str | None = None
     abandoned_runs: list[str] = Field(default_factory=list)
@@ -85,8 +116,8 @@ class AttemptRecord(BaseModel):
     updated_at: datetime = Field(default_factory=now)
 
     @staticmethod
-    def make_id(eval_id: str, task: str, index: int) -> str:
-        return f"{eval_id}/{task}/{index}"
+    def make_id(eval_id: str, task: str, index: int, profile: str | None = None) -> str:
+        return f"{eval_id}/{profile + '/' if profile else ''}{task}/{index}"
 
 
 _SCHEMA = """

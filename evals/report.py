@@ -33,6 +33,8 @@ def rows(summaries: list[EvalSummary]) -> list[dict[str, str]]:
                     "task": "all tasks" if c.task == "*" else Path(c.task).name,
                     "solved": f"{c.solved}/{c.attempts}"
                     + (f" ({c.not_applicable} n/a)" if c.not_applicable else ""),
+                    "improved": f"{c.improved}/{c.attempts}",
+                    "disproved": f"{c.disproved}/{c.reverified}" if c.reverified else "-",
                     "solve 95% CI": f"{c.solve_ci[0]:.2f}-{c.solve_ci[1]:.2f}",
                     "best": _fmt(c.best_speedup, ".3f", "x"),
                     **{f"fast_{k}": f"{v:.2f}" for k, v in c.fast_p.items()},
@@ -48,7 +50,8 @@ def rows(summaries: list[EvalSummary]) -> list[dict[str, str]]:
     return out
 
 
-_TERMINAL = ("task", "solved", "solve 95% CI", "best", "fast_p", "pass@k", "exp→win", "tokens→win")
+_TERMINAL = ("task", "solved", "solve 95% CI", "best", "fast_p", "pass@k", "exp→win", "tokens→win",
+             "disproved")  # fmt: skip
 
 
 def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
@@ -61,17 +64,20 @@ def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
             title=f"eval {c0['id']}: {c0['policy']}{' ' + c0['model'] if c0.get('model') else ''}, "
             f"{c0['feedback']} feedback, suite {c0['suite']}, {c0['attempts']} attempt(s)"
         )
-        for name in _TERMINAL:
+        columns = ("agent", *_TERMINAL) if len({c.agent for c in s.cells}) > 1 else _TERMINAL
+        for name in columns:
             table.add_column(name, overflow="fold")
         for row, c in zip(rows([s]), s.cells, strict=True):
             fast = "/".join(row[f"fast_{p}"] for p in c.fast_p)
             passes = " ".join(f"@{k}:{v:.2f}" for k, v in c.pass_at_k.items())
-            values = {**row, "fast_p": fast, "pass@k": passes}
-            table.add_row(*(values[k] for k in _TERMINAL), end_section=c.task == "*")
+            solved = row["solved"] + (f" ({c.improved} improved)" if c.improved != c.solved else "")
+            values = {**row, "solved": solved, "fast_p": fast, "pass@k": passes}
+            table.add_row(*(values[k] for k in columns), end_section=c.task == "*")
         console.print(table)
         tools = sorted({t for c in s.cells for t in c.tools})
         console.print(
-            f"fast_p at p = {', '.join(f'{p:g}' for p in FAST_P)}; tools offered: {', '.join(tools)}"
+            f"fast_p at p = {', '.join(f'{p:g}' for p in FAST_P)}; disproved: best wins not "
+            f"IMPROVED again on fresh seeds / re-measured; tools offered: {', '.join(tools)}"
         )
         for a in s.attempts:
             if a["status"] in ("not_applicable", "failed"):
@@ -91,23 +97,19 @@ def plots(summaries: list[EvalSummary]) -> dict[str, str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = [
-        (f"{c.agent} · {c.feedback} ({s.eval['id']})", s.eval["id"])
-        for s in summaries
-        for c in s.cells[:1]
-    ]
+    series: dict[str, dict[str, Cell]] = {}  # one per eval and agent: task -> cell
+    for s in summaries:
+        for c in s.cells:
+            series.setdefault(f"{c.agent} · {c.feedback} ({s.eval['id']})", {})[c.task] = c
+    groups = list(series)
     tasks: list[str] = []
     for s in summaries:
         tasks += [c.task for c in s.cells if c.task != "*" and c.task not in tasks]
 
-    def by_task(s: EvalSummary) -> dict[str, Cell]:
-        return {c.task: c for c in s.cells}
-
     out: dict[str, str] = {}
-    width = 0.8 / max(1, len(summaries))
+    width = 0.8 / max(1, len(series))
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(tasks)), 3.6))
-    for i, s in enumerate(summaries):
-        cells = by_task(s)
+    for i, cells in enumerate(series.values()):
         xs = [j + i * width for j in range(len(tasks))]
         ys = [cells[t].solve_rate if t in cells else 0.0 for t in tasks]
         lo = [
@@ -116,9 +118,9 @@ def plots(summaries: list[EvalSummary]) -> dict[str, str]:
         hi = [
             (cells[t].solve_ci[1] if t in cells else 0) - y for t, y in zip(tasks, ys, strict=True)
         ]
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=groups[i][0])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=groups[i])
     labels = [Path(t).name for t in tasks]
-    ax.set_xticks([j + width * (len(summaries) - 1) / 2 for j in range(len(tasks))], labels)
+    ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(tasks))], labels)
     ax.tick_params(axis="x", rotation=30)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("solve rate (95% CI)")
@@ -127,13 +129,10 @@ def plots(summaries: list[EvalSummary]) -> dict[str, str]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(tasks)), 3.6))
-    for i, s in enumerate(summaries):
-        cells = by_task(s)
+    for i, cells in enumerate(series.values()):
         for j, t in enumerate(tasks):
             values = cells[t].speedups if t in cells else []
-            ax.scatter(
-                [j + i * width] * len(values), values, label=groups[i][0] if j == 0 else None
-            )
+            ax.scatter([j + i * width] * len(values), values, label=groups[i] if j == 0 else None)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     for p in FAST_P[1:]:
         ax.axhline(p, color="grey", linewidth=0.5, linestyle=":")
@@ -146,10 +145,9 @@ def plots(summaries: list[EvalSummary]) -> dict[str, str]:
 
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(tasks)), 3.4))
     for key, ax in zip(("experiments", "tokens"), axes, strict=True):
-        for i, s in enumerate(summaries):
-            cells = by_task(s)
+        for i, cells in enumerate(series.values()):
             ys = [(cells[t].first_win.get(key) or 0.0) if t in cells else 0.0 for t in tasks]
-            ax.bar([j + i * width for j in range(len(tasks))], ys, width, label=groups[i][0])
+            ax.bar([j + i * width for j in range(len(tasks))], ys, width, label=groups[i])
         ax.set_xticks(range(len(tasks)), labels)
         ax.tick_params(axis="x", rotation=30)
         ax.set_ylabel(f"median {key} to first win")
@@ -174,7 +172,8 @@ def render_html(summaries: list[EvalSummary]) -> str:
     )
     evals = "".join(
         f"<li><b>{html.escape(s.eval['id'])}</b>: {html.escape(s.eval['policy'])}"
-        f"{' ' + html.escape(s.eval['model']) if s.eval.get('model') else ''}, "
+        f"{' ' + html.escape(s.eval['model']) if s.eval.get('model') else ''}"
+        f"{' profiles ' + html.escape(', '.join(s.eval['profiles'])) if s.eval.get('profiles') else ''}, "
         f"{html.escape(s.eval['feedback'])} feedback, suite {html.escape(s.eval['suite'])}, "
         f"{s.eval['attempts']} attempt(s) per task, budget "
         f"{html.escape(str(s.eval['config'].get('budget', {})))}; tools offered: "
@@ -198,9 +197,11 @@ figure {{ margin: 1.5rem 0; }} img {{ max-width: 100%; }}
 </style></head><body>
 <h1>infra-agent eval report</h1>
 <ul>{evals}</ul>
-<p>solved: a correct, IMPROVED patch (the verification cascade's verdict); fast_p: the share of
+<p>solved: the task's own success criterion met (a correct, IMPROVED patch with every target
+and constraint the task declares shown met); improved: any IMPROVED patch; fast_p: the share of
 attempts whose best proven ratio exceeds p; pass@k: unbiased estimate over the attempts;
-→win: medians to the first IMPROVED experiment.</p>
+→win: medians to the first IMPROVED experiment; disproved: best wins that were not IMPROVED
+again when re-measured on fresh seeds, of those re-measured.</p>
 <table id="metrics"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
 {figures}
 </body></html>

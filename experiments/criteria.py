@@ -8,8 +8,20 @@ the model need not build its own check; the verdict itself is decided in `experi
 
 from __future__ import annotations
 
-from infra_agent.store.verdict import ExperimentResult, PerformanceEvidence
+from typing import Literal, NamedTuple
+
+from infra_agent.store.verdict import ExperimentResult, PerformanceEvidence, Verdict
 from infra_agent.tasks.manifest import Constraint, Target, TaskManifest
+
+Status = Literal["met", "not met", "not shown", "not measured", "broken"]
+
+
+class CriterionOutcome(NamedTuple):
+    """One target or constraint judged on one experiment: met only when shown."""
+
+    status: Status
+    line: str
+    """The criterion, its outcome and its number, in words."""
 
 
 def _target(t: Target) -> str:
@@ -48,54 +60,78 @@ def _median(perf: PerformanceEvidence, metrics: dict[str, float], name: str, arm
     return metrics.get(f"{arm}_{name}")
 
 
-def _target_outcome(t: Target, perf: PerformanceEvidence, metrics: dict[str, float]) -> str:
+def _target_outcome(t: Target, perf: PerformanceEvidence, metrics: dict[str, float]) -> CriterionOutcome:  # fmt: skip
     if t.gain is not None:
         lo, sp = perf.ci_low, perf.speedup
-        met = "met" if lo >= t.gain else "not shown" if sp >= t.gain else "not met"
-        return f"target {perf.gain} >= {t.gain:g}x: {met} ({sp:.3f}x, 95% CI {lo:.3f}-{perf.ci_high:.3f})"  # fmt: skip
+        met: Status = "met" if lo >= t.gain else "not shown" if sp >= t.gain else "not met"
+        return CriterionOutcome(met, f"target {perf.gain} >= {t.gain:g}x: {met} ({sp:.3f}x, 95% CI {lo:.3f}-{perf.ci_high:.3f})")  # fmt: skip
     value = _median(perf, metrics, t.metric, "candidate")
     below = t.below is not None
     bound = t.below if t.below is not None else t.above
     assert bound is not None  # Target: exactly one of below, above, gain
     head = f"target {t.metric} {'<' if below else '>'} {bound:g}"
     if value is None:
-        return f"{head}: not measured (the harness did not report {t.metric})"
+        return CriterionOutcome("not measured", f"{head}: not measured (the harness did not report {t.metric})")  # fmt: skip
     reached = value < bound if below else value > bound
     base = _median(perf, metrics, t.metric, "baseline")
     was = f"; baseline {base:.4g}" if base is not None else ""
-    return f"{head}: {'met' if reached else 'not met'} ({value:.4g}{was})"
+    status: Status = "met" if reached else "not met"
+    return CriterionOutcome(status, f"{head}: {status} ({value:.4g}{was})")
 
 
-def _constraint_outcome(c: Constraint, metrics: dict[str, float]) -> str:
+def _constraint_outcome(c: Constraint, metrics: dict[str, float]) -> CriterionOutcome:
     head = f"constraint {c.metric} ratio to baseline <= {c.max_ratio:g}"
     ratio = metrics.get(f"{c.metric}_ratio")
     low, high = metrics.get(f"{c.metric}_ratio_low"), metrics.get(f"{c.metric}_ratio_high")
     if ratio is None or low is None or high is None:
-        return f"{head}: not measured"
-    met = "met" if high <= c.max_ratio else "broken" if low > c.max_ratio else "not shown"
-    return f"{head}: {met} (ratio {ratio:.3f}, 95% CI {low:.3f}-{high:.3f})"
+        return CriterionOutcome("not measured", f"{head}: not measured")
+    met: Status = "met" if high <= c.max_ratio else "broken" if low > c.max_ratio else "not shown"
+    return CriterionOutcome(met, f"{head}: {met} (ratio {ratio:.3f}, 95% CI {low:.3f}-{high:.3f})")
+
+
+def _declares_criteria(manifest: TaskManifest) -> bool:
+    return bool(manifest.targets or manifest.constraints or manifest.metric.target is not None)
+
+
+def criteria_results(manifest: TaskManifest, result: ExperimentResult) -> list[CriterionOutcome]:
+    """Each target and constraint of the task judged on `result` (a rate target first); nothing
+    when the task declares none or the experiment never reached the performance stage."""
+    m, perf = manifest.metric, result.evidence.performance
+    if not _declares_criteria(manifest) or perf is None:
+        return []
+    metrics = result.evidence.metrics
+    out = []
+    if m.target is not None:
+        upper = metrics.get("candidate_rate_upper")
+        head = f"target {m.name} < {m.target:g} {m.unit} (95% upper bound)"
+        if upper is None:
+            out.append(CriterionOutcome("not measured", f"{head}: not measured"))
+        else:
+            status: Status = "met" if upper < m.target else "not met"
+            out.append(CriterionOutcome(status, f"{head}: {status} ({upper:.3g})"))
+    out.extend(_target_outcome(t, perf, metrics) for t in manifest.targets)
+    out.extend(_constraint_outcome(c, metrics) for c in manifest.constraints)
+    return out
+
+
+def success(manifest: TaskManifest, result: ExperimentResult) -> bool:
+    """The task's own success criterion: IMPROVED (correct, better than baseline beyond the
+    minimum effect) and every declared target and constraint shown met. A task that declares
+    none succeeds on IMPROVED alone."""
+    if result.verdict is not Verdict.IMPROVED:
+        return False
+    if not _declares_criteria(manifest):
+        return True
+    found = criteria_results(manifest, result)
+    return bool(found) and all(c.status == "met" for c in found)
 
 
 def criteria_outcome(manifest: TaskManifest, result: ExperimentResult) -> list[str]:
     """Each target and constraint of the task, met or not, with its number; nothing when the task
     declares none (the verdict is then the whole criterion)."""
-    m = manifest.metric
-    if not manifest.targets and not manifest.constraints and m.target is None:
+    if not _declares_criteria(manifest):
         return []
-    perf = result.evidence.performance
-    if perf is None:
+    if result.evidence.performance is None:
         stage = result.evidence.stage_reached or "no"
         return [f"task criteria: not measured (the experiment stopped at the {stage} stage)"]
-    metrics = result.evidence.metrics
-    lines = []
-    if m.target is not None:
-        upper = metrics.get("candidate_rate_upper")
-        head = f"target {m.name} < {m.target:g} {m.unit} (95% upper bound)"
-        lines.append(
-            f"{head}: {'met' if upper < m.target else 'not met'} ({upper:.3g})"
-            if upper is not None
-            else f"{head}: not measured"
-        )
-    lines.extend(_target_outcome(t, perf, metrics) for t in manifest.targets)
-    lines.extend(_constraint_outcome(c, metrics) for c in manifest.constraints)
-    return ["task criteria:", *(f"- {line}" for line in lines)]
+    return ["task criteria:", *(f"- {c.line}" for c in criteria_results(manifest, result))]

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from infra_agent.errors import UserError
-from infra_agent.evals.metrics import cell, pass_at_k, wilson
-from infra_agent.evals.records import AttemptRecord, AttemptResult
+from infra_agent.evals.metrics import cell, pass_at_k, summarize, wilson
+from infra_agent.evals.records import AttemptRecord, AttemptResult, EvalRecord, Reverification
+from infra_agent.evals.report import render_terminal, rows
 from infra_agent.evals.suites import load_suites, resolve
 
 
@@ -46,3 +47,51 @@ def test_suites_expand_and_bad_ones_are_named(tmp_path: Path) -> None:
     bad.write_text("[suites.a]\ntasks = 3\n")
     with pytest.raises(UserError, match="needs tasks"):
         load_suites(bad)
+
+
+def _again(disproved: bool) -> Reverification:
+    return Reverification(experiment_id="exp_2", of_experiment="exp_1", patch_id="p", seed=1_000_001,
+                          verdict="NO_CHANGE" if disproved else "IMPROVED", disproved=disproved)  # fmt: skip
+
+
+def test_solved_improved_and_claims_disproved_are_counted_apart() -> None:
+    results = [
+        AttemptResult(solved=True, improved=True, best_speedup=2.0, reverification=_again(False)),
+        AttemptResult(solved=False, improved=True, best_speedup=1.2, reverification=_again(True)),
+        AttemptResult(solved=False, improved=False),
+        AttemptResult(solved=True, best_speedup=1.5),  # a record from before `improved`
+    ]
+    attempts = [
+        AttemptRecord(id=f"e/t/{i}", eval_id="e", task="t", index=i, status="finished", result=r)
+        for i, r in enumerate(results)
+    ]
+    c = cell("llm:a", "dense", "t", attempts, 4)
+    assert (c.solved, c.improved, c.reverified, c.disproved) == (2, 3, 2, 1)
+    assert c.pass_at_k["1"] == pytest.approx(0.5)  # pass@k counts solved, not improved
+    assert c.fast_p["1.2"] == 2 / 4 and c.speedups == [2.0, 1.2, 1.5]  # proven ratios, any target
+
+
+def test_several_profiles_in_one_eval_get_their_own_rows() -> None:
+    record = EvalRecord(suite="s", tasks=["t1", "t2"], policy="llm", profiles=["a", "b"])
+    attempts = []
+    for profile, won in (("a", True), ("b", False)):
+        for task in record.tasks:
+            result = AttemptResult(solved=won, improved=True, best_speedup=1.6)
+            attempts.append(AttemptRecord(id=AttemptRecord.make_id(record.id, task, 0, profile),
+                                          eval_id=record.id, task=task, index=0, profile=profile,
+                                          status="finished", result=result))  # fmt: skip
+    assert len({a.id for a in attempts}) == 4
+    summary = summarize(record, attempts)
+    assert [(c.agent, c.task, c.solved) for c in summary.cells] == [
+        ("llm:a", "t1", 1), ("llm:a", "t2", 1), ("llm:a", "*", 2),
+        ("llm:b", "t1", 0), ("llm:b", "t2", 0), ("llm:b", "*", 0),
+    ]  # fmt: skip
+    table = rows([summary])
+    assert table[3]["solved"] == "0/1" and table[3]["improved"] == "1/1"
+    assert table[0]["disproved"] == "-"  # nothing re-measured
+    from rich.console import Console
+
+    console = Console(record=True, width=250)
+    render_terminal([summary], console)
+    text = console.export_text()
+    assert "agent" in text and "llm:b" in text and "(1 improved)" in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from infra_agent.experiments import rates
-from infra_agent.experiments.criteria import criteria_outcome, success_criteria
+from infra_agent.experiments.criteria import criteria_outcome, success, success_criteria
 from infra_agent.experiments.measure import Measurement, decide, evidence
 from infra_agent.feedback.bench import compare_samples
 from infra_agent.store.verdict import Evidence, ExperimentResult, Verdict
@@ -103,3 +103,21 @@ def test_a_result_without_measurement_says_so_and_a_task_without_criteria_adds_n
         "task criteria: not measured (the experiment stopped at the correctness stage)"
     ]
     assert criteria_outcome(find_task("example-matmul").manifest, failed) == []
+
+
+def test_success_is_improved_with_every_declared_criterion_shown_met() -> None:
+    """What an eval counts as solved: a task's own criterion, not IMPROVED alone."""
+    manifest = find_task("decode-split-norm").manifest  # IMPROVED and at least 1.5x shown
+    faster = result_of(manifest, [b * 0.8 for b in BASE])  # 1.25x: IMPROVED, target not met
+    assert faster.verdict is Verdict.IMPROVED and not success(manifest, faster)
+    twice = result_of(manifest, [b * 0.5 for b in BASE])
+    assert twice.verdict is Verdict.IMPROVED and success(manifest, twice)
+    race = find_task("pd-kv-reuse-race").manifest  # the fix criterion: a rate target, a constraint
+    assert success(race, _rate_result(race, [0] * 8, [100.0 * (0.99 + 0.01 * (i % 3)) for i in range(8)]))  # fmt: skip
+    slow = _rate_result(race, [1, 0, 1, 0, 0, 1, 0, 0], [60.0 + i % 2 for i in range(8)])
+    assert not success(race, slow)
+    plain = find_task("example-matmul").manifest  # declares none: IMPROVED is the criterion
+    assert not plain.targets and not plain.constraints and plain.metric.target is None
+    quicker = result_of(plain, [b * 0.8 for b in BASE])
+    assert quicker.verdict is Verdict.IMPROVED and success(plain, quicker)
+    assert not success(plain, result_of(plain, BASE))

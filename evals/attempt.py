@@ -1,0 +1,162 @@
+"""One attempt of an eval: its run started (or continued), its numbers read from the run's
+records, its best win re-verified, and the attempt recorded after each step.
+
+Used by the sequential loop (`evals.runner`) and by each attempt process (`evals.parallel`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from infra_agent.agent.configuration import RunConfig
+from infra_agent.config import Settings
+from infra_agent.errors import UserError
+from infra_agent.evals.records import AttemptRecord, AttemptResult, EvalRecord, EvalStore, FirstWin
+from infra_agent.evals.reverify import reverify
+from infra_agent.experiments.criteria import success
+from infra_agent.store import open_store
+from infra_agent.store.base import RunStore
+from infra_agent.tasks.registry import find_task
+
+Progress = Callable[[str], None]
+
+
+def attempt_result(store: RunStore, run_id: str) -> AttemptResult:
+    """An attempt's numbers, read from its run's records (steps and experiments)."""
+    run = store.get_run(run_id)
+    if run is None:
+        raise UserError(f"run {run_id} is not in the store")
+    steps = store.steps(run_id)
+    experiments = sorted(store.experiments(run_id), key=lambda e: e.started_at)
+    config = RunConfig.model_validate(run.config)
+    manifest = find_task(config.task_root or config.task).manifest
+    met = [success(manifest, e.result) for e in experiments]
+    verdicts = [e.result.verdict.value for e in experiments]
+    speedups = [
+        e.result.evidence.performance.speedup if e.result.evidence.performance else None
+        for e in experiments
+    ]
+    wins = [
+        (e, s)
+        for e, v, s in zip(experiments, verdicts, speedups, strict=True)
+        if v == "IMPROVED" and s is not None
+    ]
+    assistant = [s for s in steps if s.role == "assistant"]
+
+    def spent(until: Any) -> tuple[int, int, float]:
+        mine = [s for s in assistant if until is None or s.created_at <= until]
+        tokens = sum((s.prompt_tokens or 0) + (s.completion_tokens or 0) for s in mine)
+        return len(mine), tokens, sum(s.cost_usd or 0.0 for s in mine)
+
+    first = None
+    if wins:
+        win = wins[0][0]
+        turns, tokens, cost = spent(win.started_at)
+        done = win.started_at.timestamp() + win.duration_s
+        first = FirstWin(
+            turns=turns,
+            experiments=experiments.index(win) + 1,
+            tokens=tokens,
+            cost_usd=cost,
+            wall_s=max(0.0, done - run.created_at.timestamp()),
+        )
+    turns, tokens, cost = spent(None)
+    return AttemptResult(
+        solved=any(met),
+        improved=bool(wins),
+        best_speedup=max(s for _, s in wins) if wins else None,
+        criteria_met=met,
+        verdicts=verdicts,
+        speedups=speedups,
+        turns=turns,
+        experiments=len(experiments),
+        tokens=tokens,
+        cost_usd=cost,
+        wall_s=(run.updated_at - run.created_at).total_seconds(),
+        invalid_calls=sum(1 for s in steps if s.role == "tool" and s.error),
+        rejected=verdicts.count("REJECTED"),
+        first_win=first,
+        tools=config.tools,
+        stop_reason=run.summary or None,
+    )
+
+
+def with_profile(settings: Settings, profile: str | None) -> Settings:
+    """`settings` with the LLM profile an attempt runs with (unchanged for None)."""
+    if profile is None:
+        return settings
+    if profile not in settings.llm.profiles:
+        known = ", ".join(sorted(settings.llm.profiles)) or "none"
+        raise UserError(f"--model: no LLM profile '{profile}' (profiles: {known})")
+    llm = settings.llm.model_copy(update={"profile": profile})
+    return settings.model_copy(update={"llm": llm})
+
+
+def run_attempt(
+    record: EvalRecord,
+    attempt: AttemptRecord,
+    settings: Settings,
+    evals: EvalStore,
+    progress: Progress,
+) -> None:
+    """Run (or continue) one attempt's run, read its result, re-verify its best win, and record
+    the attempt after each step. A failed run is recorded; KeyboardInterrupt goes up."""
+    from infra_agent.agent.runner import resume_run, start_run
+
+    store_path = settings.store.path()
+    config = RunConfig.model_validate(
+        {**record.config, "task": attempt.task, "seed": attempt.index}
+    )
+    mine = with_profile(settings, attempt.profile)
+    try:
+        outcome = None
+        if attempt.run_id is not None:
+            try:
+                outcome = resume_run(attempt.run_id, mine)
+            except UserError as exc:
+                if "already finished" not in str(exc):
+                    attempt.abandoned_runs.append(attempt.run_id)
+                    attempt.run_id = None
+        if attempt.run_id is None:
+
+            def on_run(run: Any) -> None:
+                attempt.run_id, attempt.status = run.id, "running"
+                evals.put_attempt(attempt)
+
+            outcome = start_run(config, mine, on_run=on_run)
+    except UserError as exc:  # the policy cannot work on this task (search: no knobs)
+        attempt.status, attempt.reason = "not_applicable", str(exc)
+        evals.put_attempt(attempt)
+        progress(f"  not applicable: {exc}")
+        return
+    except Exception as exc:  # the run failed; its record says why
+        attempt.status, attempt.reason = "failed", f"{type(exc).__name__}: {exc}"[:300]
+    if attempt.run_id is None:  # failed before its run was recorded
+        evals.put_attempt(attempt)
+        return
+    run_store = open_store(store_path, readonly=True)
+    try:
+        attempt.result = attempt_result(run_store, attempt.run_id)
+    finally:
+        run_store.close()
+    note = ""
+    if record.reverify and attempt.status != "failed" and attempt.result.improved:
+        progress("  re-verifying the best win on fresh seeds")
+        try:
+            attempt.result.reverification = reverify(store_path, attempt.run_id)
+        except Exception as exc:  # recorded; the attempt's own numbers stand
+            note = f"re-verification failed: {type(exc).__name__}: {exc}"[:300]
+    if attempt.status != "failed":
+        attempt.status = "finished"
+        stopped = outcome.stop_reason or "" if outcome is not None else ""
+        attempt.reason = "; ".join(r for r in (stopped, note) if r)
+    evals.put_attempt(attempt)
+    r = attempt.result
+    best = f"{r.best_speedup:.3f}x" if r.best_speedup else "-"
+    again = r.reverification
+    checked = f" re-verified={again.verdict}" if again else ""
+    progress(
+        f"  {attempt.status}: solved={r.solved} improved={r.improved} best={best}"
+        f"{checked} experiments={r.experiments} turns={r.turns}"
+    )

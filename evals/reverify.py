@@ -1,0 +1,73 @@
+"""Claims disproved: an attempt's best win measured once more, on fresh seeds, after its run.
+
+The win re-measured is the one the run hands to a reviewer (`agent.handoff.best_improved`: the
+IMPROVED experiment with the highest 95% CI low end). It runs again through
+`experiments.run_experiment`, the path the agent's run_experiment tool takes, with the run's
+sandbox and task parameters and a statistics seed the run never used (every experiment draws its
+input seeds fresh from os.urandom). A re-measurement that is not IMPROVED disproves the claim.
+The new experiment is stored without a run (the agent never saw it); the attempt keeps its id.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra_agent.agent.configuration import RunConfig
+from infra_agent.agent.handoff import best_improved
+from infra_agent.agent.state import AgentState, ExperimentOutcome
+from infra_agent.errors import UserError
+from infra_agent.evals.records import Reverification
+from infra_agent.experiments import run_experiment
+from infra_agent.store import open_store
+from infra_agent.store.base import RunStore
+from infra_agent.store.records import ExperimentRecord
+from infra_agent.store.verdict import Verdict
+from infra_agent.tasks.patch import Patch
+from infra_agent.tasks.registry import find_task
+
+SEED_OFFSET = 1_000_000
+"""A run's experiments take statistics seeds `config.seed + 0, 1, ...` (one per experiment, and
+attempt k runs with config.seed k), so seeds from here on are ones no run of an eval used."""
+
+
+def best_win(store: RunStore, run_id: str) -> ExperimentRecord | None:
+    """The run's proven winner, chosen by the same rule as the hand-off to review."""
+    experiments = sorted(store.experiments(run_id), key=lambda e: e.started_at)
+    outcomes = [ExperimentOutcome.of(e, store.get_patch(e.patch_id), reused=False) for e in experiments]  # fmt: skip
+    best = best_improved(AgentState(run_id=run_id, experiments=outcomes))
+    return store.get_experiment(best.experiment_id) if best is not None else None
+
+
+def reverify(store_path: Path, run_id: str) -> Reverification | None:
+    """Re-measure the run's best win (None when it has none); the new experiment is stored."""
+    store = open_store(store_path)
+    try:
+        run = store.get_run(run_id)
+        if run is None:
+            raise UserError(f"run {run_id} is not in the store")
+        win = best_win(store, run_id)
+        if win is None:
+            return None
+        patch = store.get_patch(win.patch_id)
+        if patch is None:
+            raise UserError(f"patch {win.patch_id} of experiment {win.id} is not in the store")
+        config = RunConfig.model_validate(run.config)
+        seed = SEED_OFFSET + config.seed + len(store.experiments(run_id))
+        record = run_experiment(
+            find_task(config.task_root or config.task), Patch.from_record(patch),
+            sandbox=config.sandbox, params=config.params or None, store=store, run_id=None,
+            seed=seed,
+        )  # fmt: skip
+    finally:
+        store.close()
+    perf = record.result.evidence.performance
+    return Reverification(
+        experiment_id=record.id,
+        of_experiment=win.id,
+        patch_id=win.patch_id,
+        seed=seed,
+        verdict=record.result.verdict.value,
+        speedup=perf.speedup if perf else None,
+        ci_low=perf.ci_low if perf else None,
+        disproved=record.result.verdict is not Verdict.IMPROVED,
+    )
