@@ -51,6 +51,9 @@ class Cell(BaseModel):
     task: str
     attempts: int
     not_applicable: int = 0
+    applicable: int = 0
+    """Attempts the policy could work on: the shares and intervals are over these (a search
+    policy on a task without knobs is not applicable, not a failure to solve)."""
     failed: int = 0
     solved: int
     """Attempts that met the task's own success criterion."""
@@ -82,7 +85,8 @@ def agent_label(record: EvalRecord, profile: str | None = None) -> str:
 
 def cell(agent: str, feedback: str, task: str, attempts: list[AttemptRecord], k: int) -> Cell:
     results = [a.result for a in attempts if a.result is not None]
-    n = len(attempts)
+    not_applicable = sum(1 for a in attempts if a.status == "not_applicable")
+    n = len(attempts) - not_applicable
     best = [r.best_speedup for r in results if r.best_speedup is not None]  # IMPROVED ones
     solved = sum(1 for r in results if r.solved)
     again = [r.reverification for r in results if r.reverification is not None]
@@ -92,8 +96,9 @@ def cell(agent: str, feedback: str, task: str, attempts: list[AttemptRecord], k:
         agent=agent,
         feedback=feedback,
         task=task,
-        attempts=n,
-        not_applicable=sum(1 for a in attempts if a.status == "not_applicable"),
+        attempts=len(attempts),
+        not_applicable=not_applicable,
+        applicable=n,
         failed=sum(1 for a in attempts if a.status == "failed"),
         solved=solved,
         solve_rate=solved / n if n else 0.0,
@@ -136,9 +141,10 @@ def summarize(record: EvalRecord, attempts: list[AttemptRecord]) -> EvalSummary:
             for task in record.tasks
         ]
         suite = cell(agent, record.feedback, "*", mine, record.attempts)
-        if per_task:  # pass@k of a suite: the mean over its tasks (each task's attempts are its n)
+        counted = [c for c in per_task if c.applicable]
+        if counted:  # pass@k of a suite: the mean over its applicable tasks (each its own n)
             suite.pass_at_k = {
-                j: statistics.fmean(c.pass_at_k.get(j, 0.0) for c in per_task)
+                j: statistics.fmean(c.pass_at_k.get(j, 0.0) for c in counted)
                 for j in suite.pass_at_k
             }
         cells += [*per_task, suite]

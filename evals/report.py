@@ -31,11 +31,13 @@ def rows(summaries: list[EvalSummary]) -> list[dict[str, str]]:
                     "agent": c.agent,
                     "feedback": c.feedback,
                     "task": "all tasks" if c.task == "*" else Path(c.task).name,
-                    "solved": f"{c.solved}/{c.attempts}"
-                    + (f" ({c.not_applicable} n/a)" if c.not_applicable else ""),
-                    "improved": f"{c.improved}/{c.attempts}",
+                    "solved": (f"{c.solved}/{c.applicable}" if c.applicable else "n/a")
+                    + (f" ({c.not_applicable} n/a)" if c.not_applicable and c.applicable else ""),
+                    "improved": f"{c.improved}/{c.applicable}" if c.applicable else "n/a",
                     "disproved": f"{c.disproved}/{c.reverified}" if c.reverified else "-",
-                    "solve 95% CI": f"{c.solve_ci[0]:.2f}-{c.solve_ci[1]:.2f}",
+                    "solve 95% CI": (
+                        f"{c.solve_ci[0]:.2f}-{c.solve_ci[1]:.2f}" if c.applicable else "-"
+                    ),
                     "best": _fmt(c.best_speedup, ".3f", "x"),
                     **{f"fast_{k}": f"{v:.2f}" for k, v in c.fast_p.items()},
                     **{f"pass@{k}": f"{v:.2f}" for k, v in c.pass_at_k.items()},
@@ -65,11 +67,13 @@ def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
             f"{c0['feedback']} feedback, suite {c0['suite']}, {c0['attempts']} attempt(s)"
         )
         columns = ("agent", *_TERMINAL) if len({c.agent for c in s.cells}) > 1 else _TERMINAL
-        for name in columns:
-            table.add_column(name, overflow="fold")
+        if not any(c.first_win.get("tokens") for c in s.cells):  # no model: no tokens to count
+            columns = tuple(k for k in columns if k != "tokens→win")
+        for name in columns:  # a task's name reads whole; the numbers fold when they must
+            table.add_column(name, overflow="fold", no_wrap=name in ("agent", "task"))
         for row, c in zip(rows([s]), s.cells, strict=True):
-            fast = "/".join(row[f"fast_{p}"] for p in c.fast_p)
-            passes = " ".join(f"@{k}:{v:.2f}" for k, v in c.pass_at_k.items())
+            fast = "/".join(f"{v:.0%}" for v in c.fast_p.values()) if c.applicable else "-"
+            passes = " ".join(f"@{k} {v:.2f}" for k, v in c.pass_at_k.items()) or "-"
             solved = row["solved"] + (f" ({c.improved} improved)" if c.improved != c.solved else "")
             values = {**row, "solved": solved, "fast_p": fast, "pass@k": passes}
             table.add_row(*(values[k] for k in columns), end_section=c.task == "*")
@@ -79,9 +83,13 @@ def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
             f"fast_p at p = {', '.join(f'{p:g}' for p in FAST_P)}; disproved: best wins not "
             f"IMPROVED again on fresh seeds / re-measured; tools offered: {', '.join(tools)}"
         )
+        said: set[tuple[str, str]] = set()  # one line per task and reason, not per attempt
         for a in s.attempts:
-            if a["status"] in ("not_applicable", "failed"):
-                console.print(f"  {a['task']} #{a['index'] + 1}: {a['status']}: {a['reason']}")
+            key = (a["task"], a["reason"])
+            if a["status"] in ("not_applicable", "failed") and key not in said:
+                said.add(key)
+                count = sum(1 for b in s.attempts if (b["task"], b["reason"]) == key)
+                console.print(f"  {a['task']} ({count} attempt(s)): {a['status']}: {a['reason']}")
 
 
 def _png(fig: Any) -> str:

@@ -95,3 +95,31 @@ def test_several_profiles_in_one_eval_get_their_own_rows() -> None:
     render_terminal([summary], console)
     text = console.export_text()
     assert "agent" in text and "llm:b" in text and "(1 improved)" in text
+
+
+def test_not_applicable_attempts_are_left_out_of_the_shares() -> None:
+    """A search policy on a task without knobs is not applicable: it is not an unsolved attempt
+    (the seed suite's eval showed 1/14 solved, CI 0.01-0.31, where 1 of 2 applicable solved)."""
+    won = AttemptResult(solved=True, improved=True, best_speedup=1.66, tools=["finish"])
+    attempts = [
+        AttemptRecord(id="e/a/0", eval_id="e", task="a", index=0, status="finished", result=won),
+        AttemptRecord(id="e/a/1", eval_id="e", task="a", index=1, status="finished",
+                      result=AttemptResult(solved=False, improved=False, tools=["finish"])),
+        *(AttemptRecord(id=f"e/b/{i}", eval_id="e", task="b", index=i, status="not_applicable",
+                        reason="task b has no knobs") for i in range(2)),
+    ]  # fmt: skip
+    record = EvalRecord(suite="s", tasks=["a", "b"], policy="search", feedback="dense", attempts=2)
+    summary = summarize(record, attempts)
+    a, b, suite = summary.cells
+    assert (b.applicable, b.not_applicable, b.pass_at_k) == (0, 2, {})
+    assert suite.applicable == 2 and suite.solve_rate == 0.5 and suite.fast_p["1.5"] == 0.5
+    assert suite.solve_ci == wilson(1, 2) and suite.pass_at_k == a.pass_at_k == {"1": 0.5, "2": 1.0}
+    table = {r["task"]: r for r in rows([summary])}
+    assert table["b"]["solved"] == "n/a" and table["b"]["solve 95% CI"] == "-"
+    assert table["all tasks"]["solved"] == "1/2 (2 n/a)"
+    from rich.console import Console
+
+    console = Console(record=True, width=100)
+    render_terminal([summary], console)
+    text = console.export_text()
+    assert text.count("task b has no knobs") == 1, text  # one line per task, not per attempt
