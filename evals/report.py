@@ -66,7 +66,9 @@ def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
             title=f"eval {c0['id']}: {c0['policy']}{' ' + c0['model'] if c0.get('model') else ''}, "
             f"{c0['feedback']} feedback, suite {c0['suite']}, {c0['attempts']} attempt(s)"
         )
-        columns = ("agent", *_TERMINAL) if len({c.agent for c in s.cells}) > 1 else _TERMINAL
+        columns: tuple[str, ...] = (
+            ("agent", *_TERMINAL) if len({c.agent for c in s.cells}) > 1 else _TERMINAL
+        )
         if not any(c.first_win.get("tokens") for c in s.cells):  # no model: no tokens to count
             columns = tuple(k for k in columns if k != "tokens→win")
         for name in columns:  # a task's name reads whole; the numbers fold when they must
