@@ -29,8 +29,8 @@ def diagnose_corruption(harness: Any, arm: Any) -> Diagnosis:
     lines = server.log_path.read_text(errors="replace").splitlines()[log_before:]
     checks = [line.strip() for line in lines if POOL_CHECK.search(line)]
     positions = Counter(s.worst_position for s in bad_loaded)
-    limit = float(harness.params["corruption_tv"])
-    clean_tv = max((s.max_tv for s in loaded if s not in bad_loaded), default=0.0)
+    limit = float(harness.params["corruption_nats"])
+    clean_shift = max((s.max_shift_nats for s in loaded if s not in bad_loaded), default=0.0)
     needs_load = len(bad_loaded) > 0 and not bad_alone
     if checks:
         stage = "KV cache slots: the server's pool check finds pages freed while still in use"
@@ -42,12 +42,12 @@ def diagnose_corruption(harness: Any, arm: Any) -> Diagnosis:
         reproduced=len(bad_loaded) > 0,
         symptom=f"{len(bad_loaded)} of {n} requests served together ({rate:.1f} per 1k, 95% "
         f"upper bound {ucb:.1f}) returned distributions that their own tokens scored alone do "
-        f"not give (TV > {limit}); served one at a time: {len(bad_alone)} of {len(alone)}",
+        f"not give (log-probs moved > {limit} nats); served one at a time: {len(bad_alone)} of {len(alone)}",
         measured={
             "corrupted_per_1k": rate,
             "corruption_ucb_per_1k": ucb,
             "corrupted_alone": float(len(bad_alone)),
-            "clean_max_tv": clean_tv,
+            "clean_max_shift_nats": clean_shift,
             "pool_check_lines": float(len(checks)),
         },
         localization=Localization(
@@ -57,7 +57,8 @@ def diagnose_corruption(harness: Any, arm: Any) -> Diagnosis:
             else "",
         ),
         evidence=[
-            f"largest TV among clean requests: {clean_tv:.4f} (threshold {limit})",
+            f"largest log-prob shift among clean requests: {clean_shift:.4f} nats (threshold "
+            f"{limit})",
             "first corrupted output position: "
             + (", ".join(f"{p}: {c}" for p, c in sorted(positions.items())[:8]) or "none"),
             *(f"server log: {line[:200]}" for line in checks[:4]),

@@ -7,12 +7,14 @@ tokens scored alone.
 sample(arm, seed): `num_prompts` coding-agent conversations served together (a prefix they all
     share, a context each, `turns` short turns in order; every turn sampled with its own seed
     and top-k log-probabilities), then the prefix cache emptied and every turn's prompt and
-    output scored again alone by a prefill (`logprob_start_len` at the prompt's end: the
-    distribution at every output position in one forward, from KV computed afresh). A request is corrupted when, at some output position,
-    its distribution under load and the one scored alone are further apart than
-    `corruption_tv` in total variation: the same context must give the same distribution, and
-    batching alone moves it by far less (reported as the clean requests' largest TV). Metric:
-    `corruption_ucb_per_1k` (95% upper bound), also the raw rate and the requests' throughput.
+    output scored again alone by a prefill (`logprob_start_len` at the prompt's last token: the
+    distribution at every output position in one forward, from KV computed afresh). A request is
+    corrupted when, at some output position, the top-k log-probabilities under load and alone
+    differ by more than `corruption_nats` (`logprob_shift`): the same context must give the same
+    distribution, and batching and bf16 KV move it by far less (about 0.03 nats here; reported
+    as the clean requests' largest shift). Reports the counts `corrupted` of `turns` (a rate
+    metric: the experiment pools them over samples), the rate per 1k and this sample's 95%
+    upper bound.
 check, health: as `ServingHarness` (the gate against the baseline, the output health guard).
 diagnose(arm): the rate under load, the same requests at a low concurrency, and which requests
     were corrupted (`serving.corruption`).
@@ -26,7 +28,6 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from infra_agent.serving.accuracy import tv_distance
 from infra_agent.serving.datasets import Session, Turn, coding_agent_sessions
 from infra_agent.serving.harness import ServingHarness
 from infra_agent.tasks.harness import Arm, IncorrectOutput, poisson_upper
@@ -43,7 +44,8 @@ class Scored(BaseModel):
     """Top-k log-probs at each output position, as returned under load."""
     alone: list[dict[int, float]] = []
     """Top-k log-probs at each output position when the prompt and output are scored alone."""
-    max_tv: float = 0.0
+    max_shift_nats: float = 0.0
+    """The largest `logprob_shift` over the output positions."""
     worst_position: int = -1
 
 
@@ -70,21 +72,47 @@ async def _generate(
     return Scored(prompt=prompt, output=ids, top=[_top(pos) for pos in meta["output_top_logprobs"]])
 
 
+def logprob_shift(loaded: dict[int, float], alone: dict[int, float]) -> float:
+    """The largest log-probability change (nats) between two top-k lists, of a token in either:
+    exact for tokens in both; for a token in one list only, the amount by which it exceeds the
+    other list's smallest entry (its log-prob there is at most that), a lower bound. Log space,
+    not total variation: the tiny model's distributions are flat (top probability 0.03-0.1), so a
+    context change that moves log-probs by 0.1-0.6 nats moves top-k mass by only a few 0.01."""
+    if not loaded or not alone:
+        return 0.0
+    floor_loaded, floor_alone = min(loaded.values()), min(alone.values())
+    shift = 0.0
+    for token, lp in loaded.items():
+        other = alone.get(token)
+        shift = max(shift, abs(lp - other) if other is not None else lp - floor_alone)
+    for token, lp in alone.items():
+        if token not in loaded:
+            shift = max(shift, lp - floor_loaded)
+    return shift
+
+
 async def _rescore(client: httpx.AsyncClient, url: str, scored: Scored) -> None:
+    # Scoring starts at the prompt's last token: SGLang reports no distribution for the first
+    # scored position, and the one after it is the distribution output[0] was sampled from.
     body = {
         "input_ids": scored.prompt + scored.output,
         "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
         "return_logprob": True,
-        "logprob_start_len": len(scored.prompt),
+        "logprob_start_len": len(scored.prompt) - 1,
         "top_logprobs_num": TOP_K,
     }
     resp = await client.post(url + "/generate", json=body)
     resp.raise_for_status()
-    scored.alone = [_top(pos) for pos in resp.json()["meta_info"]["input_top_logprobs"]]
-    for j, (loaded, single) in enumerate(zip(scored.top, scored.alone, strict=False)):
-        tv = tv_distance(loaded, single)
-        if tv > scored.max_tv:
-            scored.max_tv, scored.worst_position = tv, j
+    scored.alone = [_top(pos) for pos in resp.json()["meta_info"]["input_top_logprobs"][1:]]
+    if len(scored.alone) != len(scored.output):
+        raise RuntimeError(
+            f"rescoring returned {len(scored.alone)} distributions for {len(scored.output)} "
+            "output tokens"
+        )
+    for j, (loaded, single) in enumerate(zip(scored.top, scored.alone, strict=True)):
+        shift = logprob_shift(loaded, single)
+        if shift > scored.max_shift_nats:
+            scored.max_shift_nats, scored.worst_position = shift, j
 
 
 async def _flush(client: httpx.AsyncClient, url: str) -> None:
@@ -181,18 +209,22 @@ class LoadCorruptionHarness(ServingHarness):
         return scored
 
     def corrupted(self, scored: list[Scored]) -> list[Scored]:
-        limit = float(self.params["corruption_tv"])
-        return [s for s in scored if s.max_tv > limit]
+        limit = float(self.params["corruption_nats"])
+        return [s for s in scored if s.max_shift_nats > limit]
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
+        """Counts for a rate metric (`corrupted` of `turns`, pooled over samples by the
+        experiment), with the rate and its 95% upper bound for this sample alone."""
         scored = self.serve(arm, seed)
         bad = self.corrupted(scored)
         n = len(scored)
-        clean = [s.max_tv for s in scored if s not in bad]
+        clean = [s.max_shift_nats for s in scored if s not in bad]
         return {
-            "corruption_ucb_per_1k": 1e3 * poisson_upper(len(bad)) / n,
+            "corrupted": float(len(bad)),
+            "turns": float(n),
             "corrupted_per_1k": 1e3 * len(bad) / n,
-            "clean_max_tv": max(clean, default=0.0),
+            "corruption_ucb_per_1k": 1e3 * poisson_upper(len(bad)) / n,
+            "clean_max_shift_nats": max(clean, default=0.0),
         }
 
     def diagnose(self, arm: Arm) -> Any:
