@@ -149,7 +149,8 @@ def test_batch_invariant_moe_fp64_experts_show_no_improvement() -> None:
 
 def test_decode_split_norm_knob_search_helps_less_than_the_fix() -> None:
     # False failure of the knobs' IMPROVED: bench_verdict_margins.py split-norm-knobs, 8 runs at
-    # load 1.8: 1.57-1.74x, margin at least +0.32 (log), 5.2 sd above zero: ~1e-7 per run.
+    # load 1.8: 1.57-1.74x, margin at least +0.32 (log), 5.2 sd above zero: ~1e-7 per run. A false
+    # INCORRECT (float64 rule): about 2e-7 per run at the task's f64_floor (its task.toml says how).
     from infra_agent.tasks.patch import knob_patch
 
     t = find_task("decode-split-norm")
