@@ -28,6 +28,7 @@ from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime, profil
 from infra_agent.serving.datasets import Session
 from infra_agent.serving.instruments import LoadRun, describe, server_processes
 from infra_agent.serving.overlay import installed_package
+from infra_agent.serving.proctree import alive
 from infra_agent.serving.server import Server
 from infra_agent.serving.workload import LoadSpec, WorkloadResult
 
@@ -102,30 +103,16 @@ def trace_during(
                 except UserError as exc:  # py-spy missing or refused, the process gone
                     t.errors.append(f"{kind}: {_why(t, exc)}")
     for t in traces:
-        if t.pid is not None and not t.errors and not _alive(t.pid):
+        if t.pid is not None and not t.errors and not alive(t.pid):
             t.errors.append(f"the {t.role} process (pid {t.pid}) died during the workload")
     return traces, run.result
 
 
 def _why(trace: ProcessTrace, exc: Exception) -> str:
     line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if trace.pid is not None and not _alive(trace.pid):
+    if trace.pid is not None and not alive(trace.pid):
         return f"the {trace.role} process (pid {trace.pid}) died during the workload ({line})"
     return line
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 TOP = 5
