@@ -33,8 +33,10 @@ from infra_agent.serving.tracing import trace_during
 from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
 LIGHT_CONCURRENCY = 4
-LIGHT_PROMPTS = 32
-"""Requests of the light-load profile (a slow server at a light load can take minutes)."""
+LIGHT_PROMPTS = 128
+"""Requests of the light-load profile: its resolution. At 32 (0.6 s of light load on
+sglang-queue-collapse) the injected scheduling pass had no light sample at all, its growth was
+only a floor, and its caller was named; a slow server at a light load can take minutes."""
 GROWTH = 2.0
 """A function whose time per generated token is this many times higher at the task's load than
 at the light load scales with the load."""
