@@ -53,12 +53,32 @@ class Microbench(ArmParams):
 
 
 class MicrobenchRecord(BenchResult):
-    """`feedback bench`'s BenchResult, plus the arms that ran."""
+    """`feedback bench`'s BenchResult, plus the arms that ran and the task's minimum effect."""
 
     arms: Arms
+    min_effect: float = 0.0
+    """The task's `min_effect`: run_experiment counts a change only beyond it."""
 
     def render(self) -> str:
-        return f"microbench {self.arms.render()}\n{super().render()}"
+        text = f"microbench {self.arms.render()}\n{super().render()}"
+        note = self.below_min_effect()
+        return f"{text}\n{note}" if note else text
+
+    def below_min_effect(self) -> str | None:
+        """A FASTER or SLOWER smaller than the task's minimum effect, said plainly: two sandboxed
+        processes running identical code differ by a few percent, and run_experiment would not
+        count such a change (IMPROVED needs the interval's low end above 1 + min_effect/2)."""
+        c, margin = self.comparison, 1.0 + self.min_effect / 2
+        if self.min_effect <= 0 or c.verdict not in ("FASTER", "SLOWER"):
+            return None
+        if (c.verdict == "FASTER" and c.ci_low > margin) or (
+            c.verdict == "SLOWER" and c.ci_high < 1.0 / margin
+        ):
+            return None
+        return (
+            f"smaller than the task's minimum effect ({self.min_effect:.0%}): run_experiment "
+            "would not count it, and two processes running identical code can differ this much"
+        )
 
 
 @instrument(
@@ -93,7 +113,9 @@ def microbench(p: Microbench, ctx: ToolContext) -> ToolResult:
                 )
             )
         result = run_bench(targets[0], targets[1], budget_s=p.seconds)
-    return ToolResult.of(MicrobenchRecord(**dict(result), arms=arms))
+    return ToolResult.of(
+        MicrobenchRecord(**dict(result), arms=arms, min_effect=ctx.task.manifest.min_effect)
+    )
 
 
 def _stderr_tail(path: Path | None, lines: int = 6) -> str:

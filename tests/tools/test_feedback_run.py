@@ -152,3 +152,31 @@ def test_the_two_arm_instruments_share_one_parameter_base() -> None:
         "microbench", "accuracy_diff", "profile", "gil_trace", "serving_workload", "server_steps"
     }  # fmt: skip
     assert kinds["read_file"] == "tool" and kinds["run_experiment"] == "tool"
+
+
+@pytest.mark.parametrize(
+    ("verdict", "low", "high", "noted"),
+    [
+        ("FASTER", 1.005, 1.040, True),  # the A/A-sized win measured on identical code
+        ("FASTER", 1.030, 1.090, False),  # low end above 1 + min_effect/2
+        ("SLOWER", 0.960, 0.990, True),
+        ("SLOWER", 0.900, 0.960, False),
+        ("AMBIGUOUS", 0.990, 1.040, False),
+    ],
+)
+def test_microbench_says_when_a_difference_is_below_the_tasks_minimum_effect(
+    verdict: str, low: float, high: float, noted: bool
+) -> None:
+    from infra_agent.feedback.bench.compare import Comparison
+    from infra_agent.tools.sandboxed import Arms
+
+    comparison = Comparison(
+        speedup=(low + high) / 2, ci_low=low, ci_high=high, verdict=verdict, confidence=0.95,
+        baseline_median=1e-3, candidate_median=1e-3, n_baseline=20, n_candidate=20,
+    )  # fmt: skip
+    record = MicrobenchRecord(
+        comparison=comparison, iterations_per_sample=10, timer="sandbox:perf_counter_ns",
+        rounds=20, elapsed_s=3.0, stopped="ci_width", ci_width_target=0.05,
+        arms=Arms(setup="", baseline="f()", candidate="f()"), min_effect=0.05,
+    )  # fmt: skip
+    assert ("smaller than the task's minimum effect (5%)" in record.render()) is noted
