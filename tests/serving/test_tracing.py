@@ -65,7 +65,11 @@ def test_each_process_gets_its_profile_and_gil_and_a_missing_one_an_error(
     assert scheduler.top_self[0].self_share > 0.5
     assert scheduler.gil is not None and not scheduler.errors
     (main,) = scheduler.gil.threads  # named by its thread id: the child names no threads
-    assert main.holding > 0.5 and main.idle < 0.5  # it computes all the time
+    # It computes all the time: never idle. Whether py-spy reads it as holding the GIL or as
+    # running without it is not asserted: with two busy processes on the two cores it read 50%
+    # "runs-no-GIL" in 11 samples (a suite run failed on `holding > 0.5`). Idle in 6 of 11
+    # samples would need py-spy to see a thread that never sleeps asleep.
+    assert main.idle < 0.5 and main.holding + main.running > 0.5
     assert detokenizer.pid is None and detokenizer.gil is None
     assert detokenizer.errors == [
         f"the server has no detokenizer process (found: scheduler {busy_scheduler.pid})"

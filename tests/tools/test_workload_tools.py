@@ -78,14 +78,16 @@ def test_microbench_with_no_inputs_runs_the_bench_engine_on_the_experiments_work
     assert data["calibration_steps"] and data["iterations_per_sample"] >= 1
     assert data["timer"] == "sandbox:perf_counter_ns" and data["rounds"] >= 3
     assert "warm-up calls" in result.content and "experiment's workload" in result.content
-    # The same record keys as `infra-agent feedback bench --json`, plus what ran.
+    # The same record keys as `infra-agent feedback bench --json`, plus what ran and the task's
+    # minimum effect (a bench of two files has no task).
     code = tmp_path / "k.py"
     code.write_text("def f():\n    sum(range(100))\n")
     cli = CliRunner().invoke(
         app, ["feedback", "bench", f"{code}:f", f"{code}:f", "--budget-s", "0.5", "--json"]
     )
     assert cli.exit_code == 0, cli.output
-    assert set(data) - {"arms"} == set(json.loads(cli.stdout))
+    assert set(data) - {"arms", "min_effect"} == set(json.loads(cli.stdout))
+    assert data["min_effect"] == ctx.task.manifest.min_effect
 
 
 @pytest.mark.slow
