@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from infra_agent.experiments import constraints, power, rates
 from infra_agent.experiments.arms import SeedSource
@@ -244,6 +245,19 @@ def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
     )
 
 
+def beyond_min_effect(
+    speedup: float, ci_low: float, ci_high: float, min_effect: float
+) -> Literal["better", "worse"] | None:
+    """The minimum-effect half of the verdict rule below: "better" when the improvement factor
+    exceeds 1 + min_effect and the interval's low end 1 + min_effect/2, "worse" symmetrically."""
+    margin = 1.0 + min_effect / 2
+    if ci_low > margin and speedup > 1.0 + min_effect:
+        return "better"
+    if ci_high < 1.0 / margin and speedup < 1.0 / (1.0 + min_effect):
+        return "worse"
+    return None
+
+
 def decide(
     m: Measurement, manifest: TaskManifest
 ) -> tuple[Verdict, list[str], list[Flag], dict[str, float]]:
@@ -262,6 +276,7 @@ def decide(
     c, metric = m.comparison, manifest.metric
     sp, lo, hi, effect = c.speedup, c.ci_low, c.ci_high, manifest.min_effect
     margin = 1.0 + effect / 2
+    shown = beyond_min_effect(sp, lo, hi, effect)
     gain = gain_name(manifest)
     numbers = (
         f"{gain} {sp:.3f}x (95% CI {lo:.3f}-{hi:.3f}, n={min(c.n_baseline, c.n_candidate)}/arm); "
@@ -269,9 +284,9 @@ def decide(
     )
     if metric.events is not None:
         verdict, reasons = _decide_rate(m, manifest)
-    elif lo > margin and sp > 1.0 + effect:
+    elif shown == "better":
         verdict, reasons = Verdict.IMPROVED, [f"better with confidence: {numbers}"]
-    elif hi < 1.0 / margin and sp < 1.0 / (1.0 + effect):
+    elif shown == "worse":
         verdict, reasons = Verdict.REGRESSED, [f"worse with confidence: {numbers}"]
     elif lo <= 1.0 <= hi:
         verdict, reasons = (

@@ -67,13 +67,13 @@ class MicrobenchRecord(BenchResult):
     def below_min_effect(self) -> str | None:
         """A FASTER or SLOWER smaller than the task's minimum effect, said plainly: two sandboxed
         processes running identical code differ by a few percent, and run_experiment would not
-        count such a change (IMPROVED needs the interval's low end above 1 + min_effect/2)."""
-        c, margin = self.comparison, 1.0 + self.min_effect / 2
+        count such a change (the minimum-effect rule of run_experiment's verdict)."""
+        from infra_agent.experiments.measure import beyond_min_effect
+
+        c = self.comparison
         if self.min_effect <= 0 or c.verdict not in ("FASTER", "SLOWER"):
             return None
-        if (c.verdict == "FASTER" and c.ci_low > margin) or (
-            c.verdict == "SLOWER" and c.ci_high < 1.0 / margin
-        ):
+        if beyond_min_effect(c.speedup, c.ci_low, c.ci_high, self.min_effect) is not None:
             return None
         return (
             f"smaller than the task's minimum effect ({self.min_effect:.0%}): run_experiment "
