@@ -34,10 +34,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra_agent.proctree import cpu_by_name
 from infra_agent.serving.datasets import random_sessions
 from infra_agent.serving.deployment import load_deployment
 from infra_agent.serving.metrics import summarize
-from infra_agent.serving.proctree import cpu_by_name
 from infra_agent.serving.server import Server
 from infra_agent.serving.workload import LoadSpec, run_workload
 

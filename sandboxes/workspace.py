@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from infra_agent.proctree import alive
+
 PREFIX = "infra-agent-sandbox-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
 
@@ -70,18 +72,8 @@ def sweep_stale(tmp: Path | None = None) -> int:
         return 0
     for entry in entries:
         match = _NAME.match(entry.name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or alive(int(match.group(1))):
             continue
         shutil.rmtree(entry, ignore_errors=True)
         removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -16,7 +16,7 @@ is alive, and closes the namespace's thread, relay and descriptor (the namespace
 A broken flag, a crash during start or a server that is not ready in time raises `ServerFailed`
 (a `CandidateFailure`, so the experiment engine records FAILED) with the log tail. `pause()`
 stops every process of the server until `resume()` (an experiment's idle arm takes no CPU);
-`cpu_seconds()` is the CPU time its processes used (`serving/proctree.py`).
+`cpu_seconds()` is the CPU time its processes used (`infra_agent/proctree.py`).
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from infra_agent import proctree
 from infra_agent.errors import UserError
+from infra_agent.proctree import alive as _alive
+from infra_agent.proctree import descendants
 from infra_agent.sandboxes import cleanup as cleanup_registry
-from infra_agent.serving import fileview, netns, proctree
+from infra_agent.serving import fileview, netns
 from infra_agent.serving.deployment import ArgValue, DeploymentSpec, args_to_argv
 from infra_agent.serving.env import ensure_sglang_env, env_python
-from infra_agent.serving.proctree import alive as _alive
-from infra_agent.serving.proctree import descendants
 from infra_agent.serving.tiny_model import write_tiny_model
 from infra_agent.tasks.harness import CandidateFailure
 

@@ -25,10 +25,10 @@ from pydantic import BaseModel, Field
 from infra_agent.errors import UserError
 from infra_agent.feedback.gil import GilReport, ThreadGil, trace_pid
 from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime, profile_pid
+from infra_agent.proctree import alive
 from infra_agent.serving.datasets import Session
 from infra_agent.serving.instruments import LoadRun, describe, server_processes
 from infra_agent.serving.overlay import installed_package
-from infra_agent.serving.proctree import alive
 from infra_agent.serving.server import Server
 from infra_agent.serving.workload import LoadSpec, WorkloadResult
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from infra_agent.errors import UserError
 from infra_agent.feedback.gil.analysis import Frame, ThreadSample
+from infra_agent.proctree import alive
 
 DEFAULT_INTERVAL_S = 1.0
 """Seconds between snapshots of the `dump` sampler."""
@@ -113,20 +114,10 @@ def sample_pid(
         try:
             snapshots.append(dump_once(pid, native=native, nonblocking=nonblocking))
         except PySpyUnavailable:
-            if not snapshots or _alive(pid):
+            if not snapshots or alive(pid):
                 raise
             break
         rest = interval_s - (time.perf_counter() - tick)
         if rest > 0:
             time.sleep(rest)
     return snapshots, time.perf_counter() - start
-
-
-def _alive(pid: int) -> bool:
-    try:
-        import os
-
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True

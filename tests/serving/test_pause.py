@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import stoppable
 
-from infra_agent.serving import proctree
+from infra_agent import proctree
 from infra_agent.serving.deployment import DeploymentSpec
 from infra_agent.serving.server import Server
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from infra_agent import proctree
 from infra_agent.errors import UserError
-from infra_agent.serving import fileview, netns, proctree
+from infra_agent.serving import fileview, netns
 from infra_agent.serving.accuracy import GateConfig, answer, compare_answers, gate_prompts
 from infra_agent.serving.datasets import coding_agent_sessions, random_sessions
 from infra_agent.serving.deployment import load_deployment
