@@ -66,12 +66,11 @@ def test_decode_split_norm_time_grows_with_splits() -> None:
 
 
 def test_pd_kv_reuse_race_needs_an_abort() -> None:
-    # The task's own health size (10,000 requests). Stalls are drawn per request from the seed,
-    # but their odds grow with the transfer queue (timing): under DIAGNOSE_SEED the first 5,000
-    # requests draw no stall at the base odds, so a quiet machine saw 0 aborts there (CI failed).
-    # The first 10,000 draw 6 at the base odds; each stall outlasts the timeout (25 ms > 20 ms),
-    # and measured here 8 runs gave 9-42 aborts and 6-11 corrupted requests (quiet machine):
-    # all 6 aborts harmless has odds near 0.2**6 = 6e-5 per run.
+    # The task's own health size (10,000 requests). Stalls are drawn per request and attempt
+    # from the seed alone: under DIAGNOSE_SEED the first 5,000 requests draw none (CI once saw
+    # 0 aborts there), the first 10,000 draw 6, each outlasting the timeout (25 ms > 20 ms).
+    # An abort corrupted a request 0.75 of the time (20 runs of 10,000 at load 4-7), so all 6
+    # harmless has odds near 0.25**6 = 2.4e-4 per run.
     result = diagnosed("pd-kv-reuse-race")
     assert result.reproduced
     assert result.measured["corruptions_per_10k"] > 0

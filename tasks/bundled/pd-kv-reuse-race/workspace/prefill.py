@@ -1,8 +1,8 @@
 """The prefill node: computes a request's KV and writes it into the decode node's slots.
 
 Writes go through a pool of transfer threads standing in for RDMA engines. A write takes a
-jittered time on the wire and, rarely, stalls for much longer (a congested link or a retransmit);
-stalls get likelier with more transfers in flight.
+jittered time on the wire and, rarely, stalls for much longer (a congested link or a retransmit).
+Which writes stall is drawn from the seed per request and attempt, never from the machine's speed.
 """
 
 from __future__ import annotations
@@ -76,8 +76,7 @@ class PrefillNode:
     def _latency(self, request: int, attempt: int) -> float:
         """Wire time of one write: exponential jitter, or a heavy-tailed (Pareto 1.2) stall."""
         rng = random.Random(hash((self.seed, request, attempt)))
-        congestion = 1.0 + self.jobs.qsize() / self.writers
-        if rng.random() < self.stall_prob * congestion:
+        if rng.random() < self.stall_prob:
             return min(self.stall_max_s, self.stall_min_s * rng.random() ** (-1 / 1.2))
         return rng.expovariate(1.0 / self.write_s)
 
