@@ -20,6 +20,8 @@ from typing import Any
 
 SANDBOX_VAR = "INFRA_AGENT_SANDBOX"
 PROCESS_VAR = "INFRA_AGENT_SANDBOX_PROC"
+PF_KTHREAD = 0x00200000
+"""`/proc/PID/stat` flag of a kernel thread (whose environment always reads empty)."""
 
 # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process. All
 # sandboxed processes are therefore started from this one long-lived thread, so a caller's
@@ -54,8 +56,17 @@ def marked_pids(
     `among` narrows the search to a known superset (a cgroup's members): reading every
     process's environment costs tens of ms on a busy machine.
     """
+    return _scan(variable, value, among)[0]
+
+
+def _scan(
+    variable: str, value: str, among: Callable[[], Iterable[int]] | None
+) -> tuple[list[int], list[int]]:
+    """(marked pids, unsure pids). Unsure: a member of `among` whose environment reads empty,
+    which is a process in the middle of an exec (the kernel sets the new environment's bounds
+    only after loading the binary); a sandbox runs nothing with an empty environment."""
     needle = f"{variable}={value}".encode()
-    found = []
+    found, unsure = [], []
     me = os.getpid()
     candidates = [str(pid) for pid in among()] if among is not None else os.listdir("/proc")
     for name in candidates:
@@ -66,9 +77,13 @@ def marked_pids(
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue  # gone, or not ours to read
-        if needle in environ.split(b"\0") and not _is_zombie(entry):
+        if _is_zombie(entry):
+            continue
+        if needle in environ.split(b"\0"):
             found.append(int(entry.name))
-    return found
+        elif not environ and among is not None and not _is_kernel_thread(entry):
+            unsure.append(int(entry.name))
+    return found, unsure
 
 
 def _is_zombie(entry: Path) -> bool:
@@ -77,6 +92,14 @@ def _is_zombie(entry: Path) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def _is_kernel_thread(entry: Path) -> bool:
+    try:
+        flags = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[6])
+    except (OSError, IndexError, ValueError):
+        return True
+    return bool(flags & PF_KTHREAD)
 
 
 def kill_group(pgid: int) -> None:
@@ -96,8 +119,10 @@ def kill_marked(
     """SIGKILL every process carrying the marker until none is left. Returns how many died."""
     killed: set[int] = set()
     for _ in range(rounds):
-        pids = marked_pids(variable, value, among)
-        if not pids:
+        # A process caught mid-exec shows no environment yet (a stray's `setsid sleep` once
+        # went uncounted and unkilled that way under load): look again until it shows one.
+        pids, unsure = _scan(variable, value, among)
+        if not pids and not unsure:
             break
         for pid in pids:
             try:
