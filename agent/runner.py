@@ -318,7 +318,9 @@ def resume_run(
             snapshot = graph.get_state({"configurable": {"thread_id": run_id}})
         if not snapshot.values and not snapshot.next:
             raise UserError(f"run {run_id} has no checkpoint in {checkpoint_path(store_path)}")
-        if not snapshot.next:
+        # `next` leaves out a task whose writes were saved before a kill and the step after it not
+        # yet checkpointed; such a step still has its tasks, a finished graph has none.
+        if not snapshot.next and not snapshot.tasks:
             raise UserError(f"run {run_id} already finished ({run.summary or run.status.value})")
         if review_only and not snapshot.interrupts:
             raise UserError(f"run {run_id} is not waiting for review (status {run.status.value})")

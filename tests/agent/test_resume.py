@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,57 @@ def test_killed_mid_experiment_resumes_without_repeating_finished_ones(
     assert gate.started == 3  # the harness agrees: 1, 2 (killed), 2 again
     run = store.get_run(run_id)
     assert run is not None and run.status.value in ("finished", "waiting_review")
+
+
+class Crash(Exception):
+    """Stands for the process dying mid-run."""
+
+
+def test_killed_after_a_step_saved_its_writes_but_before_its_checkpoint_resumes(
+    quick_task: Path, tmp_path: Path
+) -> None:
+    """A kill between a step's saved writes and the next checkpoint: LangGraph's live state then
+    lists no next node (the step's one task has finished), yet the run is not finished. The
+    resume applies the saved writes and goes on; the finished tool call is not made again."""
+    from infra_agent.agent.configuration import RunConfig
+    from infra_agent.agent.runner import checkpoint_path, resume_run, start_run
+    from infra_agent.config import load_settings
+
+    script = [
+        {"content": "look", "tool_calls": [{"name": "describe_task"}]},
+        {"content": "done", "tool_calls": [{"name": "finish", "arguments": {"summary": "seen"}}]},
+    ]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    db = tmp_path / "runs.db"
+    settings = load_settings(overrides={"store.db": str(db)})
+    config = RunConfig(
+        task=str(quick_task), policy="scripted", script=str(tmp_path / "script.json")
+    )
+    started: list[str] = []
+
+    def crash_after_the_tools(values: dict[str, object]) -> None:
+        if values.get("phase") == "tools":
+            raise Crash("killed")
+
+    with pytest.raises(Crash):
+        start_run(config, settings, on_run=lambda run: started.append(run.id), on_state=crash_after_the_tools)  # fmt: skip
+    [run_id] = started
+    with sqlite3.connect(checkpoint_path(db)) as conn:  # the kill came before this checkpoint
+        (last,) = conn.execute(
+            "SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id=?", (run_id,)
+        ).fetchone()
+        conn.execute("DELETE FROM checkpoints WHERE thread_id=? AND checkpoint_id=?", (run_id, last))  # fmt: skip
+        conn.execute("DELETE FROM writes WHERE thread_id=? AND checkpoint_id=?", (run_id, last))
+        pending = conn.execute("SELECT count(*) FROM writes WHERE thread_id=?", (run_id,)).fetchone()  # fmt: skip
+    assert pending[0] > 0  # the tools step's writes are still there
+
+    outcome = resume_run(run_id, settings)
+    assert outcome.status == "finished", outcome
+    store = open_store(db, readonly=True)
+    try:
+        answers = [s for s in store.steps(run_id) if s.role == "tool" and s.name == "describe_task"]
+        run = store.get_run(run_id)
+    finally:
+        store.close()
+    assert len(answers) == 1  # the tools step ran once, before the kill
+    assert run is not None and "the scripted policy called finish" in (run.summary or "")

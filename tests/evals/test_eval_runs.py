@@ -235,7 +235,8 @@ def test_an_eval_killed_mid_attempt_resumes_without_repeating_finished_attempts(
     assert all(
         a["result"]["improved"] == (a["result"]["verdicts"] == ["IMPROVED"]) for a in attempts
     )
-    assert all(len(a["result"]["verdicts"]) == 1 for a in attempts)
+    shown = [(a["result"]["verdicts"], a["reason"], a["abandoned_runs"]) for a in attempts]
+    assert all(len(a["result"]["verdicts"]) == 1 for a in attempts), shown
 
 
 @pytest.mark.slow
@@ -273,7 +274,8 @@ def test_parallel_attempts_run_at_once_each_on_its_own_cores(tmp_path: Path) -> 
     attempts = report["attempts"]
     assert [a["status"] for a in attempts] == ["finished", "finished"]
     assert len({a["run_id"] for a in attempts}) == 2
-    assert all(len(a["result"]["verdicts"]) == 1 for a in attempts)
+    shown = [(a["result"]["verdicts"], a["reason"], a["abandoned_runs"]) for a in attempts]
+    assert all(len(a["result"]["verdicts"]) == 1 for a in attempts), shown
     lines = [line for line in log.read_text().splitlines() if " started on cores " in line]
     first, second = ({int(c) for c in line.rsplit(" ", 1)[1].split(",")} for line in lines)
     assert first and second and not first & second, lines  # a core set of its own each
