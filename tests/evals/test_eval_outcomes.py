@@ -6,9 +6,9 @@ profiles in one eval (against the stand-in for the paid endpoint), each attempt 
 The tasks are copies of decode-split-norm with test equipment appended to their harness (like
 tests/support.py's ExperimentGate): in the first experiment of a copy the baseline arm runs with
 16 splits (keys read 17 times a step against the candidate's 3: a win far beyond noise), and
-from the second experiment on the candidate arm does (a regression as large). So the run's one
-experiment is IMPROVED and its re-measurement is not, whatever the machine's load: a lucky first
-measurement that a second one disproves, made certain."""
+from the second experiment on the candidate arm does (17 reads against the default's 5). So the
+run's one experiment is IMPROVED and its re-measurement is not (REGRESSED, or NO_CHANGE where load
+makes it noisy): a lucky first measurement that a second one disproves, made certain."""
 
 from __future__ import annotations
 
@@ -77,6 +77,15 @@ def _eval(db: Path, *args: str) -> dict[str, Any]:
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
+def _why(db: Path, again: dict[str, Any]) -> str:
+    store = open_store(db, readonly=True)
+    try:
+        record = store.get_experiment(again["experiment_id"])
+        return record.result.render() if record else "not stored"
+    finally:
+        store.close()
+
+
 @pytest.mark.slow
 def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_disproved(
     tmp_path: Path,
@@ -93,7 +102,11 @@ def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_d
         assert a["status"] == "finished" and r["verdicts"] == ["IMPROVED"] and r["improved"]
         assert r["best_speedup"] > 2.0  # 17 key reads a step against 3
         again = r["reverification"]
-        assert again["verdict"] == "REGRESSED" and again["disproved"] is True
+        # REGRESSED on a quiet machine; NO_CHANGE under load (3 of 5 at load 5-6: the sign test
+        # or the noise flags hold it back). Either disproves; IMPROVED would need 17 key reads a
+        # step to look faster than the baseline's 5.
+        assert again["verdict"] in ("REGRESSED", "NO_CHANGE"), (again, _why(db, again))
+        assert again["disproved"] is True
         assert again["seed"] >= SEED_OFFSET
     assert first["result"]["solved"] and first["result"]["criteria_met"] == [True]
     assert not second["result"]["solved"] and second["result"]["criteria_met"] == [False]
