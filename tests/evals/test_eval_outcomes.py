@@ -90,7 +90,9 @@ def _why(db: Path, again: dict[str, Any]) -> str:
 def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_disproved(
     tmp_path: Path,
 ) -> None:
-    reachable = rigged_task(tmp_path, "rigged-reachable", gain=1.5)
+    # 17 key reads a step against 3: about 3x on a quiet machine, 1.94x once at load 5 (a loaded
+    # suite run); a 1.2x target is shown reached by the interval's low end at either.
+    reachable = rigged_task(tmp_path, "rigged-reachable", gain=1.2)
     beyond = rigged_task(tmp_path, "rigged-beyond", gain=50.0)  # no patch here reaches 50x
     db = tmp_path / "runs.db"
     script = _script(tmp_path / "script.json")
@@ -100,7 +102,7 @@ def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_d
     for a in (first, second):
         r = a["result"]
         assert a["status"] == "finished" and r["verdicts"] == ["IMPROVED"] and r["improved"]
-        assert r["best_speedup"] > 2.0  # 17 key reads a step against 3
+        assert r["best_speedup"] > 1.5  # the rig's effect, not a small one
         again = r["reverification"]
         # REGRESSED on a quiet machine; NO_CHANGE under load (3 of 5 at load 5-6: the sign test
         # or the noise flags hold it back). Either disproves; IMPROVED would need 17 key reads a
