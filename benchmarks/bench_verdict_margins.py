@@ -9,7 +9,8 @@ metrics, > 1 is better); per case, what the test's failure needs and how likely 
 
 - IMPROVED asserted: a run's margin is the least of its log margins over decide()'s three
   conditions (speedup > 1 + min_effect, the interval's low end > 1 + min_effect/2, the sign
-  test's interval above 1) and the test's own bound: a run fails when it is negative. With the
+  test's interval above 1), the test's own bound, and each constraint's (the top of its ratio's
+  interval below the allowed ratio): a run fails when it is negative. With the
   runs' margins ~ N(mu, sd), P(fail per run) ~ P(N(0, 1) > mu / sd).
 - NO_CHANGE (or "not IMPROVED") asserted, on a candidate doing the baseline's work: a run can
   only fail if its speedup passes 1 + min_effect (either way, or upwards only): P(log speedup
@@ -200,11 +201,14 @@ def _sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else float("nan")
 
 
-def improved_margin(perf: Any, effect: float, bound: float | None) -> float:
+def improved_margin(
+    perf: Any, effect: float, bound: float | None, constraints: list[float]
+) -> float:
     """How far (log scale) a measurement is from losing IMPROVED: the least of its margins over
     decide()'s three conditions (speedup > 1 + e, CI low > 1 + e/2, the sign test's interval
-    above 1) and the test's own bound on the speedup. Negative: not IMPROVED."""
-    margins = [
+    above 1), the test's own bound on the speedup and the `constraints` (each the log of its
+    allowed ratio over the top of its interval). Negative: not IMPROVED."""
+    margins = constraints + [
         math.log(perf.speedup / (1.0 + effect)),
         math.log(perf.ci_low / (1.0 + effect / 2)),
     ]
@@ -238,12 +242,22 @@ def run_case(name: str, case: Case, runs: int, backend: str) -> None:
         if perf is None:
             print(f"  run {i + 1}: {result.verdict.value} (no measurement) load {load}")
             continue
-        these = pair_ratios(perf)
+        rate = task.manifest.metric.events is not None  # zero counts: no per-pair ratios
+        these = [1.0] if rate else pair_ratios(perf)
         speedups.append(perf.speedup)
-        margins.append(improved_margin(perf, effect, case.bound))
+        limits = {
+            f"{c.metric} <= {c.max_ratio:g}": math.log(c.max_ratio / result.evidence.metrics[high])
+            for c in task.manifest.constraints
+            if (high := f"{c.metric}_ratio_high") in result.evidence.metrics
+        }
+        if rate:  # its decision is exact on pooled counts; what a run can miss is a constraint
+            margins.append(min(limits.values(), default=math.inf))
+        else:
+            margins.append(improved_margin(perf, effect, case.bound, list(limits.values())))
+        shown = "".join(f", {name}: margin {m:+.3f}" for name, m in limits.items())
         print(f"  run {i + 1}: {result.verdict.value} {perf.speedup:.3f}x "
               f"[{perf.ci_low:.3f}, {perf.ci_high:.3f}] n={perf.n_samples} pairs "
-              f"{min(these):.3f}-{max(these):.3f}, margin {margins[-1]:+.3f} "
+              f"{min(these):.3f}-{max(these):.3f}, margin {margins[-1]:+.3f}{shown} "
               f"({time.monotonic() - started:.0f} s, load {load})")  # fmt: skip
     counts = {v.value: verdicts.count(v) for v in dict.fromkeys(verdicts)}
     print(f"  verdicts {counts}")

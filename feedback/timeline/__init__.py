@@ -9,13 +9,18 @@ Python API (stable):
   — per-track class breakdown, top ops covering 80%, launch gaps, overlap ratio
   time(A∩B)/time(A) and exposed time of A, warnings (summary.py);
 - `diff_summaries(baseline, candidate) -> TimelineDiff` (diff.py);
-- `intersection_length`, `union`, `total` interval helpers (intervals.py).
+- `intersection_length`, `covered_fractions`, `union`, `total` interval helpers (intervals.py).
 Times are microseconds. Records have `.render()` for a model.
 """
 
 from infra_agent.feedback.timeline.diff import OpChange, TimelineDiff, diff_summaries
 from infra_agent.feedback.timeline.events import TraceEvent, load_trace
-from infra_agent.feedback.timeline.intervals import intersection_length, total, union
+from infra_agent.feedback.timeline.intervals import (
+    covered_fractions,
+    intersection_length,
+    total,
+    union,
+)
 from infra_agent.feedback.timeline.profile import profile_callable, profile_script
 from infra_agent.feedback.timeline.summary import (
     DEFAULT_CLASSES,
@@ -37,6 +42,7 @@ __all__ = [
     "TimelineSummary",
     "TrackSummary",
     "TraceEvent",
+    "covered_fractions",
     "diff_summaries",
     "intersection_length",
     "load_trace",

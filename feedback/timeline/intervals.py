@@ -2,11 +2,13 @@
 
 `union(intervals)` merges overlapping intervals; `total(intervals)` is the length of their
 union; `intersection_length(a, b)` is time(A ∩ B) for two sets of intervals (each merged
-first, so nesting or overlap inside one set is counted once).
+first, so nesting or overlap inside one set is counted once); `covered_fractions(a, b)` is, for
+each interval of A on its own, the share of it inside B.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 
 Interval = tuple[float, float]
@@ -43,3 +45,21 @@ def intersection_length(a: Iterable[Interval], b: Iterable[Interval]) -> float:
         else:
             j += 1
     return length
+
+
+def covered_fractions(a: Iterable[Interval], b: Iterable[Interval]) -> list[float]:
+    """For each non-empty interval of A, in order, the share of its length inside B's union
+    (binary search into the merged B, so linear in the B intervals each one meets)."""
+    ub = union(b)
+    starts = [start for start, _ in ub]
+    shares = []
+    for start, end in a:
+        if end <= start:
+            continue
+        j = max(bisect.bisect_right(starts, start) - 1, 0)
+        inside = 0.0
+        while j < len(ub) and ub[j][0] < end:
+            inside += max(0.0, min(end, ub[j][1]) - max(start, ub[j][0]))
+            j += 1
+        shares.append(inside / (end - start))
+    return shares

@@ -11,6 +11,7 @@ from torch.profiler import record_function
 
 from infra_agent.errors import UserError
 from infra_agent.feedback.timeline import (
+    covered_fractions,
     diff_summaries,
     intersection_length,
     load_trace,
@@ -80,6 +81,10 @@ def test_intersection_sweep_matches_brute_force() -> None:
             1 for t in range(100) if any(x <= t < y for x, y in a) and any(x <= t < y for x, y in b)
         )
         assert intersection_length(a, b) == covered
+        shares = covered_fractions(a, b)
+        for (x, y), share in zip(a, shares, strict=True):  # a's intervals are never empty here
+            inside = sum(1 for t in range(x, y) if any(u <= t < v for u, v in b))
+            assert share == inside / (y - x)
 
 
 def _spin(n: int = 10) -> None:

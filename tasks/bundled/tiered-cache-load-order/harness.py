@@ -40,14 +40,15 @@ def expected_outputs(prompts: list[int], layers: int, page_elems: int, topk: int
 
 
 def overlap_ratio(spans: list[Any], a: str = "load.", b: str = "compute.") -> float:
-    """time(A ∩ B) / time(A) for spans named with prefixes `a` and `b` (interval sweep)."""
+    """The mean over spans named `a`* of the share of each inside the union of spans named `b`*:
+    how much of a typical layer load is hidden under compute. Each load counts once: a
+    time-weighted ratio (time(A ∩ B) / time(A)) is dominated by the few loads the OS preempted
+    for milliseconds on a busy machine, and its paired noise was 10x this one's (2.9% vs 0.25%
+    per pair at load 2)."""
     span_a = [(int(s), int(e)) for n, s, e in spans if str(n).startswith(a)]
     span_b = [(int(s), int(e)) for n, s, e in spans if str(n).startswith(b)]
-    len_a = intervals.total(span_a)
-    if len_a == 0:
-        return 0.0
-    both = intervals.intersection_length(span_a, span_b)
-    return both / len_a
+    shares = intervals.covered_fractions(span_a, span_b)
+    return sum(shares) / len(shares) if shares else 0.0
 
 
 class TaskHarness(Harness):
