@@ -90,8 +90,9 @@ def _why(db: Path, again: dict[str, Any]) -> str:
 def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_disproved(
     tmp_path: Path,
 ) -> None:
-    # 17 key reads a step against 3: about 3x on a quiet machine, 1.94x once at load 5 (a loaded
-    # suite run); a 1.2x target is shown reached by the interval's low end at either.
+    # 17 key reads a step against 3: about 3x on a quiet machine, 1.94x once at load 5 and 1.41x
+    # (95% CI 1.33-2.06) once at load 3 (loaded suite runs); a 1.2x target is shown reached by
+    # the interval's low end at each.
     reachable = rigged_task(tmp_path, "rigged-reachable", gain=1.2)
     beyond = rigged_task(tmp_path, "rigged-beyond", gain=50.0)  # no patch here reaches 50x
     db = tmp_path / "runs.db"
@@ -102,7 +103,7 @@ def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_d
     for a in (first, second):
         r = a["result"]
         assert a["status"] == "finished" and r["verdicts"] == ["IMPROVED"] and r["improved"]
-        assert r["best_speedup"] > 1.5  # the rig's effect, not a small one
+        assert r["best_speedup"] > 1.2, r  # the rig's effect, not a small one
         again = r["reverification"]
         # REGRESSED on a quiet machine; NO_CHANGE under load (3 of 5 at load 5-6: the sign test
         # or the noise flags hold it back). Either disproves; IMPROVED would need 17 key reads a
@@ -176,7 +177,9 @@ model = "glm-b"
 def test_several_model_profiles_in_one_eval(tmp_path: Path) -> None:
     """`--model glm-a --model glm-b`: two profiles at the same stand-in endpoint under different
     names; glm-a proves fewer splits, glm-b only looks. Each attempt's requests name its model."""
-    task = rigged_task(tmp_path, "rigged-models", gain=1.5)
+    # A 1.2x target, as in the test above: a loaded suite run (load 3) read this 17-vs-3-read win
+    # 1.406x (95% CI 1.332-2.06): not solved against the 1.5x target it had.
+    task = rigged_task(tmp_path, "rigged-models", gain=1.2)
     endpoint = PaidEndpointStandIn()
     patch = Patch(kind="knobs", knobs={"num_splits": 2}).hash
     knobs = '{"knobs": {"num_splits": 2}, "rationale": "each split re-reads the keys"}'
@@ -202,7 +205,8 @@ def test_several_model_profiles_in_one_eval(tmp_path: Path) -> None:
     assert [b["model"] for b in endpoint.requests] == ["glm-a"] * 3 + ["glm-b"] * 2
     a, b = report["attempts"]
     assert (a["profile"], b["profile"]) == ("glm-a", "glm-b") and a["id"] != b["id"]
-    assert a["result"]["solved"] and a["result"]["reverification"]["disproved"]
+    assert a["result"]["solved"], a["result"]
+    assert a["result"]["reverification"]["disproved"], _why(db, a["result"]["reverification"])
     assert not b["result"]["improved"] and b["result"]["experiments"] == 0
     cells = [(c["agent"], c["task"], c["solved"], c["disproved"]) for c in report["cells"]]
     assert cells == [
