@@ -123,6 +123,8 @@ IDLE = 0.99
 """Threads idle at least this share of the GIL trace are counted, not shown."""
 WIDTH = 140
 """Characters per rendered line, at most."""
+FEW_SAMPLES = 20
+"""Fewer active samples than this: a share is off by 10 points or more (binomial sd at 50%)."""
 
 
 class ProcessProfile(BaseModel):
@@ -163,6 +165,8 @@ class ProcessProfile(BaseModel):
     def render(self) -> list[str]:
         head = f"{self.role} (pid {self.pid})" if self.pid else self.role
         lines = [f"{head}: {self.samples} active samples in {self.duration_s:.1f} s"]
+        if 0 < self.samples < FEW_SAMPLES:
+            lines[0] += " (few: the shares are rough; a longer workload sharpens them)"
         if not self.top_self and not self.errors:
             lines.append("  (no SGLang frames sampled)")
         lines += [

@@ -130,6 +130,7 @@ def test_the_rendering_stays_bounded_with_every_process_and_many_threads() -> No
     # The worst case (every line at its width) stays under the tools' cut (6000 characters).
     assert len(text.splitlines()) <= 40 and len(text) < 5500, text
     assert "w" * 300 not in text  # the tracer's warnings stay in the data
+    assert text.count("9 active samples in 3.0 s (few: the shares are rough") == 3
 
 
 def test_server_profile_refuses_bad_processes_and_kernel_tasks(

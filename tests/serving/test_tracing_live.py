@@ -65,7 +65,9 @@ def test_server_profile_localizes_the_injected_slow_decode(tmp_path: Path) -> No
     ctx = ToolContext(
         task=find_task("sglang-slow-decode"), store=open_store(tmp_path / "runs.db"), run_id="r"
     )
-    args = {"processes": ["scheduler"], "gil_seconds": 2}
+    # 128 requests, not the task's 32: on a fast machine the 32 took 1.2 s and left 0.7 s of
+    # profile (17 samples, flagged "few" in the rendering)
+    args = {"processes": ["scheduler"], "gil_seconds": 2, "num_prompts": 128}
     result = default_registry().call("server_profile", json.dumps(args), ctx)
     print(result.content)
     assert result.error is None, result.content
