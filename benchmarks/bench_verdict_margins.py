@@ -243,7 +243,7 @@ def run_case(name: str, case: Case, runs: int, backend: str) -> None:
             print(f"  run {i + 1}: {result.verdict.value} (no measurement) load {load}")
             continue
         rate = task.manifest.metric.events is not None  # zero counts: no per-pair ratios
-        these = [1.0] if rate else pair_ratios(perf)
+        these = [] if rate else pair_ratios(perf)
         speedups.append(perf.speedup)
         limits = {
             f"{c.metric} <= {c.max_ratio:g}": math.log(c.max_ratio / result.evidence.metrics[high])
@@ -256,8 +256,9 @@ def run_case(name: str, case: Case, runs: int, backend: str) -> None:
             margins.append(improved_margin(perf, effect, case.bound, list(limits.values())))
         shown = "".join(f", {name}: margin {m:+.3f}" for name, m in limits.items())
         print(f"  run {i + 1}: {result.verdict.value} {perf.speedup:.3f}x "
-              f"[{perf.ci_low:.3f}, {perf.ci_high:.3f}] n={perf.n_samples} pairs "
-              f"{min(these):.3f}-{max(these):.3f}, margin {margins[-1]:+.3f}{shown} "
+              f"[{perf.ci_low:.3f}, {perf.ci_high:.3f}] n={perf.n_samples}"
+              f"{f' pairs {min(these):.3f}-{max(these):.3f}' if these else ''}, "
+              f"margin {margins[-1]:+.3f}{shown} "
               f"({time.monotonic() - started:.0f} s, load {load})")  # fmt: skip
     counts = {v.value: verdicts.count(v) for v in dict.fromkeys(verdicts)}
     print(f"  verdicts {counts}")
