@@ -24,6 +24,7 @@ from typing import Any
 from infra_agent.experiments.procwatch import ProcessWatch
 from infra_agent.experiments.rpc_codec import Codec
 from infra_agent.experiments.rpc_worker import CODEC_FILE
+from infra_agent.feedback.pyprofile import WORKER_PREFIX
 from infra_agent.sandboxes.base import Sandbox, SandboxProcess
 from infra_agent.tasks.harness import CandidateFailure, IncorrectOutput
 
@@ -31,6 +32,7 @@ WORKER_SOURCE = Path(__file__).with_name("rpc_worker.py")
 CODEC_SOURCE = Path(__file__).with_name("rpc_codec.py")
 WORKER_FILE = "_infra_rpc_worker.py"
 """Name of the worker script inside the sandbox workspace copy (not editable by patches)."""
+assert WORKER_FILE.startswith(WORKER_PREFIX) and CODEC_FILE.startswith(WORKER_PREFIX)
 HEADER_BYTES = 8
 MAX_RESPONSE_BYTES = 1 << 30
 STARTUP_TIMEOUT_S = 120.0

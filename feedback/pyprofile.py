@@ -29,6 +29,10 @@ from infra_agent.feedback.gil.pyspy import PySpyUnavailable, find_py_spy
 FRAME = re.compile(r"^(?P<name>.+) \((?P<file>.+):(?P<line>\d+)\)$")
 NESTED = re.compile(r"(?:\.<locals>\.<(?:lambda|listcomp|dictcomp|setcomp|genexpr)>)+$")
 """A lambda or comprehension inside a function: its code is part of that function's body."""
+WORKER_PREFIX = "_infra_"
+"""The experiment worker's own files beside a task's code in a sandbox copy start so
+(experiments/worker.py): never the task's code, so never a profile's answer (a pd-kv-reuse-race
+diagnosis once named the worker's frame reader, seen only in the run with aborts)."""
 
 
 class FunctionTime(BaseModel):
@@ -121,6 +125,8 @@ def _frame(text: str, roots: list[str]) -> tuple[str, str] | None:
     if match is None:
         return None
     path = match["file"]
+    if Path(path).name.startswith(WORKER_PREFIX):
+        return None
     for root in roots:
         if path.startswith(root):
             # Relative to the folder's parent: 'sglang/srt/...' for root '.../sglang/'.

@@ -146,3 +146,24 @@ def test_growth_entry_names_where_work_that_grows_with_the_load_enters(tmp_path:
     assert share == pytest.approx(0.6) and ratio == pytest.approx(200.0)
     flat = FunctionProfile(pid=1, duration_s=1, samples=100, stacks=dict(light.stacks))
     assert growth_entry(light, flat, [root], light_tokens=1000, heavy_tokens=1000) is None
+
+
+def test_the_experiment_workers_own_frames_are_never_a_profiles_answer(tmp_path: Path) -> None:
+    """A sandbox copy holds the worker's files beside the task's code: a pd-kv-reuse-race
+    diagnosis once named the worker's frame reader (seen only in the run with aborts)."""
+    from infra_agent.feedback.pyprofile import FunctionProfile, growing_function
+
+    root = tmp_path / "ws"
+    mine, worker = str(root / "decode.py"), str(root / "_infra_rpc_codec.py")
+    quiet = FunctionProfile(pid=1, duration_s=1, samples=10, stacks={
+        f"thread (1): MainThread;serve ({mine}:1)": 10,
+    })  # fmt: skip
+    loaded = FunctionProfile(pid=1, duration_s=1, samples=40, stacks={
+        f"thread (1): MainThread;serve ({mine}:1)": 10,
+        f"thread (1): MainThread;read_frame_bytes ({worker}:1)": 20,
+        f"thread (1): MainThread;serve ({mine}:1);abort ({mine}:9)": 10,
+    })  # fmt: skip
+    assert "ws/_infra_rpc_codec.py:read_frame_bytes" not in loaded.inclusive([root])
+    assert all(row.file == "ws/decode.py" for row in loaded.functions([root]))
+    found = growing_function(quiet, loaded, [root], low_units=10, high_units=10)
+    assert found is not None and found[0] == "ws/decode.py:abort"
