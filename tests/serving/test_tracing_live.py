@@ -67,21 +67,24 @@ def test_server_profile_localizes_the_injected_slow_decode(tmp_path: Path) -> No
     ctx = ToolContext(
         task=find_task("sglang-slow-decode"), store=open_store(tmp_path / "runs.db"), run_id="r"
     )
-    # 128 requests, not the task's 32: on a fast machine the 32 took 1.2 s and left 0.7 s of
-    # profile (17 samples, flagged "few" in the rendering)
-    args = {"processes": ["scheduler"], "gil_seconds": 2, "num_prompts": 128}
+    # The task's batch (32 requests in flight) eight times over: on a fast machine the task's 32
+    # alone took 1.2 s and left 0.7 s of profile (17 samples, flagged "few").
+    args = {"processes": ["scheduler"], "gil_seconds": 2, "num_prompts": 256, "max_concurrency": 32}
     result = default_registry().call("server_profile", json.dumps(args), ctx)
     print(result.content)
     assert result.error is None, result.content
     assert result.data is not None
     (scheduler,) = result.data["processes"]
     top = scheduler["top_self"][0]
+    # The injected function leads, by a margin that depends on the machine's load: quiet, 77%
+    # of 62 samples against 8% for the next; beside two busy loops (load 5-6) torch's matmuls
+    # slow more, and 128 requests read 43/30, 52/25 and 45/34 against
+    # UnquantizedLinearMethod.apply in about 650 samples (a suite run at load 3.5: 47/37 in 614).
+    # With 256 requests (about 1,300 samples there) a swap of the two needs, were samples
+    # independent (py-spy samples at a steady rate over many decode steps), a sampling error
+    # near 4 standard deviations at the closest of these: below 1 in 10,000.
     assert f"{top['file']}:{top['function']}" == (
         "sglang/srt/layers/attention/torch_native_backend.py:"
         "TorchNativeAttnBackend._run_sdpa_forward_decode"
-    )
-    # Measured: 77% of 62 samples against 8% for the next function. With 20 or more samples,
-    # the leader at half that lead or less is below 1 in 10,000 (binomial).
+    ), scheduler["top_self"]
     assert scheduler["samples"] >= 20
-    second = scheduler["top_self"][1]["self_share"] if len(scheduler["top_self"]) > 1 else 0.0
-    assert top["self_share"] >= 2 * second, scheduler["top_self"]
