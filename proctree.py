@@ -19,20 +19,22 @@ FREEZE_WAIT_S = 5.0
 """How long `freeze` waits for every process to report itself stopped."""
 
 
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (index 0 is the state), or None."""
+def stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (which may hold spaces and parentheses):
+    index 0 is the state, 1 the parent, 3 the session, 6 the flags, 11-14 utime stime cutime
+    cstime. None when the process is gone or unreadable."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    except (OSError, ValueError):
         return None
-    return text.rsplit(")", 1)[1].split()
+    return text.rsplit(")", 1)[-1].split()
 
 
 def children_map() -> dict[int, list[int]]:
     """Parent pid -> its children's pids, for every process on the machine."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+        if entry.name.isdigit() and (fields := stat_fields(int(entry.name))) is not None:
             children.setdefault(int(fields[1]), []).append(int(entry.name))
     return children
 
@@ -52,7 +54,7 @@ def descendants(pid: int) -> set[int]:
 
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return fields is not None and fields[0] != "Z"
 
 
@@ -65,7 +67,7 @@ def cpu_seconds(pids: set[int]) -> float:
     """User + system CPU seconds of `pids` and of the children they have reaped."""
     total = 0
     for pid in pids:
-        fields = _stat(pid)
+        fields = stat_fields(pid)
         if fields is not None:
             total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
     return total / CLOCK_TICKS
@@ -99,7 +101,9 @@ def freeze(root: int) -> set[int]:
         _signal(new, signal.SIGSTOP)
         frozen |= new
     deadline = time.monotonic() + FREEZE_WAIT_S
-    while running := {p for p in frozen if (f := _stat(p)) is not None and f[0] not in "TtZX"}:
+    while running := {
+        p for p in frozen if (f := stat_fields(p)) is not None and f[0] not in "TtZX"
+    }:
         if time.monotonic() > deadline:
             raise TimeoutError(f"processes {sorted(running)} did not stop")
         time.sleep(0.005)

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra_agent.proctree import stat_fields
+
 PROC = Path("/proc")
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 SETTLE_S = 0.25
@@ -46,11 +48,8 @@ def _read(path: Path) -> str:
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, ppid, session) of a process, or None if it is gone."""
-    text = _read(PROC / str(pid) / "stat")
-    if not text:
-        return None
-    fields = text[text.rfind(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[3])
+    fields = stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[1]), int(fields[3]))
 
 
 def _pid_ns(pid: int) -> str | None:

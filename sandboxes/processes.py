@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from infra_agent.proctree import stat_fields
+
 SANDBOX_VAR = "INFRA_AGENT_SANDBOX"
 PROCESS_VAR = "INFRA_AGENT_SANDBOX_PROC"
 PF_KTHREAD = 0x00200000
@@ -87,19 +89,13 @@ def _scan(
 
 
 def _is_zombie(entry: Path) -> bool:
-    try:
-        stat = (entry / "stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+    fields = stat_fields(int(entry.name))
+    return fields is None or fields[0] in ("Z", "X")
 
 
 def _is_kernel_thread(entry: Path) -> bool:
-    try:
-        flags = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[6])
-    except (OSError, IndexError, ValueError):
-        return True
-    return bool(flags & PF_KTHREAD)
+    fields = stat_fields(int(entry.name))
+    return fields is None or bool(int(fields[6]) & PF_KTHREAD)
 
 
 def kill_group(pgid: int) -> None:

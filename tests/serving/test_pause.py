@@ -66,7 +66,7 @@ def test_a_paused_server_uses_no_cpu_and_resumes(server: Server) -> None:
     assert _cpu_over(server, 0.5) > 0.1  # the child spins
     server.pause()
     assert server.paused
-    assert all(proctree._stat(p)[0] in "Tt" for p in tree)  # type: ignore[index]
+    assert all(proctree.stat_fields(p)[0] in "Tt" for p in tree)  # type: ignore[index]
     assert _cpu_over(server, 0.5) == 0.0
     with pytest.raises(RuntimeError, match="paused"):
         server.get("/health")  # a call would hang until the timeout: refused instead
@@ -131,7 +131,7 @@ def test_an_owner_stopped_while_its_server_is_paused_leaves_nothing(
     )
     assert proc.stdout is not None
     tree = {int(p) for p in proc.stdout.readline().split()}
-    assert len(tree) >= 2 and all(proctree._stat(p)[0] in "Tt" for p in tree)  # type: ignore[index]
+    assert len(tree) >= 2 and all(proctree.stat_fields(p)[0] in "Tt" for p in tree)  # type: ignore[index]
     proc.send_signal(sig)
     proc.wait(timeout=60)
     deadline = time.monotonic() + 30

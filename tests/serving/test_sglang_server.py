@@ -148,7 +148,7 @@ def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatc
         other = next(a for name, a in self.arms.items() if name != arm.name).state["server"]
         cpu = other.cpu_seconds()
         out = sample(self, arm, seed)
-        states = "".join(sorted({proctree._stat(p)[0] for p in other.processes()}))  # type: ignore[index]
+        states = "".join(sorted({proctree.stat_fields(p)[0] for p in other.processes()}))  # type: ignore[index]
         idle.append((states, other.cpu_seconds() - cpu))
         return out
 
