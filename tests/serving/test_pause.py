@@ -22,9 +22,13 @@ SPINNING_SERVER = textwrap.dedent(
     args = sys.argv[1:]
     port = int(args[args.index("--port") + 1])
     model = args[args.index("--model-path") + 1]
-    # Like SGLang's scheduler: dies with its parent (PR_SET_PDEATHSIG), spins while idle.
-    spin = "import ctypes, signal; ctypes.CDLL(None).prctl(1, signal.SIGKILL); exec('while 1: pass')"
-    child = subprocess.Popen([sys.executable, "-c", spin])
+    # Like SGLang's scheduler: dies with its parent (PR_SET_PDEATHSIG), spins while idle; and like
+    # SGLang, ready only once the child is (on a loaded machine a child still starting Python when
+    # the owner is killed would never set its PDEATHSIG: paused, then orphaned, it would stay).
+    spin = ("import ctypes, signal; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+            "print('armed', flush=True); exec('while 1: pass')")
+    child = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "armed\\n"
     print(f"child {child.pid}", flush=True)
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
