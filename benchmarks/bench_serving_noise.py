@@ -16,8 +16,8 @@ where the CPU went (server processes by name, the load generator). Conditions:
 - shared+warm: both running, with warm-up (the freeze's share without the warm-up's).
 
 `--busy N` starts N `yes > /dev/null` processes first (load N and more); the machine's load
-is printed before and after. Prints numbers only; it asserts nothing. Run it under
-/work/tools/heavy.
+is printed before and after. Prints numbers only; it asserts nothing. Nothing else heavy should
+share the machine: it measures whatever shares the cores.
 
     .venv/bin/python benchmarks/bench_serving_noise.py --pairs 10 --busy 0
 """

@@ -15,11 +15,12 @@ runs) and speedups, the detectable effect each experiment stated, the companion 
 tokens per server CPU-second), and the minutes an experiment took. The machine's load average is
 printed before and after; `--busy N` adds N `yes > /dev/null` processes (load N and more).
 
-A series can be split across jobs: `--out FILE` appends every experiment as a JSON line (and
-reads what is there first: a later job continues the series); `--report FILE` only prints the
-table. `--calibrate N` instead runs one experiment of the effect with N samples per arm (and no
-early stop) to establish its true size. Prints numbers only; it asserts nothing. Run it under
-/work/tools/heavy.
+A series can be split across jobs: `--out FILE` appends every experiment as a JSON line and
+reads what is there first, so `--runs` is the series' size: a later job runs only the experiments
+still missing (a job stopped by SIGTERM or Ctrl-C loses only the one in progress); `--report
+FILE` only prints the table. `--calibrate N` instead runs one experiment of the effect with N
+samples per arm (and no early stop) to establish its true size. Prints numbers only; it asserts
+nothing. Nothing else heavy should share the machine: it measures whatever shares the cores.
 
     .venv/bin/python benchmarks/bench_serving_precision.py --runs 3
     .venv/bin/python benchmarks/bench_serving_precision.py --runs 10 --settings after --busy 2 --out aa.jsonl --kinds aa
@@ -173,9 +174,15 @@ def calibrate(base: Task, pairs: int, folder: Path, effect: dict[str, Any]) -> N
     print(f"took {record.duration_s / 60:.1f} min; load after: {load()}")
 
 
+def _count(rows: list[dict[str, Any]], setting: str, kind: str) -> int:
+    return sum(r["setting"] == setting and r["kind"] == kind for r in rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="experiments per setting and kind")
+    parser.add_argument(
+        "--runs", type=int, default=3, help="experiments per setting and kind, --out's included"
+    )
     parser.add_argument("--settings", default="before,after")
     parser.add_argument("--kinds", default="aa,effect")
     parser.add_argument("--busy", type=int, default=0, help="`yes > /dev/null` processes to add")
@@ -209,6 +216,8 @@ def main() -> None:
         for _ in range(args.runs):
             for kind in args.kinds.split(","):
                 for setting, task in tasks.items():
+                    if _count(rows, setting, kind) >= args.runs:
+                        continue  # this part of the series is complete (in --out)
                     row = one(task, kind, setting, seed=len(rows), effect=args.effect)
                     row["busy"] = args.busy
                     rows.append(row)
