@@ -1,6 +1,7 @@
 """Benchmark: where the variance of a serving measurement comes from (sglang-cpu-tiny, A/A).
 
-Starts two servers with the same arguments (an A/A pair: any difference is noise) and, for each
+Starts two servers with the same arguments, the task's default knobs (an A/A pair: any
+difference is noise), and, for each
 condition below, takes `--pairs` interleaved pairs (AB, BA, ...; both arms of a pair on the same
 seed), then prints per condition: the spread of the per-pair log ratio of output throughput
 (the noise a paired experiment sees; sd and a robust sd from the MAD), the spread of the
@@ -14,6 +15,10 @@ where the CPU went (server processes by name, the load generator). Conditions:
 - frozen+warm xN: the same with N times the prompts per sample (workload length);
 - poisson: frozen+warm with Poisson arrivals at 40 requests/s instead of all at once;
 - shared+warm: both running, with warm-up (the freeze's share without the warm-up's).
+
+Before the servers start it prints the machine's own floor: a fixed pure-Python loop timed over
+adjacent windows as long as a sample (`machine`): on a shared VM the host's speed wanders, and
+no measurement design removes what the machine itself does between one window and the next.
 
 `--busy N` starts N `yes > /dev/null` processes first (load N and more); the machine's load
 is printed before and after. Prints numbers only; it asserts nothing. Nothing else heavy should
@@ -40,6 +45,7 @@ from infra_agent.serving.deployment import load_deployment
 from infra_agent.serving.metrics import summarize
 from infra_agent.serving.server import Server
 from infra_agent.serving.workload import LoadSpec, run_workload
+from infra_agent.tasks.manifest import load_task
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "bundled" / "sglang-cpu-tiny"
 VOCAB = 1024
@@ -77,6 +83,27 @@ def load_avg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def machine_floor(window_s: float, pairs: int) -> str:
+    """The machine's own noise: a fixed pure-Python loop timed over adjacent windows of
+    `window_s` (a sample's length), as pairs; no server runs meanwhile."""
+
+    def speed() -> float:
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < window_s:
+            total = 0
+            for i in range(20_000):
+                total += i * i
+            done += 1
+        return done / (time.perf_counter() - started)
+
+    ratios = [speed() / speed() for _ in range(pairs)]
+    sd, robust = spread(ratios)
+    return (
+        f"{'machine':<16} pairs {pairs:>2}  window {window_s:4.1f} s  a fixed Python loop, "
+        f"adjacent windows: pair sd {sd:5.1%} (robust {robust:5.1%})"
+    )
+
+
 def spread(ratios: list[float]) -> tuple[float, float]:
     """(sd, MAD-based robust sd) of log ratios, as fractions."""
     logs = [math.log(r) for r in ratios]
@@ -90,13 +117,14 @@ def sample(
     cond: Condition,
     seed: int,
     prompts: int,
-    warm_now: bool,
+    warm: int,
     out: Outcome,
     name: str,
 ) -> None:
-    if warm_now:
-        warm = random_sessions(16, 64, 32, vocab_size=VOCAB, seed=seed + 7)
-        server.call(run_workload, warm, LoadSpec())
+    """One measured run; `warm` requests first, discarded (0: none)."""
+    if warm:
+        burst = random_sessions(warm, 64, 32, vocab_size=VOCAB, seed=seed + 7)
+        server.call(run_workload, burst, LoadSpec())
     sessions = random_sessions(prompts * cond.scale, 64, 32, vocab_size=VOCAB, seed=seed)
     before = cpu_by_name(server.processes())
     started = time.monotonic()
@@ -118,7 +146,7 @@ def sample(
 
 
 def run(
-    servers: dict[str, Server], cond: Condition, pairs: int, prompts: int, seed0: int
+    servers: dict[str, Server], cond: Condition, pairs: int, prompts: int, seed0: int, warm: int
 ) -> Outcome:
     out = Outcome()
     last = None
@@ -130,7 +158,8 @@ def run(
                 other.pause()
             servers[name].resume()
             idle_before = other.cpu_seconds()
-            sample(servers[name], cond, seed, prompts, cond.warm and last != name, out, name)
+            burst = warm if cond.warm and last != name else 0
+            sample(servers[name], cond, seed, prompts, burst, out, name)
             out.idle_arm_cpu += other.cpu_seconds() - idle_before
             last = name
     for s in servers.values():
@@ -183,14 +212,23 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--busy", type=int, default=0, help="`yes > /dev/null` processes to add")
     parser.add_argument("--conditions", default=",".join(CONDITIONS))
-    parser.add_argument("--knobs", default="", help="server arguments of both arms, k=v,...")
+    parser.add_argument("--window", type=float, default=2.5, help="seconds per machine window")
+    parser.add_argument("--warm", type=int, default=16, help="requests discarded after a switch")
+    parser.add_argument(
+        "--knobs",
+        default="",
+        help="server arguments of both arms over the task's defaults, k=v,...",
+    )
     args = parser.parse_args()
-    knobs = dict(kv.split("=", 1) for kv in args.knobs.split(",") if kv)
+    knobs = {name: knob.default for name, knob in load_task(TASK).manifest.knobs.items()}
+    knobs |= dict(kv.split("=", 1) for kv in args.knobs.split(",") if kv)
     spec = load_deployment(TASK / "deployment.toml")
     work = Path(tempfile.mkdtemp(prefix="bench-noise-"))
     print(f"load before: {load_avg()}", flush=True)
     hogs = busy(args.busy)
     servers: dict[str, Server] = {}
+    print(machine_floor(args.window, args.pairs), flush=True)
+    print(f"server arguments of both arms: {knobs}", flush=True)
     try:
         for name in ("A", "B"):
             for s in servers.values():
@@ -211,7 +249,7 @@ def main() -> None:
         seed0 = 1000
         for key in args.conditions.split(","):
             cond = CONDITIONS[key]
-            out = run(servers, cond, args.pairs, args.prompts, seed0)
+            out = run(servers, cond, args.pairs, args.prompts, seed0, args.warm)
             seed0 += 1000
             print(report(cond, out), flush=True)
     finally:
