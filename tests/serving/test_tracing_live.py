@@ -4,7 +4,8 @@ scheduler's event loop and the model's forward are among its hottest functions, 
 process shows up with its own samples, and each has its threads' GIL states.
 
 Needs the SGLang environment (`python -m infra_agent.serving.env --ensure`); one server start
-(20-60 s on an idle 2-core machine) and the task's 128-request workload.
+(20-60 s on an idle 2-core machine) and 128 requests (the task's 32-request sample four times over:
+enough profile for the counts asserted).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def test_server_profile_shows_the_schedulers_loop_and_forward_and_the_tokenizer(
     ctx = ToolContext(
         task=find_task("sglang-cpu-tiny"), store=open_store(tmp_path / "runs.db"), run_id="r"
     )
-    result = default_registry().call("server_profile", "{}", ctx)
+    result = default_registry().call("server_profile", json.dumps({"num_prompts": 128}), ctx)
     print(result.content)
     assert result.error is None, result.content
     assert result.content.startswith("baseline: 128 requests, "), result.content

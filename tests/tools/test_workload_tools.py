@@ -178,7 +178,7 @@ def test_a_serving_task_describes_its_load_and_the_tools_ask_for_inputs(tmp_path
         task=find_task("sglang-cpu-tiny"), store=open_store(tmp_path / "r.db"), run_id="r"
     )
     shown = default_registry().call("describe_task", "{}", ctx).content
-    assert "workload: 128 requests of 64 random tokens -> 32 tokens via /generate" in shown
+    assert "workload: 32 requests of 64 random tokens -> 32 tokens via /generate" in shown
     assert "seeds: fresh prompts from an unseen seed for every sample" in shown
     refused = default_registry().call("microbench", "{}", ctx)
     assert refused.error is not None and "publishes no ready setup" in refused.error
