@@ -152,7 +152,10 @@ def measure(
                 equivalence=manifest.min_effect,
             )
             se = power.se_of_interval(comparison.ci_low, comparison.ci_high)
-            done = se <= se_goal
+            # A resolved interval the sign test would overrule is not an answer yet: more pairs
+            # settle it (with 6-8 pairs the sign test needs every pair on one side).
+            ratios = _ratios(base[metric][:n], cand[metric][:n], manifest.metric.higher_is_better)
+            done = se <= se_goal and not _sign_overrules(comparison, ratios, manifest.min_effect)
             seen = power.detectable_effect(se, manifest.min_effect)
             shown = (
                 f"{gain_name(manifest)} {comparison.speedup:.3f}x "
@@ -164,6 +167,16 @@ def measure(
             progress(f"performance: n={n}/arm, {shown}")
         if done or n >= budget.max_samples or spent > budget.measure_budget_s:
             return Measurement(comparison, base, cand, rounds, wanted, plan)
+
+
+def _sign_overrules(c: Comparison, ratios: list[float], min_effect: float) -> bool:
+    """True when the bootstrap interval shows a change beyond the minimum effect but the sign
+    test's interval of per-pair ratios does not agree (`decide` would say NO_CHANGE)."""
+    side = beyond_min_effect(c.speedup, c.ci_low, c.ci_high, min_effect)
+    sign = sign_interval(ratios) if side is not None else None
+    if sign is None:
+        return False
+    return not (sign[0] > 1.0 if side == "better" else sign[1] < 1.0)
 
 
 def gain_name(manifest: TaskManifest) -> str:

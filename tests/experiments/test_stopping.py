@@ -27,6 +27,8 @@ class Fake(Harness):
 
     effect, rps_ratio, rps_swing, rates = 1.0, 1.0, 0.3, (0.001, 0.0)
     taken = 0
+    slow: int | None = None
+    """The candidate's sample of this number (1: its first) runs at 0.8x the baseline."""
 
     def check(self, arm: Arm, seed: int) -> CheckResult:
         return CheckResult(passed=True)
@@ -38,7 +40,9 @@ class Fake(Harness):
         swing = 1.0 + (self.rps_swing if self.taken % 2 else -self.rps_swing) if cand else 1.0
         events = sum(rng.random() < self.rates[cand] for _ in range(2000))
         return {
-            "tput": 100.0 * (self.effect if cand else 1.0) * math.exp(rng.gauss(0.0, 0.01)),
+            "tput": 100.0
+            * ((0.8 if self.taken == self.slow else self.effect) if cand else 1.0)
+            * math.exp(rng.gauss(0.0, 0.01)),
             "rps": 50.0 * (self.rps_ratio if cand else 1.0) * swing,
             "corruptions": float(events),
             "requests": 2000.0,
@@ -81,6 +85,19 @@ def test_an_open_constraint_keeps_sampling_past_the_power_goal() -> None:
     assert m.comparison.n_baseline == 6, said
     verdict, reasons, _, _ = decide(m, manifest)
     assert verdict is Verdict.REGRESSED and "constraint broken: rps" in reasons[-1], reasons
+
+
+def test_sampling_goes_on_while_the_sign_test_would_overrule_the_interval() -> None:
+    """Measured: a 1.134x (95% CI 1.097-1.210) stopped at 8 pairs, resolved, and came out
+    NO_CHANGE because one pair of 8 went the other way (with 8 pairs the sign test's interval is
+    the smallest and largest ratio). Now it samples on until the two agree."""
+    manifest = _manifest()
+    m, said = _measure(manifest, effect=1.3, slow=2)  # one pair of the first six at 0.8x
+    assert m.comparison.n_baseline > 6, said  # resolved at 6 by the interval alone
+    verdict, reasons, _, _ = decide(m, manifest)
+    assert verdict is Verdict.IMPROVED, reasons
+    m, said = _measure(manifest, effect=1.3)
+    assert m.comparison.n_baseline == 6, said
 
 
 def test_a_rate_metric_has_no_calibration_and_no_pair_noise() -> None:
