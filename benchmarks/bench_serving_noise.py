@@ -46,6 +46,7 @@ from infra_agent.serving.metrics import summarize
 from infra_agent.serving.server import Server
 from infra_agent.serving.workload import LoadSpec, run_workload
 from infra_agent.tasks.manifest import load_task
+from infra_agent.tasks.patch import effective_knobs
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "bundled" / "sglang-cpu-tiny"
 VOCAB = 1024
@@ -220,16 +221,16 @@ def main() -> None:
         help="server arguments of both arms over the task's defaults, k=v,...",
     )
     args = parser.parse_args()
-    knobs = {name: knob.default for name, knob in load_task(TASK).manifest.knobs.items()}
+    knobs = effective_knobs(None, load_task(TASK).manifest)
     knobs |= dict(kv.split("=", 1) for kv in args.knobs.split(",") if kv)
     spec = load_deployment(TASK / "deployment.toml")
     work = Path(tempfile.mkdtemp(prefix="bench-noise-"))
     print(f"load before: {load_avg()}", flush=True)
     hogs = busy(args.busy)
     servers: dict[str, Server] = {}
-    print(machine_floor(args.window, args.pairs), flush=True)
-    print(f"server arguments of both arms: {knobs}", flush=True)
     try:
+        print(machine_floor(args.window, args.pairs), flush=True)
+        print(f"server arguments of both arms: {knobs}", flush=True)
         for name in ("A", "B"):
             for s in servers.values():
                 s.pause()

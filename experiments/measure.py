@@ -155,7 +155,10 @@ def measure(
             # A resolved interval the sign test would overrule is not an answer yet: more pairs
             # settle it (with 6-8 pairs the sign test needs every pair on one side).
             ratios = _ratios(base[metric][:n], cand[metric][:n], manifest.metric.higher_is_better)
-            done = se <= se_goal and not _sign_overrules(comparison, ratios, manifest.min_effect)
+            side = beyond_min_effect(
+                comparison.speedup, comparison.ci_low, comparison.ci_high, manifest.min_effect
+            )
+            done = se <= se_goal and (side is None or sign_overrules(side, ratios) is None)
             seen = power.detectable_effect(se, manifest.min_effect)
             shown = (
                 f"{gain_name(manifest)} {comparison.speedup:.3f}x "
@@ -169,14 +172,16 @@ def measure(
             return Measurement(comparison, base, cand, rounds, wanted, plan)
 
 
-def _sign_overrules(c: Comparison, ratios: list[float], min_effect: float) -> bool:
-    """True when the bootstrap interval shows a change beyond the minimum effect but the sign
-    test's interval of per-pair ratios does not agree (`decide` would say NO_CHANGE)."""
-    side = beyond_min_effect(c.speedup, c.ci_low, c.ci_high, min_effect)
-    sign = sign_interval(ratios) if side is not None else None
-    if sign is None:
-        return False
-    return not (sign[0] > 1.0 if side == "better" else sign[1] < 1.0)
+def sign_overrules(
+    side: Literal["better", "worse"], ratios: list[float]
+) -> tuple[float, float] | None:
+    """The sign test's 95% interval of per-pair ratios when it does not agree that the change
+    is to `side` (it includes 1.0), else None; None also where it cannot reach 95% (fewer than
+    6 pairs: the bootstrap decides alone)."""
+    sign = sign_interval(ratios)
+    if sign is None or (sign[0] > 1.0 if side == "better" else sign[1] < 1.0):
+        return None
+    return sign
 
 
 def gain_name(manifest: TaskManifest) -> str:
@@ -315,15 +320,13 @@ def decide(
     else:
         verdict = Verdict.NO_CHANGE
         reasons = [f"effect below the task's minimum of {effect:.0%}: {numbers}"]
-    if verdict in (Verdict.IMPROVED, Verdict.REGRESSED) and metric.events is None:
+    if shown is not None and metric.events is None:  # IMPROVED or REGRESSED so far
         # The bootstrap interval of medians can be too narrow when noise is heavy-tailed or
         # drifts (a loaded machine); the sign test's interval holds whatever the noise.
         # It applies where it can reach 95% (6 pairs or more); with fewer the bootstrap decides
         # alone. (Samples are positive: compare_samples refuses others.)
-        sign = sign_interval(pair_ratios(m, manifest))
-        if sign is not None and not (
-            sign[0] > 1.0 if verdict == Verdict.IMPROVED else sign[1] < 1.0
-        ):
+        sign = sign_overrules(shown, pair_ratios(m, manifest))
+        if sign is not None:
             verdict = Verdict.NO_CHANGE
             reasons = [
                 "not shown: the sign test's 95% interval of per-pair ratios "

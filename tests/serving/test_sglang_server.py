@@ -55,7 +55,8 @@ SMALL = {
 def _short(max_samples: int) -> Task:
     """The task with a performance stage of `max_samples` per arm (two rounds of interleaved
     pairs for 4), for tests whose assertions do not need the interval resolved: the task's own
-    budget samples for up to 150 s (the knob test took 208 s with it, 122 s with 4, at load <= 2)."""
+    budget samples until its measure_budget_s (the knob test took 208 s with 150 s of it, 122 s
+    with 4 samples, at load <= 2)."""
     manifest = TASK.manifest.model_copy(deep=True)
     manifest.budget = manifest.budget.model_copy(
         update={"min_samples": max_samples, "max_samples": max_samples}
