@@ -29,8 +29,8 @@ def _spec(name: str) -> ModuleSpec | None:
             if not locations:
                 return None
             spec = PathFinder.find_spec(".".join(parts[: i + 1]), list(locations))
-    except (ImportError, ValueError, OSError):
-        return None
+    except (ImportError, ValueError, OSError, KeyError):  # KeyError: a namespace package's
+        return None  # path finder looks its parent up in sys.modules (not imported here)
     return spec
 
 

@@ -17,12 +17,14 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from infra_agent.experiments.command_rules import PYTHON, Word, command_code, inline_code
 from infra_agent.experiments.rule_names import canonical, is_module
 from infra_agent.experiments.state_rules import scan_state
 
 GROUPS = {
     "network": "network access (socket, urllib, http, requests)",
-    "processes": "child processes (subprocess, os.system/fork/exec/spawn, multiprocessing)",
+    "processes": "processes (subprocess, os.system/fork/exec/spawn, multiprocessing, signal, "
+    "psutil, Python run from a string: python -c)",
     "threads": "threads (threading, _thread, concurrent.futures, asyncio)",
     "ctypes": "native code (ctypes, cffi, mmap, cpp_extension, torch.ops.load_library, torch.library)",
     "timers": "clock tampering or monkeypatching imported modules",
@@ -51,7 +53,7 @@ _MODULE_GROUPS = {
     "smtplib": "network", "telnetlib": "network", "xmlrpc": "network", "websocket": "network",
     "torch.library": "ctypes",  # registers or replaces operator kernels (aten ops included)
     "subprocess": "processes", "multiprocessing": "processes", "pty": "processes",
-    "signal": "processes", "torch.multiprocessing": "processes",
+    "signal": "processes", "torch.multiprocessing": "processes", "psutil": "processes",
     "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",
     "ctypes": "ctypes", "cffi": "ctypes", "mmap": "ctypes", "torch.utils.cpp_extension": "ctypes",
     "gc": "introspection", "inspect": "introspection", "traceback": "introspection",
@@ -244,6 +246,50 @@ class _Visitor(ast.NodeVisitor):
         ):
             how = f"uses {qual}" if written == qual else f"reaches {qual} as {ast.unparse(node)}"
             self._add(group, node, how)
+        elif group == "processes" and not is_module(qual):
+            self._add(group, node, f"uses {qual}")  # each use: more of a module already imported
+
+    def _word(self, node: ast.expr) -> Word:
+        """`node` as one word of a command: its text, 'python' for the interpreter, else None."""
+        text = _const_str(node)
+        if text is not None:
+            return text
+        if self._qual(node) == "sys.executable" or (
+            isinstance(node, ast.Attribute) and node.attr == "executable"
+        ):
+            return PYTHON
+        return None
+
+    def _inline(self, node: ast.AST, codes: list[Word]) -> None:
+        """Each `python -c CODE` starts a process; CODE, when written here, is read like the
+        file's own code."""
+        for code in codes:
+            if code is None:
+                self._add("processes", node, "runs Python from a string built at run time (python -c)")  # fmt: skip
+                continue
+            self._add("processes", node, "runs Python from a string (python -c)")
+            for hit in scan_source(code, self.path):
+                self._add(hit.group, node, f"in its python -c code: {hit.what}")
+
+    def visit_List(self, node: ast.List) -> None:
+        self._inline(node, inline_code([self._word(e) for e in node.elts]))
+        self.generic_visit(node)
+
+    def visit_Tuple(self, node: ast.Tuple) -> None:
+        self._inline(node, inline_code([self._word(e) for e in node.elts]))
+        self.generic_visit(node)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        """An f-string as a command: its fields are computed at run time (NUL here)."""
+        parts = [
+            str(v.value) if isinstance(v, ast.Constant) else self._word(v.value) or "\0"
+            for v in node.values
+            if isinstance(v, ast.Constant | ast.FormattedValue)
+        ]
+        self._inline(node, command_code("".join(parts)))
+        for value in node.values:  # its constant parts were read as a whole
+            if isinstance(value, ast.FormattedValue):
+                self.visit(value)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if isinstance(node.ctx, ast.Load):
@@ -268,6 +314,10 @@ class _Visitor(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if node.id in ("__builtins__", "__loader__", "__spec__"):
             self._add("introspection", node, f"uses {node.id}")
+        qual = self.modules.get(node.id)
+        if isinstance(node.ctx, ast.Load) and qual is not None and "." in qual:
+            if _group_of_module(qual) == "processes" and not is_module(qual):
+                self._add("processes", node, f"uses {qual}")  # `from psutil import Process`
 
     def _target_module(self, target: ast.expr) -> str | None:
         """If `target` is `module.attr[...]`, the module's name."""
@@ -302,6 +352,7 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
+        self._inline(node, inline_code([self._word(a) for a in node.args]))  # os.execl(...)
         name = self._callee(node)
         if name in _DYNAMIC_CALLS:
             self._add("dynamic", node, f"calls {name}()")
@@ -331,6 +382,7 @@ class _Visitor(ast.NodeVisitor):
             text = (
                 node.value.decode(errors="replace") if isinstance(node.value, bytes) else node.value
             )
+            self._inline(node, command_code(text))
             if _ABSOLUTE.match(text) and len(text) > 1 and "\n" not in text:
                 self._add("harness", node, f"names an absolute path {text[:60]!r}")
             elif re.search(r"(^|[/\\])\.\.([/\\]|$)", text):
