@@ -19,12 +19,14 @@ must be unchanged), and the files it touched are committed with exactly those by
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,13 @@ import tomllib
 from infra_agent.config import default_data_dir
 from infra_agent.errors import UserError
 from infra_agent.experiments import task_fingerprint
-from infra_agent.private import PRIVATE_UMASK, make_tree_private, private_dir, write_private
+from infra_agent.private import (
+    PRIVATE_UMASK,
+    make_tree_private,
+    private_dir,
+    private_file,
+    write_private,
+)
 from infra_agent.review.queue import (
     changed_patch,
     get_proposal,
@@ -216,8 +224,34 @@ def apply_approved(
     args_file: Path | None = None,
     data_dir: Path | None = None,
 ) -> ProposalRecord:
-    """Apply an approved proposal's patch (see module docstring) and mark it applied."""
+    """Apply an approved proposal's patch (see module docstring) and mark it applied. Applies
+    run one at a time (threads and processes on one data folder): a second apply of a
+    proposal is told it is already applied."""
+    with _one_apply_at_a_time(data_dir):
+        return _apply(store, proposal_id, reviewer, repo, args_file, data_dir)
+
+
+@contextmanager
+def _one_apply_at_a_time(data_dir: Path | None) -> Iterator[None]:
+    # One lock for all proposals: two proposals of one task share its workspace copy (git's
+    # index.lock), and applies are rare and short.
+    path = private_file((data_dir or default_data_dir()) / "locks" / "apply.lock")
+    with open(path, "a") as lock:  # released when closed, or if we die
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _apply(
+    store: RunStore,
+    proposal_id: str,
+    reviewer: str,
+    repo: Path | None,
+    args_file: Path | None,
+    data_dir: Path | None,
+) -> ProposalRecord:
     proposal = get_proposal(store, proposal_id)
+    if proposal.status == ProposalStatus.APPLIED:
+        raise UserError(f"proposal {proposal.id} is already applied")
     if proposal.status != ProposalStatus.APPROVED:
         raise UserError(
             f"proposal {proposal.id} is {proposal.status.value}; only approved proposals are applied"

@@ -133,7 +133,13 @@ def list_proposals(
     except ValueError as exc:
         raise UserError(f"bad filter: {exc}") from None
     store = current().store(readonly=True)
-    proposals = list_queue(store, status=status_filter, task=task, risk=risk_filter)
+    queue = list_queue(store, status=status_filter, task=task, risk=risk_filter)
+    proposals = queue.proposals
+    if queue.unreadable:
+        status_console(as_json).print(
+            f"unreadable (the run store cannot parse these rows): {', '.join(queue.unreadable)}",
+            markup=False,
+        )
 
     def render(console: Console) -> None:
         if not proposals:
@@ -357,7 +363,7 @@ def serve_cmd(
     args_file: ArgsOpt = None,
 ) -> None:
     """Serve the review web UI; prints the login URL (with its token) and runs until Ctrl-C."""
-    from infra_agent.review.web import ReviewerAuth, bind, serve, server_for
+    from infra_agent.review.web import Address, ReviewerAuth, bind, serve, server_for
 
     inv = current()
     settings = inv.settings()
@@ -379,31 +385,28 @@ def serve_cmd(
         raise UserError(f"review tokens: {exc}") from None
     policy = load_policy(settings.review.policy)
     inv.store()  # create the store if needed, before serving it
+    sock = bind(host, port)
+    address = Address.for_bind(host, sock.getsockname()[1])
     server = server_for(
         inv.store_path(),
         auth,
-        host=host,
+        address=address,
         repo=repo,
         args_file=args_file,
         policy=policy,
         sandbox=settings.sandbox.backend,
         resume=inv.resume_run,
     )
-    sock = bind(host, port)
-    if not server.loopback_only:
+    if not address.checked:
         print(
             f"warning: listening on {host}, reachable from other machines; use tokens you trust",
             file=sys.stderr,
         )
-
-    def announce(actual_port: int) -> None:
-        shown = f"[{host}]" if ":" in host else host
-        base = f"http://{shown}:{actual_port}/proposals"
-        print(f"infra-agent review: serving {inv.store_path()} on {base}")
-        if token is not None or not tokens:
-            print(f"open: {base}?token={token or next(iter(auth.tokens.values()))}")
-        else:
-            print(f"open: {base}?token=<your reviewer token>")
-        print("press Ctrl-C to stop")
-
-    serve(server, sock, announce=announce)
+    base = f"{address.origin}/proposals"
+    print(f"infra-agent review: serving {inv.store_path()} on {base}")
+    if token is not None or not tokens:
+        print(f"open: {base}?token={token or next(iter(auth.tokens.values()))}")
+    else:
+        print(f"open: {base}?token=<your reviewer token>")
+    print("press Ctrl-C to stop", flush=True)
+    serve(server, sock)

@@ -16,12 +16,13 @@ append-only), so of two concurrent decisions exactly one lands and the other is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from pydantic import BaseModel
 
-from infra_agent.errors import UserError
+from infra_agent.errors import StoreError, UserError
 from infra_agent.experiments import task_fingerprint
 from infra_agent.review.risk import PolicyAction, RiskPolicy, assess, load_policy
 from infra_agent.store.base import RunStore
@@ -379,23 +380,49 @@ def review_outcome(store: RunStore, proposal_id: str) -> ReviewOutcome:
     )
 
 
+@dataclass
+class Queue:
+    """The proposals of a queue listing, and the rows the store could not read."""
+
+    proposals: list[ProposalRecord]
+    unreadable: list[str] = field(default_factory=list)
+    """Ids of proposal rows whose stored body does not parse (shown, never hidden)."""
+
+
+def read_proposals(store: RunStore, status: ProposalStatus | None = None) -> Queue:
+    """Every proposal (with this status) one row at a time, oldest first: a row that cannot be
+    read is named in `unreadable` and the others are still returned."""
+    queue = Queue(proposals=[])
+    for proposal_id in store.proposal_ids(status=status):
+        try:
+            proposal = store.get_proposal(proposal_id)
+        except StoreError:
+            queue.unreadable.append(proposal_id)
+            continue
+        if proposal is not None:
+            queue.proposals.append(proposal)
+    return queue
+
+
 def list_queue(
     store: RunStore,
     *,
     status: ProposalStatus | None = None,
     task: str | None = None,
     risk: RiskLevel | None = None,
-) -> list[ProposalRecord]:
+) -> Queue:
     """Proposals matching the filters, largest proven gain first (the low end of the latest
     experiment's confidence interval: a noisy 16x whose CI starts at 2.8 ranks as 2.8; without a
-    performance stage, the expected gain; unmeasured last)."""
+    performance stage, the expected gain; unmeasured last), and the unreadable rows of `status`."""
+    queue = read_proposals(store, status)
     found = [
         p
-        for p in store.proposals(status=status)
+        for p in queue.proposals
         if (task is None or p.task == task) and (risk is None or p.risk == risk)
     ]
     gains = {p.id: proven_gain(store, p) for p in found}
-    return sorted(found, key=lambda p: (gains[p.id] is None, -(gains[p.id] or 0.0), p.created_at))
+    found.sort(key=lambda p: (gains[p.id] is None, -(gains[p.id] or 0.0), p.created_at))
+    return Queue(proposals=found, unreadable=queue.unreadable)
 
 
 def proven_gain(store: RunStore, proposal: ProposalRecord) -> float | None:

@@ -48,6 +48,11 @@ class RunStore(Protocol):
     def proposals(
         self, run_id: str | None = None, status: ProposalStatus | None = None
     ) -> list[ProposalRecord]: ...
+    def proposal_ids(self, status: ProposalStatus | None = None) -> list[str]:
+        """Ids of the proposals (with this status), oldest first, read without their bodies: a
+        row whose body cannot be parsed is listed too."""
+        ...
+
     def set_proposal_status(
         self, proposal_id: str, expected: ProposalStatus, new: ProposalStatus
     ) -> bool:

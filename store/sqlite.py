@@ -309,6 +309,12 @@ class SQLiteRunStore:
             args.append(status.value)
         return self._many(ProposalRecord, sql + " ORDER BY created_at, id", tuple(args))
 
+    def proposal_ids(self, status: ProposalStatus | None = None) -> list[str]:
+        where = "" if status is None else " WHERE status=?"
+        args: tuple[str, ...] = () if status is None else (status.value,)
+        sql = f"SELECT id FROM proposals{where} ORDER BY created_at, id"
+        return [r[0] for r in self._conn().execute(sql, args)]
+
     def set_proposal_status(
         self, proposal_id: str, expected: ProposalStatus, new: ProposalStatus
     ) -> bool:

@@ -4,16 +4,17 @@
     serve(app_settings, host="127.0.0.1", port=0)   # prints the login URL, blocks until Ctrl-C
 
 Pages are server-rendered Jinja2 templates with a few lines of plain JavaScript. Every request
-needs a reviewer session (started by the token URL, opened directly); every POST needs the
-session's CSRF token; requests whose Host or Origin is not this server are refused (DNS
-rebinding, cross-site posts), and so are oversized URLs and bodies (see `guards`). Every
-refusal and error is the same short HTML page, echoing nothing long.
+passes the `gate` first: Host and Origin must be this server's (its own `r-<random>.localhost`
+name on loopback), the URL and body small, and every page needs a reviewer session (started by
+the token URL, opened directly), all before a body byte is read; every POST needs the session's
+CSRF token. Every refusal and error is the same short HTML page, echoing nothing long and no
+filesystem path, with the security headers of every other response (see `guards`, `gate`).
 """
 
 from __future__ import annotations
 
+import logging
 import socket
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException
 
-from infra_agent.errors import UserError
+from infra_agent.errors import StoreError, UserError
 from infra_agent.review.apply import Resumer, after_decision, apply_approved
 from infra_agent.review.queue import (
     MAX_COMMENT_CHARS,
@@ -37,19 +38,21 @@ from infra_agent.review.queue import (
     StaleProposal,
     decide,
     list_queue,
+    read_proposals,
 )
 from infra_agent.review.reverify import reverify
 from infra_agent.review.risk import RiskPolicy
 from infra_agent.review.web.auth import SESSION_COOKIE, ReviewerAuth, Session
+from infra_agent.review.web.gate import Gate, session_of
 from infra_agent.review.web.guards import (
-    LOOPBACK_NAMES,
-    MAX_HEAD_BYTES,
+    Address,
     Refused,
-    check_host_and_origin,
     check_login_source,
-    check_size,
+    pathless,
+    safe_redirect,
     shown,
 )
+from infra_agent.review.web.listener import http_server
 from infra_agent.review.web.views import diff_css, fmt, latest_result, proposal_view, raw_json
 from infra_agent.store import RunStore, open_store
 from infra_agent.store.records import DecisionAction, ProposalStatus, RiskLevel
@@ -57,13 +60,7 @@ from infra_agent.store.records import now as utc_now
 
 ASSETS = Path(__file__).parents[1]
 """review/: holds templates/ and static/ (package data of infra_agent.review)."""
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",  # own posts carry their Origin; nothing leaks out
-    "Cache-Control": "no-store",
-}
+log = logging.getLogger("infra_agent.review")
 
 
 @dataclass
@@ -84,12 +81,13 @@ class ReviewServer:
     store: RunStore
     store_path: Path
     auth: ReviewerAuth
+    address: Address
+    """Where it is served; the only Host it answers to (see `guards.Address`)."""
     repo: Path | None = None
     args_file: Path | None = None
     data_dir: Path | None = None
     policy: RiskPolicy | None = None
     sandbox: str = "local"
-    loopback_only: bool = True
     resume: Resumer | None = None
     """Resumes an agent run waiting for review (wired in by the CLI)."""
     jobs: dict[str, Job] = field(default_factory=dict)
@@ -109,16 +107,11 @@ class ReviewServer:
         threading.Thread(target=run, name=f"review-{what}-{proposal_id}", daemon=True).start()
 
 
-def _session(request: Request, server: ReviewServer) -> Session:
-    check_host_and_origin(request, loopback_only=server.loopback_only)
-    session = server.auth.session(request.cookies.get(SESSION_COOKIE))
-    if session is None:
-        raise Refused(
-            401,
-            "not signed in (or the session ended: signed out, idle too long or too old): open "
-            "the URL printed when the server started (it carries ?token=...)",
-        )
-    return session
+def failure(exc: Exception) -> str:
+    """An error's message as a page shows it: short and without filesystem paths (the server's
+    log keeps it whole)."""
+    log.warning("review: %s", exc)
+    return shown(pathless(str(exc)), 600)
 
 
 def create_app(server: ReviewServer) -> FastAPI:
@@ -152,14 +145,14 @@ def create_app(server: ReviewServer) -> FastAPI:
         return page(request, "refused.html", status=status, message=shown(message, 600))
 
     def login(request: Request, token: str) -> Response:
-        """Exchange the token for a session cookie and drop it from the URL."""
-        check_host_and_origin(request, loopback_only=server.loopback_only)
-        check_login_source(request)
+        """Exchange the token for a session cookie and drop it from the URL (the gate checked
+        Host and Origin)."""
+        check_login_source(request.headers, server.address)
         reviewer = server.auth.reviewer_for_token(token)
         if reviewer is None:
             raise Refused(401, "invalid token: open the URL printed when the server started")
         rest = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "token"])
-        target = request.url.path + (f"?{rest}" if rest else "")
+        target = safe_redirect(request.url.path) + (f"?{rest}" if rest else "")
         redirect = RedirectResponse(target if target != "/" else "/proposals", status_code=303)
         redirect.set_cookie(
             SESSION_COOKIE,
@@ -170,22 +163,7 @@ def create_app(server: ReviewServer) -> FastAPI:
         )
         return redirect
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        """Size limits and the token login before anything else; security headers on all."""
-        response: Response
-        try:
-            check_size(request)
-            token = request.query_params.get("token")
-            if token is not None and request.method == "GET":
-                response = login(request, token)
-            else:
-                response = await call_next(request)
-        except Refused as exc:
-            response = refusal(request, exc.status, str(exc))
-        for key, value in SECURITY_HEADERS.items():
-            response.headers.setdefault(key, value)
-        return response
+    app.add_middleware(Gate, address=server.address, auth=server.auth, render=refusal, login=login)
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> HTMLResponse:
@@ -206,14 +184,8 @@ def create_app(server: ReviewServer) -> FastAPI:
         where = ".".join(str(p) for p in first.get("loc", ())) or "request"
         return refusal(request, 400, f"bad request: {where}: {first.get('msg', 'invalid')}")
 
-    @app.exception_handler(Exception)
-    async def crashed(request: Request, exc: Exception) -> HTMLResponse:
-        # A bug in a view must still show the reviewer something useful, not a bare 500.
-        return refusal(request, 500, f"the page failed: {type(exc).__name__}: {exc}")
-
     @app.get("/")
     def index(request: Request) -> RedirectResponse:
-        _session(request, server)
         return RedirectResponse("/proposals", status_code=303)
 
     @app.get("/assets/diff.css")
@@ -224,20 +196,18 @@ def create_app(server: ReviewServer) -> FastAPI:
     def queue_page(
         request: Request, status: str = "pending", task: str = "", risk: str = ""
     ) -> HTMLResponse:
-        session = _session(request, server)
+        session = session_of(request)
         try:
             status_filter = ProposalStatus(status) if status and status != "all" else None
             risk_filter = RiskLevel(risk) if risk else None
         except ValueError as exc:
             raise Refused(400, f"bad filter: {exc}") from None
-        proposals = list_queue(
-            server.store, status=status_filter, task=task or None, risk=risk_filter
-        )
-        rows = [(p, latest_result(server.store, p)) for p in proposals]
-        tasks = sorted({p.task for p in server.store.proposals()})
+        queue = list_queue(server.store, status=status_filter, task=task or None, risk=risk_filter)
+        rows = [(p, latest_result(server.store, p)) for p in queue.proposals]
+        tasks = sorted({p.task for p in read_proposals(server.store).proposals})
         return page(
-            request, "queue.html", session=session, rows=rows, tasks=tasks,
-            filters={"status": status or "all", "task": task, "risk": risk},
+            request, "queue.html", session=session, rows=rows, unreadable=queue.unreadable,
+            tasks=tasks, filters={"status": status or "all", "task": task, "risk": risk},
         )  # fmt: skip
 
     def proposal_page(
@@ -247,7 +217,14 @@ def create_app(server: ReviewServer) -> FastAPI:
         status: int = 200,
         error: str | None = None,
     ) -> HTMLResponse:
-        proposal = server.store.get_proposal(proposal_id)
+        try:
+            proposal = server.store.get_proposal(proposal_id)
+        except StoreError:
+            raise Refused(
+                500,
+                f"proposal '{shown(proposal_id)}' cannot be read: its row in the run store does "
+                "not parse (written by another version, or damaged)",
+            ) from None
         if proposal is None:
             raise Refused(404, f"proposal '{shown(proposal_id)}' not found")
         view = proposal_view(server.store, proposal)
@@ -264,10 +241,10 @@ def create_app(server: ReviewServer) -> FastAPI:
 
     @app.get("/proposals/{proposal_id}", response_class=HTMLResponse)
     def show(request: Request, proposal_id: str) -> HTMLResponse:
-        return proposal_page(request, _session(request, server), proposal_id)
+        return proposal_page(request, session_of(request), proposal_id)
 
     def _post(request: Request, csrf_token: str) -> Session:
-        session = _session(request, server)
+        session = session_of(request)
         if not server.auth.csrf_ok(session, csrf_token):
             raise Refused(403, "missing or wrong CSRF token: reload the page and try again")
         return session
@@ -300,13 +277,9 @@ def create_app(server: ReviewServer) -> FastAPI:
                 comment=comment.strip(),
             )
         except (ReviewConflict, StaleProposal) as exc:
-            return proposal_page(
-                request, session, proposal_id, status=409, error=shown(str(exc), 600)
-            )
+            return proposal_page(request, session, proposal_id, status=409, error=failure(exc))
         except UserError as exc:
-            return proposal_page(
-                request, session, proposal_id, status=400, error=shown(str(exc), 600)
-            )
+            return proposal_page(request, session, proposal_id, status=400, error=failure(exc))
         session.flashes.append(
             (
                 "ok",
@@ -321,7 +294,9 @@ def create_app(server: ReviewServer) -> FastAPI:
                 resume=server.resume,
             )  # fmt: skip
         except UserError as exc:
-            session.flashes.append(("error", f"decision recorded, but applying failed: {exc}"))
+            session.flashes.append(
+                ("error", f"decision recorded, but applying failed: {failure(exc)}")
+            )
         else:
             if after.status == ProposalStatus.APPLIED:
                 session.flashes.append(("ok", f"applied to {after.applied_to}"))
@@ -340,9 +315,7 @@ def create_app(server: ReviewServer) -> FastAPI:
                 data_dir=server.data_dir,
             )
         except UserError as exc:
-            return proposal_page(
-                request, session, proposal_id, status=409, error=shown(str(exc), 600)
-            )
+            return proposal_page(request, session, proposal_id, status=409, error=failure(exc))
         session.flashes.append(("ok", f"applied to {done.applied_to}"))
         return RedirectResponse(f"/proposals/{proposal_id}", status_code=303)
 
@@ -387,37 +360,15 @@ def create_app(server: ReviewServer) -> FastAPI:
     return app
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (port 0: a free one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror})") from exc
-    sock.listen(64)
-    return sock
-
-
-def serve(server: ReviewServer, sock: socket.socket, *, announce: Callable[[int], None]) -> None:
-    """Run the app on `sock` until interrupted; `announce(port)` is called once it listens."""
-    import uvicorn
-
-    config = uvicorn.Config(
-        create_app(server), log_level="warning", access_log=False, lifespan="off",
-        timeout_graceful_shutdown=3, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-    )  # fmt: skip
-    uv = uvicorn.Server(config)
-    announce(sock.getsockname()[1])
-    sys.stdout.flush()
-    uv.run(sockets=[sock])
+def serve(server: ReviewServer, sock: socket.socket) -> None:
+    """Run the app on the listening `sock` until interrupted."""
+    http_server(create_app(server)).run(sockets=[sock])
     server.store.close()
 
 
-def server_for(store_path: Path, auth: ReviewerAuth, *, host: str, **options: Any) -> ReviewServer:
+def server_for(
+    store_path: Path, auth: ReviewerAuth, *, address: Address, **options: Any
+) -> ReviewServer:
     return ReviewServer(
-        store=open_store(store_path), store_path=store_path, auth=auth,
-        loopback_only=host in LOOPBACK_NAMES, **options,
-    )  # fmt: skip
+        store=open_store(store_path), store_path=store_path, auth=auth, address=address, **options
+    )

@@ -1,25 +1,36 @@
 """What the review server checks before it serves a request, and how it echoes what it refuses.
 
-- Host: this server's loopback name (DNS rebinding); Origin: this server's, on any request that
-  carries one, and never `null` (an opaque origin: a sandboxed frame, a `data:` page, a
-  cross-origin redirect). Pages are sent with `Referrer-Policy: same-origin`, under which the
-  browser's own same-origin form posts carry the real origin.
+- Address: on a loopback bind the UI is served under a fresh unguessable name,
+  `r-<random>.localhost` (browsers resolve `*.localhost` to loopback by themselves). Cookies are
+  scoped by host name, not port, so a page of another local server (127.0.0.1 or localhost on
+  any port) never receives the session cookie and cannot set one for this name.
+- Host: exactly this server's name and port (DNS rebinding; a replayed cookie needs the name
+  too); Origin: exactly this server's, scheme included, on any request that carries one, and
+  never `null` (an opaque origin: a sandboxed frame, a `data:` page, a cross-origin redirect).
+  Pages are sent with `Referrer-Policy: same-origin`, under which the browser's own same-origin
+  form posts carry the real origin. A non-loopback bind is reached under names this server
+  cannot know: there only the Origin is checked (against the Host the client used).
 - The login token is exchanged for a session only when the browser says the request is a direct
   navigation (typed, pasted, bookmarked: `Sec-Fetch-Site: none`) or came from this server; a
   token link followed from another site (even another port of 127.0.0.1) does not log in.
   Clients that send no `Sec-Fetch-Site` (command-line tools) are judged by Referer and Origin.
-- Sizes: a URL longer than `MAX_URL_CHARS` gets 414 and a body over `MAX_BODY_BYTES` 413 (the
-  HTTP layer accepts request heads up to `MAX_HEAD_BYTES`, so a long URL is answered, not cut off);
-  a body without a Content-Length (chunked) gets 411, so the body limit cannot be sidestepped.
+- Sizes, from the request head alone: a URL longer than `MAX_URL_CHARS` gets 414 and a body
+  over `MAX_BODY_BYTES` 413 (the HTTP layer accepts request heads up to `MAX_HEAD_BYTES`, so a
+  long URL is answered, not cut off); a body framed by `Transfer-Encoding` is refused (411, or
+  400 beside a Content-Length: two framings a proxy and this server could read differently).
 - Anything echoed back from a request (an id, a path, a header) is cut to a few dozen
-  characters with the cut said (`shown`).
+  characters with the cut said (`shown`); error text loses its filesystem paths (`pathless`).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
+import secrets
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from fastapi import Request
+from starlette.datastructures import Headers
 
 MAX_URL_CHARS = 8192
 """Longest path + query answered (characters); longer gets 414."""
@@ -27,7 +38,8 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 """Largest request body read (bytes); larger gets 413."""
 MAX_HEAD_BYTES = 1024 * 1024
 """Largest request head the HTTP layer reads (bytes): enough to answer any long URL with 414."""
-LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
+NAMED_BINDS = {"127.0.0.1", "::1", "localhost"}
+"""Binds a browser reaches under `*.localhost` (it resolves those names to 127.0.0.1 and ::1)."""
 
 
 class Refused(Exception):
@@ -46,27 +58,81 @@ def shown(text: str, limit: int = 64) -> str:
     return f"{text[:limit]}… ({len(text) - limit:,} more characters not shown)"
 
 
-def check_host_and_origin(request: Request, *, loopback_only: bool) -> None:
+_PATH = re.compile(r"(?<![\w.:/-])(?:~|\.{1,2})?/(?:[\w.@+-]+/)*([\w.@+-]+/?)")
+
+
+def pathless(text: str) -> str:
+    """`text` with every filesystem path cut to its last part (`…/index.lock`): error pages do
+    not show where the server keeps its data (its log keeps the whole message)."""
+    return _PATH.sub(lambda m: "…/" + m.group(1) if m.group(0).count("/") > 1 else m.group(0), text)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 with or without brackets) is this machine
+    only: localhost, any of 127.0.0.0/8, ::1."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where the UI is served: the host name in its URLs and its port."""
+
+    name: str
+    port: int
+    checked: bool
+    """Whether Host must be exactly `authority` (every loopback bind)."""
+
+    @classmethod
+    def for_bind(cls, host: str, port: int) -> Address:
+        """The address of a server bound to `host`:`port`: a fresh `r-<random>.localhost` on
+        127.0.0.1, ::1 or localhost; the address itself on another loopback address (browsers
+        send `*.localhost` only to 127.0.0.1 and ::1); unchecked on any other interface."""
+        if host.strip("[]").lower() in NAMED_BINDS:
+            return cls(f"r-{secrets.token_hex(10)}.localhost", port, checked=True)
+        name = f"[{host.strip('[]')}]" if ":" in host else host
+        return cls(name.lower(), port, checked=is_loopback(host))
+
+    @property
+    def authority(self) -> str:
+        """`name:port`, as a browser writes it in Host (port 80 left out)."""
+        return self.name if self.port == 80 else f"{self.name}:{self.port}"
+
+    @property
+    def origin(self) -> str:
+        return f"http://{self.authority}"
+
+
+def _origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+def check_host_and_origin(headers: Headers, address: Address) -> None:
     """Refuse a Host that is not this server, and an Origin that is not its own (or `null`)."""
-    host = request.headers.get("host", "")
-    if loopback_only and urlsplit(f"//{host}").hostname not in {
-        n.strip("[]") for n in LOOPBACK_NAMES
-    }:
+    host = headers.get("host", "")
+    if address.checked and host.lower() != address.authority:
         raise Refused(403, f"host '{shown(host)}' is not this review server")
-    origin = request.headers.get("origin")
-    if origin is not None and (origin == "null" or urlsplit(origin).netloc != host):
+    expected = address.origin if address.checked else f"http://{host}".lower()
+    origin = headers.get("origin")
+    if origin is not None and origin.lower() != expected:
         raise Refused(403, f"cross-origin request refused (Origin: {shown(origin)})")
 
 
-def check_login_source(request: Request) -> None:
+def check_login_source(headers: Headers, address: Address) -> None:
     """Refuse a token login that did not come from a direct navigation or from this server."""
-    host = request.headers.get("host", "")
-    site = request.headers.get("sec-fetch-site")
-    referer = request.headers.get("referer")
+    site = headers.get("sec-fetch-site")
+    referer = headers.get("referer")
     if site is not None:
         ok = site in ("none", "same-origin")
     else:
-        ok = referer is None or urlsplit(referer).netloc == host
+        expected = address.origin if address.checked else f"http://{headers.get('host', '')}"
+        ok = referer is None or _origin_of(referer) == expected.lower()
     if not ok:
         raise Refused(
             403,
@@ -75,16 +141,28 @@ def check_login_source(request: Request) -> None:
         )
 
 
-def check_size(request: Request) -> None:
-    """Refuse a URL over MAX_URL_CHARS (414), a body over MAX_BODY_BYTES (413) or of unstated
-    length (411)."""
-    target = len(request.scope.get("raw_path") or b"") + len(request.scope.get("query_string", b""))
-    if target > MAX_URL_CHARS:
-        raise Refused(414, f"URL of {target:,} characters refused (at most {MAX_URL_CHARS:,})")
-    if "transfer-encoding" in request.headers and "content-length" not in request.headers:
+def check_head(raw_target: int, headers: Headers) -> int:
+    """Refuse a URL of `raw_target` characters over MAX_URL_CHARS (414), a body framed by
+    Transfer-Encoding (411; 400 beside a Content-Length) or over MAX_BODY_BYTES (413). Returns
+    the body's announced length (bytes)."""
+    if raw_target > MAX_URL_CHARS:
+        raise Refused(414, f"URL of {raw_target:,} characters refused (at most {MAX_URL_CHARS:,})")
+    lengths = headers.getlist("content-length")
+    if "transfer-encoding" in headers:
+        if lengths:
+            raise Refused(
+                400, "a request with both Transfer-Encoding and Content-Length is refused"
+            )
         raise Refused(411, "a request body needs a Content-Length (a chunked body is refused)")
-    length = request.headers.get("content-length", "0")
+    length = lengths[0] if len(lengths) == 1 else ",".join(lengths) or "0"
     if not length.isdigit() or int(length) > MAX_BODY_BYTES:
         raise Refused(
             413, f"request body of {shown(length)} bytes refused (at most {MAX_BODY_BYTES:,})"
         )
+    return int(length)
+
+
+def safe_redirect(path: str) -> str:
+    """`path` as a redirect target that stays on this server (`//host` and `/\\host` lose their
+    extra slashes)."""
+    return "/" + path.lstrip("/\\")

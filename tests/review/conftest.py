@@ -180,7 +180,7 @@ def git(repo: Path, *args: str) -> str:
     ).stdout
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def kit() -> SimpleNamespace:
     """The helpers above, for tests (conftest modules are not importable by name)."""
     return SimpleNamespace(

@@ -123,3 +123,31 @@ def test_the_cli_wires_the_agents_resumer_into_review() -> None:
 
     CliRunner().invoke(app, ["config", "show", "--json"])
     assert current().resume_run is _resume_after_review
+
+
+def test_concurrent_applies_one_lands_and_the_others_are_told_plainly(
+    store, task, kit, tmp_path
+) -> None:
+    import threading
+
+    proposal = _approved(store, task, kit)
+    data = tmp_path / "data"
+    start = threading.Barrier(4)
+    outcomes: list[str] = []
+
+    def apply() -> None:
+        start.wait()
+        try:
+            apply_approved(store, proposal.id, reviewer="ana", data_dir=data)
+        except UserError as exc:
+            outcomes.append(str(exc))
+        else:
+            outcomes.append("applied")
+
+    threads = [threading.Thread(target=apply) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["applied"] + [f"proposal {proposal.id} is already applied"] * 3
+    assert [d.action for d in store.decisions(proposal.id)].count(DecisionAction.APPLY) == 1

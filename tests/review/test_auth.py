@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from infra_agent.review.web import ReviewerAuth, server_for
+from infra_agent.review.web import Address, ReviewerAuth, server_for
 from infra_agent.review.web.app import create_app
 
 TOKEN = "tok-" + "r" * 20
+ADDRESS = Address("r-test.localhost", 8765, checked=True)
 
 
 class Clock:
@@ -26,8 +27,8 @@ class Clock:
 
 def _client(tmp_path: Path, clock: Clock, **lifetimes: float) -> TestClient:
     auth = ReviewerAuth({"alice": TOKEN}, clock=clock, **lifetimes)
-    server = server_for(tmp_path / "runs.db", auth, host="127.0.0.1")
-    return TestClient(create_app(server), base_url="http://127.0.0.1", follow_redirects=False)
+    server = server_for(tmp_path / "runs.db", auth, address=ADDRESS)
+    return TestClient(create_app(server), base_url=ADDRESS.origin, follow_redirects=False)
 
 
 def _sign_in(client: TestClient) -> str:
@@ -79,9 +80,7 @@ def test_sign_out_needs_the_csrf_token_and_ends_the_session(tmp_path: Path) -> N
     assert out.status_code == 200 and "Signed out" in out.text
     assert client.get("/proposals").status_code == 401
     # The old cookie, replayed by someone who kept it, is dead too.
-    replay = TestClient(
-        client.app, base_url="http://127.0.0.1", cookies={"infra_agent_review": cookie}
-    )
+    replay = TestClient(client.app, base_url=ADDRESS.origin, cookies={"infra_agent_review": cookie})
     assert replay.get("/proposals").status_code == 401
 
 

@@ -148,8 +148,8 @@ def test_suspicious_flag_raises_risk_and_queue_sorts_by_gain(store, task, kit) -
     assert store.get_proposal(a.id).status == ProposalStatus.SUPERSEDED  # same patch resubmitted
     assert b.risk == RiskLevel.HIGH
     assert any("suspicious" in r for r in b.risk_reasons)
-    assert [p.id for p in list_queue(store)] == [b.id, a.id]
-    assert [p.id for p in list_queue(store, status=ProposalStatus.PENDING)] == [b.id]
+    assert [p.id for p in list_queue(store).proposals] == [b.id, a.id]
+    assert [p.id for p in list_queue(store, status=ProposalStatus.PENDING).proposals] == [b.id]
 
 
 def test_experiment_must_measure_the_proposed_patch(store, task, kit) -> None:
