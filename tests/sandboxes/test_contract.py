@@ -262,10 +262,8 @@ def test_memory_limit_covers_the_whole_sandbox(make_sandbox) -> None:
 
 def test_spawn_gives_a_binary_pipe_and_kill_ends_its_tree(make_sandbox) -> None:
     sb = make_sandbox()
-    token = unique_sleep()
-    worker = textwrap.dedent(f"""
-        import struct, subprocess, sys
-        subprocess.Popen(["sleep", "{token}"])
+    echo = textwrap.dedent("""
+        import struct, sys
         while True:
             header = sys.stdin.buffer.read(4)
             if len(header) < 4:
@@ -276,16 +274,34 @@ def test_spawn_gives_a_binary_pipe_and_kill_ends_its_tree(make_sandbox) -> None:
             sys.stdout.buffer.flush()
             print("served", len(body), file=sys.stderr, flush=True)
     """)
-    proc = sb.spawn(["python", "-c", worker])
+    proc = sb.spawn(["python", "-c", echo])
     for payload in (b"\x00\x01binary\xff", bytes(range(256)) * 300):
         proc.stdin.write(len(payload).to_bytes(4, "little") + payload)
         proc.stdin.flush()
         size = int.from_bytes(proc.stdout.read(4), "little")
         assert proc.stdout.read(size) == bytes(reversed(payload))
+    # The stderr file is complete at the end of the stream, not when a stdout reply is read:
+    # docker's engine sends a process's stdout and stderr from two pipes in no fixed order (a
+    # stderr line read right after the last reply was once "served" without its " 9").
+    proc.stdin.close()
+    assert proc.stdout.read() == b""  # the end of the stream, once the worker has exited
+    assert proc.handle.wait(timeout=60) == 0
+    assert proc.stderr_path is not None
+    assert proc.stderr_path.read_text() == "served 9\nserved 76800\n"
+    sb.kill(proc)
+
+    token = unique_sleep()
+    parent = textwrap.dedent(f"""
+        import subprocess, sys
+        subprocess.Popen(["sleep", "{token}"])
+        print("ready", flush=True)
+        sys.stdin.read()
+    """)
+    proc = sb.spawn(["python", "-c", parent])
+    assert proc.stdout.readline() == b"ready\n"  # its child has started
     assert alive_with(token) != []
     assert sb.kill(proc) >= 2  # the worker and its sleeping child
     assert alive_with(token) == []
-    assert proc.stderr_path is not None and "served 9" in proc.stderr_path.read_text()
 
 
 def test_spawned_exit_status_and_end_of_stream(make_sandbox) -> None:
