@@ -8,7 +8,9 @@ accept), so every serving verdict is gated on output health. Rules (names used i
   expected alphabet is known, characters outside it) is at least `max_bad_char_ratio` with at
   least `min_bad_chars` of them.
 - `repetition_loop`: a block of at most `max_period` tokens (or characters, without token ids)
-  repeats back to back over at least `min_loop_span` tokens and `min_loop_repeats` times.
+  repeats back to back at least `min_loop_repeats` times over at least `min_loop_span` tokens,
+  or, in an output shorter than that, over at least `min_loop_share` of it (and
+  `min_short_loop` tokens): a 16-token output padded with one repeated token trips it.
 - `spec_low_accept_length`: `spec_accept_length` below 1.4 after more than 128 generated tokens
   (garbled output is hard to draft: the public rule from GLM-5 serving).
 - `spec_high_accept_rate`: speculative accept rate above 0.96 (repetition is trivially drafted).
@@ -53,6 +55,17 @@ class HealthRules(BaseModel):
     """A loop must cover at least this many tokens..."""
     min_loop_repeats: int = 4
     """...and repeat its block at least this many times."""
+    min_loop_share: float = 0.5
+    """In a finished output shorter than `min_loop_span`, a loop covering this share of it counts..."""
+    min_short_loop: int = 8
+    """...when it spans at least this many tokens."""
+
+    def loop_span(self, length: int) -> int:
+        """The shortest loop (tokens) that trips `repetition_loop` in a finished output of
+        `length` tokens."""
+        share = max(self.min_short_loop, math.ceil(self.min_loop_share * length))
+        return min(self.min_loop_span, share)
+
     min_spec_accept_length: float = 1.4
     """Accept length below this after `spec_min_tokens` tokens trips `spec_low_accept_length`."""
     spec_min_tokens: int = 128
@@ -121,9 +134,13 @@ def bad_characters(text: str, alphabet: str | None = None) -> int:
     return bad
 
 
-def find_loop(seq: Sequence[Any], rules: HealthRules) -> tuple[int, int, int] | None:
-    """The longest back-to-back repetition: (period, span, start) or None if under the limits."""
+def find_loop(
+    seq: Sequence[Any], rules: HealthRules, min_span: int | None = None
+) -> tuple[int, int, int] | None:
+    """The longest back-to-back repetition: (period, span, start) or None if shorter than
+    `min_span` (default: `rules.min_loop_span`) or repeated fewer than `min_loop_repeats` times."""
     n = len(seq)
+    needed = rules.min_loop_span if min_span is None else min_span
     best: tuple[int, int, int] | None = None
     for period in range(1, min(rules.max_period, n // 2) + 1):
         run = 0
@@ -132,7 +149,7 @@ def find_loop(seq: Sequence[Any], rules: HealthRules) -> tuple[int, int, int] | 
                 run += 1
                 continue
             span = run + period
-            if run and span >= rules.min_loop_span and span >= rules.min_loop_repeats * period:
+            if run and span >= needed and span >= rules.min_loop_repeats * period:
                 if best is None or span > best[1]:
                     best = (period, span, i - span)
             run = 0
@@ -199,7 +216,7 @@ def check_output(
     if text and bad >= rules.min_bad_chars and bad / len(text) >= rules.max_bad_char_ratio:
         issues.append(HealthIssue(rule="garbled_text", detail=f"{bad}/{len(text)} bad characters"))
     seq: Sequence[Any] = token_ids if token_ids is not None else text
-    loop = find_loop(seq, rules)
+    loop = find_loop(seq, rules, rules.loop_span(len(seq)))
     if loop is not None:
         unit = "tokens" if token_ids is not None else "characters"
         period, span, start = loop

@@ -8,12 +8,18 @@ A serving task's `harness.py` subclasses `ServingHarness` and names its deployme
 prepare(arm): refuses unknown or GPU-only knobs, builds the arm's SGLang overlay from its
     workspace copy (the task's injected fault and the arm's source patch), starts the server with the arm's knobs as server arguments,
     and warms it up. A server that fails to start raises `ServerFailed` (FAILED, with log tail).
-check(arm, seed): the accuracy gate: greedy answers with top-k log-probs against the baseline
-    server's answers to the same prompts (the baseline is compared with a second baseline run,
-    which measures the server's own nondeterminism).
+check(arm, seed): the accuracy gate, on the measured workload's own requests: one run of exactly
+    what a sample of `seed` sends (same API, streaming, temperature, lengths, warm-up; nothing
+    tells a judged request from a measured one). The candidate's outputs are judged against the
+    baseline's answers to the same prompts by their likelihood under the baseline server
+    (`serving.accuracy`: teacher-forced log-probs, a signed-rank test over up to
+    `judge_check_prompts` prompt pairs; the baseline may receive scoring requests, the candidate
+    never does).
 sample(arm, seed): one workload run -> {output_throughput (tok/s), ttft/tpot percentiles (ms),
-    goodput, output_tokens_per_cpu_s, ...}; every request must return exactly its max_new_tokens
-    (no truncation games).
+    goodput, output_tokens_per_cpu_s, ...}. The client counts: output tokens are the token ids
+    each stream carried; every request must return exactly its max_new_tokens (no truncation
+    games) and a server that claims other counts than it sent (`completion_tokens`) is INCORRECT.
+    The outputs are kept per seed (both arms get the same prompts for a seed).
 
 One server runs at a time: whenever an arm is used, the other arm's server is paused (every
 process SIGSTOPped, `Server.pause`), so the idle server (SGLang's scheduler polls without sleeping)
@@ -22,8 +28,10 @@ sample that follows a switch of arms first sends `warmup_prompts` requests of th
 shape and discards them (caches and pages of a server that sat stopped are cold). Each sample
 also reports output tokens per CPU-second of the server's processes, which contention from other
 work on the machine moves less than wall-clock throughput (the task's metric `companion`).
-health(arm, seed): the output health guard over a longer-output workload plus every output the
-    arm produced while sampled; health_problems names each rule the candidate trips more often.
+health(arm, seed): the output health guard over every output the arm produced in checks and
+    samples (no requests of its own, so none a patch could tell apart); for the candidate also the
+    likelihood test over up to `judge_prompts` prompt pairs drawn at random from all of them.
+    health_problems names each rule the candidate trips more often, and a failed likelihood test.
 diagnose(arm): the task's throughput, and where the server spends its time, from a GIL trace
     and function profiles of the scheduler process (`serving/diagnosis.py`).
 
@@ -33,29 +41,37 @@ request goes through `Server.call`; the evidence's health table names the server
 (`server_network`: isolated, or host with the reason) and file view (`server_filesystem`:
 confined under bubblewrap, or host with the reason; `serving/fileview.py`). The arm's sandbox
 provides its patched workspace copy. Params (task.toml [params]): num_prompts, input_len,
-output_len, max_concurrency (0: all at once), request_rate (0: all at once), api,
-health_prompts, health_output_len, gate_prompts, gate_output_len, temperature, warmup_prompts
-(0: none), pause_idle_arm (false: both servers run all the time, e.g. where a paused server
+output_len, max_concurrency (0: all at once), request_rate (0: all at once), api, temperature,
+warmup_prompts (0: none), judge_prompts, judge_check_prompts, judge_alpha (the likelihood
+test's false-alarm rate), gate_prompts and gate_output_len (the prompt set of accuracy tasks'
+`answer`), pause_idle_arm (false: both servers run all the time, e.g. where a paused server
 would miss a collective's timeout).
 """
 
 from __future__ import annotations
 
 import math
+import random
 import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
 from infra_agent.feedback.health import HealthReport, compare_health, score_outputs
 from infra_agent.serving import knobs as knob_catalogue
-from infra_agent.serving.accuracy import Answer, GateConfig, answer, compare_answers, gate_prompts
+from infra_agent.serving.accuracy import (
+    DEFAULT_ALPHA,
+    GateConfig,
+    LikelihoodTest,
+    compare_likelihood,
+    score_tokens,
+)
 from infra_agent.serving.datasets import Session, random_sessions
 from infra_agent.serving.deployment import DeploymentSpec, load_deployment
 from infra_agent.serving.metrics import summarize
 from infra_agent.serving.overlay import build_overlay
 from infra_agent.serving.server import Server, ServerFailed, gpu_count, has_gpu
 from infra_agent.serving.tiny_model import VOCAB_SIZE
-from infra_agent.serving.workload import LoadSpec, RequestRecord, run_workload
+from infra_agent.serving.workload import LoadSpec, RequestRecord, WorkloadResult, run_workload
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
 from infra_agent.tasks.manifest import TaskManifest
 from infra_agent.tasks.workload import Workload
@@ -68,8 +84,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "request_rate": 0.0,
     "api": "generate",
     "temperature": 1.0,
-    "health_prompts": 32,
-    "health_output_len": 160,
+    "judge_prompts": 256,
+    "judge_check_prompts": 64,
+    "judge_alpha": DEFAULT_ALPHA,
     "gate_prompts": 8,
     "gate_output_len": 24,
     "vocab_size": VOCAB_SIZE,
@@ -88,7 +105,6 @@ class ServingHarness(Harness):
         self.arms: dict[str, Arm] = {}
         self.active: str | None = None
         """The arm whose server runs (the others' are paused)."""
-        self.references: dict[int, list[Answer]] = {}
         self.gate = GateConfig(
             prompts=int(self.params["gate_prompts"]), output_len=int(self.params["gate_output_len"])
         )
@@ -141,15 +157,12 @@ class ServingHarness(Harness):
         arm.state["server"] = Server.start(
             self.deployment, workdir, knobs=args, overlay=overlay, model_cache=workdir / "models"
         )
-        arm.state["outputs"] = []
+        arm.state["runs"] = {}  # seed -> the records of its measured run
         self.arms[arm.name] = arm
         self.active = arm.name
-        # Warm-up: first requests pay for lazy initialisation.
-        self.server(arm).call(
-            run_workload,
-            random_sessions(8, 16, 8, vocab_size=self.vocab, seed=1),
-            self.load(seed=1),
-        )
+        # Warm-up: first requests pay for lazy initialisation (the workload's shape, as all are).
+        seed = self.warmup_seeds[0]
+        self.server(arm).call(run_workload, self.sessions(8, seed=seed), self.load(seed))
 
     def finish(self, arm: Arm) -> None:
         server = arm.state.pop("server", None)
@@ -203,21 +216,31 @@ class ServingHarness(Harness):
     # -- the four questions ------------------------------------------------------------------
 
     def check(self, arm: Arm, seed: int) -> CheckResult:
-        prompts = gate_prompts(self.gate, vocab_size=self.vocab, seed=seed)
-        mine = self.server(arm).call(answer, prompts, self.gate)
-        if seed not in self.references:
-            self.references[seed] = self.server(self.arms["baseline"]).call(
-                answer, prompts, self.gate
-            )
-        result = compare_answers(self.references[seed], mine, self.gate)
+        self.measured(arm, seed)
+        alpha = float(self.params["judge_alpha"])
+        tolerance = (
+            "outputs as likely under the baseline model as the baseline's own answers to the same "
+            f"prompts (two-sided signed-rank test over prompt pairs, alpha {alpha:g})"
+        )
+        if arm.name == "baseline":
+            return CheckResult(passed=True, tolerance=tolerance)
+        base = self.arms["baseline"]
+        if seed not in base.state["runs"]:
+            self.measured(base, seed)
+        test = self.judge([seed], int(self.params["judge_check_prompts"]), random.Random(seed))
         return CheckResult(
-            passed=result.passed,
-            max_abs_err=result.max_tv,
-            tolerance=f"top-{self.gate.top_k} TV <= {self.gate.max_tv}, token flips only at margins <= {self.gate.max_flip_margin} nats",
-            detail=result.render() if not result.passed else None,
+            passed=test.passed,
+            max_abs_err=abs(test.candidate_nats - test.baseline_nats),
+            tolerance=tolerance,
+            detail=None if test.passed else test.render(),
         )
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
+        return summarize(self.measured(arm, seed)).sample()
+
+    def measured(self, arm: Arm, seed: int) -> WorkloadResult:
+        """One run of the measured workload for `seed` (after a warm-up of the same shape when
+        the arm was just switched to), its token counts verified, its outputs kept."""
         p = self.params
         switched = self.active != arm.name
         server = self.server(arm)
@@ -228,9 +251,37 @@ class ServingHarness(Harness):
         cpu_before = server.cpu_seconds()
         result = server.call(run_workload, sessions, self.load(seed))
         result.server_cpu_s = server.cpu_seconds() - cpu_before
-        _verify(result.records, [t.output_len for s in sessions for t in s.turns])
-        arm.state["outputs"].extend(result.records)
-        return summarize(result).sample()
+        verify_counts(result.records, sessions)
+        arm.state["runs"][seed] = result.records
+        return result
+
+    def judge(self, seeds: list[int], limit: int, rng: random.Random) -> LikelihoodTest:
+        """The likelihood test over up to `limit` prompts (sessions) drawn by `rng` from the runs
+        of `seeds` both arms answered, every output scored by the baseline server."""
+        base, cand = self.arms["baseline"], self.arms["candidate"]
+        by_arm = {arm.name: _by_session(arm.state["runs"], seeds) for arm in (base, cand)}
+        shared = sorted(set(by_arm["baseline"]) & set(by_arm["candidate"]))
+        chosen = sorted(rng.sample(shared, min(limit, len(shared))))
+        items = [
+            (r.prompt_ids, r.output_ids or [])
+            for name in ("baseline", "candidate")
+            for key in chosen
+            for r in by_arm[name][key]
+            if r.prompt_ids
+        ]
+        scores = iter(self.server(base).call(score_tokens, items))
+        means: dict[str, list[float]] = {"baseline": [], "candidate": []}
+        for name in ("baseline", "candidate"):
+            for key in chosen:
+                tokens = [lp for r in by_arm[name][key] if r.prompt_ids for lp in next(scores)]
+                means[name].append(sum(tokens) / len(tokens) if tokens else math.nan)
+        kept = [
+            (b, c) for b, c in zip(means["baseline"], means["candidate"], strict=True)
+            if not (math.isnan(b) or math.isnan(c))
+        ]  # fmt: skip
+        return compare_likelihood(
+            [b for b, _ in kept], [c for _, c in kept], alpha=float(self.params["judge_alpha"])
+        )
 
     def workload(self, knobs: dict[str, Any]) -> Workload:
         """The load each timed sample sends (no ready setup: the server is the code)."""
@@ -245,8 +296,9 @@ class ServingHarness(Harness):
             f"; {p['warmup_prompts']} warm-up requests when a server resumes",
             params=dict(p),
             knobs=dict(knobs),
-            seeds="fresh prompts from an unseen seed for every sample; the accuracy gate uses "
-            f"{p['gate_prompts']} fresh prompts per check, answered by both servers",
+            seeds="fresh prompts from an unseen seed for every sample; the accuracy check is one "
+            "more sample's run on a fresh seed, answered by both servers, the outputs scored "
+            "under the baseline",
             metric=f"{self.manifest.metric.name} [{self.manifest.metric.unit}] over the sample",
         )
 
@@ -258,22 +310,25 @@ class ServingHarness(Harness):
         )
 
     def health(self, arm: Arm, seed: int) -> dict[str, float | int | str | bool]:
-        p = self.params
-        sessions = random_sessions(
-            int(p["health_prompts"]),
-            int(p["input_len"]),
-            int(p["health_output_len"]),
-            vocab_size=self.vocab,
-            range_ratio=0.0,
-            seed=seed,
-        )
-        result = self.server(arm).call(run_workload, sessions, self.load(seed))
-        records: list[RequestRecord] = list(arm.state.get("outputs", [])) + result.records
+        records = [r for run in arm.state.get("runs", {}).values() for r in run]
         report = self.score(records)
         arm.state["health_report"] = report
+        found: dict[str, float | int | str | bool] = dict(report.as_health())
+        if arm.name == "candidate" and "baseline" in self.arms:
+            seeds = sorted(set(arm.state["runs"]) & set(self.arms["baseline"].state["runs"]))
+            test = self.judge(seeds, int(self.params["judge_prompts"]), random.Random(seed))
+            found |= {
+                "likelihood_pairs": test.pairs,
+                "likelihood_baseline_nats": round(test.baseline_nats, 4),
+                "likelihood_candidate_nats": round(test.candidate_nats, 4),
+                "likelihood_z": round(test.z, 2),
+                "likelihood_p": test.p_value,
+                "likelihood_passed": test.passed,
+                "likelihood": test.render(),
+            }
         server = self.server(arm)
         return {
-            **report.as_health(),
+            **found,
             "server_network": server.network.render(),
             "server_filesystem": server.filesystem.render(),
         }
@@ -287,7 +342,10 @@ class ServingHarness(Harness):
         baseline: dict[str, float | int | str | bool],
         candidate: dict[str, float | int | str | bool],
     ) -> list[str]:
-        return compare_health(baseline, candidate)
+        problems = compare_health(baseline, candidate)
+        if candidate.get("likelihood_passed") is False:
+            problems.append(str(candidate["likelihood"]))
+        return problems
 
     def diagnose(self, arm: Arm) -> Any:
         """Throughput and where the server spends it: GIL trace and profiles of the scheduler
@@ -297,15 +355,40 @@ class ServingHarness(Harness):
         return diagnose_throughput(self, arm)
 
 
-def _verify(records: list[RequestRecord], wanted: list[int]) -> None:
-    """Every request succeeded and returned exactly the tokens it asked for."""
+def _by_session(
+    runs: dict[int, list[RequestRecord]], seeds: list[int]
+) -> dict[tuple[int, int], list[RequestRecord]]:
+    """(seed, session) -> its records in turn order, for the runs of `seeds` an arm has."""
+    out: dict[tuple[int, int], list[RequestRecord]] = {}
+    for seed in seeds:
+        for r in sorted(runs.get(seed, []), key=lambda r: (r.session, r.turn)):
+            out.setdefault((seed, r.session), []).append(r)
+    return out
+
+
+def verify_counts(records: list[RequestRecord], sessions: list[Session]) -> None:
+    """Every request was answered with exactly the tokens it asked for, counted by the client:
+    token ids received, never the server's `completion_tokens`, which must agree with them."""
     failed = [r for r in records if not r.success]
     if failed:
         raise IncorrectOutput(
             f"{len(failed)}/{len(records)} requests failed; first: {failed[0].error}"
         )
-    by_order = sorted(records, key=lambda r: (r.session, r.turn))
-    for r, n in zip(by_order, wanted, strict=False):
+    wanted = {
+        (i, t): turn.output_len for i, s in enumerate(sessions) for t, turn in enumerate(s.turns)
+    }
+    if len(records) != len(wanted):
+        raise IncorrectOutput(f"{len(records)} of {len(wanted)} requests were answered")
+    for r in records:
+        if r.output_ids is None:
+            raise IncorrectOutput(f"request {r.session}: the stream carried no token ids")
+        claim = r.claimed_tokens
+        if claim is not None and claim != r.output_tokens:
+            raise IncorrectOutput(
+                f"token count inflated: request {r.session} (turn {r.turn}): the server claimed "
+                f"{claim} completion tokens, its stream carried {r.output_tokens}"
+            )
+        n = wanted[(r.session, r.turn)]
         if r.output_tokens != n:
             raise IncorrectOutput(
                 f"request {r.session} returned {r.output_tokens} tokens, asked for {n}"

@@ -7,8 +7,11 @@ Sessions start as a Poisson process at `request_rate` (inf: all at once), capped
 `max_concurrency` requests in flight, until `duration_s` (then in-flight requests finish). Turns
 of a session are sent in order, each prompt extending the last prompt and output (prefix-cache
 reuse). Every request is streamed and timed with this process's clock: TTFT, inter-token
-latencies, total latency, output tokens, the server's per-request meta (including
-`spec_accept_length` when speculative decoding is on). With `guard=True` the online health guard
+latencies, total latency, the server's per-request meta (including `spec_accept_length` when
+speculative decoding is on). The client counts: `output_tokens` is the number of token ids the
+stream carried (SGLang's `/generate` streams them; `/v1/completions` requests carry
+`return_token_ids`), never the server's `completion_tokens`, which stays in `meta` as the
+server's claim (`RequestRecord.claimed_tokens`) for a judge to hold against what arrived. With `guard=True` the online health guard
 watches each stream and aborts a request whose output trips it (the rule is recorded).
 """
 
@@ -61,7 +64,10 @@ class RequestRecord(BaseModel):
     turn: int
     success: bool
     prompt_tokens: int
+    prompt_ids: list[int] | None = None
+    """The prompt's token ids as sent (None for a text prompt)."""
     output_tokens: int = 0
+    """Output tokens received: token ids the stream carried (text chunks where it carried none)."""
     start_s: float = 0.0
     """Send time relative to the start of the run."""
     latency_s: float = 0.0
@@ -75,6 +81,12 @@ class RequestRecord(BaseModel):
     """The server's meta_info (native API) or usage (OpenAI API)."""
     aborted_rule: str | None = None
     """Health rule that aborted the stream (guard=True)."""
+
+    @property
+    def claimed_tokens(self) -> int | None:
+        """The output tokens the server said it generated (`completion_tokens`), if it said."""
+        claim = self.meta.get("completion_tokens")
+        return int(claim) if claim is not None else None
 
 
 class WorkloadResult(BaseModel):
@@ -114,6 +126,7 @@ def _payload(
         "seed": seed,
         "stream": True,
         "stream_options": {"include_usage": True},
+        "return_token_ids": True,
     }
 
 
@@ -161,7 +174,7 @@ async def _send(
                     if issue is not None:
                         record.aborted_rule = issue.rule
                         break
-        record.output_tokens = max(tokens, int(record.meta.get("completion_tokens", 0)))
+        record.output_tokens = len(record.output_ids) if record.output_ids is not None else tokens
         record.success = not record.error and record.aborted_rule is None
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError, OSError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:300]
@@ -171,10 +184,9 @@ async def _send(
 
 def _absorb(load: LoadSpec, record: RequestRecord, chunk: dict[str, Any]) -> tuple[int, str]:
     """Fold one stream chunk into the record; return (new tokens, new text)."""
+    before = len(record.output_ids or [])
     if load.api == "generate":
-        meta = chunk.get("meta_info") or {}
-        before = int(record.meta.get("completion_tokens", 0))
-        record.meta = meta
+        record.meta = chunk.get("meta_info") or {}
         text = chunk.get("text", "")
         # SGLang streams the cumulative text by default, increments with incremental streaming.
         delta = text[len(record.text) :] if text.startswith(record.text) else text
@@ -189,12 +201,17 @@ def _absorb(load: LoadSpec, record: RequestRecord, chunk: dict[str, Any]) -> tup
                 record.output_ids = ids
             else:
                 record.output_ids += ids
-        return int(meta.get("completion_tokens", before)) - before, delta
+            return len(record.output_ids) - before, delta
+        return (1 if delta else 0), delta
     if chunk.get("usage"):
         record.meta = dict(chunk["usage"])
     choices = chunk.get("choices") or []
     delta = choices[0].get("text", "") if choices else ""
     record.text += delta
+    ids = choices[0].get("token_ids") if choices else None
+    if isinstance(ids, list):  # incremental: this chunk's tokens
+        record.output_ids = (record.output_ids or []) + [int(i) for i in ids]
+        return len(record.output_ids) - before, delta
     return (1 if delta else 0), delta
 
 
@@ -229,7 +246,11 @@ async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadRes
                     await asyncio.sleep(turn.delay_s)
                 prompt = history + turn.new_ids if turn.text is None else []
                 record = RequestRecord(
-                    session=index, turn=turn_no, success=False, prompt_tokens=len(prompt)
+                    session=index,
+                    turn=turn_no,
+                    success=False,
+                    prompt_tokens=len(prompt),
+                    prompt_ids=prompt if turn.text is None else None,
                 )
                 records.append(record)
                 body = _payload(
@@ -244,7 +265,8 @@ async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadRes
                 if not record.success:
                     return
                 history = prompt + (record.output_ids or [])
-                record.prompt_tokens = int(record.meta.get("prompt_tokens", record.prompt_tokens))
+                if record.prompt_ids is None:  # a text prompt: only the server knows its length
+                    record.prompt_tokens = int(record.meta.get("prompt_tokens", 0))
 
         tasks = []
         for index, s in enumerate(sessions):

@@ -99,3 +99,21 @@ def test_compare_health_names_the_rule_and_ignores_a_chance_trip() -> None:
     assert compare_health(base, one_trip) == []
     assert compare_health(looping, looping) == []
     assert base.as_health()["unhealthy"] == 0 and "unhealthy" in looping.render()
+
+
+def test_loops_in_short_outputs_are_found_relative_to_their_length() -> None:
+    rules = HealthRules()
+    assert [rules.loop_span(n) for n in (16, 32, 96, 400)] == [8, 16, 48, 48]
+    # 16 tokens: a quarter generated, the rest one repeated token (the padding cheat).
+    padded = healthy_ids(4) + [9] * 12
+    assert [i.rule for i in check_output("x", padded).issues] == ["repetition_loop"]
+    # 32 tokens: 8 generated, then the same 8 three more times.
+    block = healthy_ids(8, 3)
+    assert not check_output("x", block * 4).healthy
+    # Healthy short outputs stay healthy: random tokens, and a short repeat inside one.
+    for seed in range(200):
+        assert check_output("x", healthy_ids(16, seed)).healthy
+    assert check_output("x", healthy_ids(10) + [5] * 6).healthy  # 6 < 8 tokens
+    # The online guard keeps the absolute span: a stream is not cut at its first few repeats.
+    guard = StreamGuard()
+    assert guard.feed(token_ids=healthy_ids(4) + [9] * 12) is None

@@ -15,10 +15,12 @@ from infra_agent.serving.stress import StressSpec, run_stress
 from infra_agent.serving.workload import LoadSpec, run_workload
 
 
-def _chunk(i: int) -> bytes:
-    """SGLang's native stream: cumulative text and ids, completion_tokens in meta_info."""
+def _chunk(i: int, claim: int = 1) -> bytes:
+    """SGLang's native stream: cumulative text and ids, completion_tokens (times `claim`: a
+    server inflating its count) in meta_info."""
     body = {"text": "ab " * (i + 1), "output_ids": list(range(i + 1)),
-            "meta_info": {"completion_tokens": i + 1, "prompt_tokens": 8, "e2e_latency": 0.01}}  # fmt: skip
+            "meta_info": {"completion_tokens": (i + 1) * claim, "prompt_tokens": 8,
+                          "e2e_latency": 0.01}}  # fmt: skip
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
@@ -40,7 +42,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
                  b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
     for i in range(wanted if wanted != 11 else 3):  # 11: the stream breaks off early
-        piece = _chunk(i)
+        piece = _chunk(i, claim=4 if wanted == 9 else 1)  # 9: the count is inflated
         writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
         await writer.drain()
         await asyncio.sleep(0.002)
@@ -75,6 +77,15 @@ def test_records_timing_tokens_and_the_clients_own_cost(url: str) -> None:
     assert result.client_cpu_s is not None and result.client_cpu_s > 0
     assert set(result.client_loop_lag_s) == {"p50", "p99"}
     assert 0 <= result.client_loop_lag_s["p50"] <= result.client_loop_lag_s["p99"]
+
+
+def test_the_client_counts_the_tokens_it_received_not_the_servers_claim(url: str) -> None:
+    sessions = random_sessions(3, 16, 9, vocab_size=64, range_ratio=0.0, seed=4)
+    result = run_workload(url, sessions, LoadSpec(seed=4))
+    for r in result.records:
+        assert r.success and r.output_tokens == 9 and len(r.itl_s) == 8
+        assert r.claimed_tokens == 36  # kept as the server's claim, for the judge to refuse
+        assert r.prompt_ids is not None and len(r.prompt_ids) == r.prompt_tokens == 16
 
 
 def test_http_errors_and_broken_streams_are_failed_requests(url: str) -> None:
