@@ -137,7 +137,8 @@ def live(tmp_path_factory: pytest.TempPathFactory, kit: SimpleNamespace) -> Iter
 
 def test_the_server_answers_only_to_its_own_name(live: Live) -> None:
     assert re.fullmatch(r"r-[0-9a-f]{20}\.localhost", live.address.name)
-    assert status(live.request("GET /proposals HTTP/1.1\r\n" + live.cookie())) == 200
+    page = f"GET /proposals/{live.good} HTTP/1.1\r\n{live.cookie()}"
+    assert status(live.request(page)) == 200
     port = live.address.port
     for host in (
         f"127.0.0.1:{port}",  # a cookie replayed to the address, by a process without the name
@@ -147,17 +148,16 @@ def test_the_server_answers_only_to_its_own_name(live: Live) -> None:
         f"{live.address.name}:{port + 1}",
         f"r-0000.localhost:{port}",
     ):
-        reply = live.request("GET /proposals HTTP/1.1\r\n" + live.cookie(), host=host)
+        reply = live.request(page, host=host)
         assert status(reply) == 403 and b"is not this review server" in reply, host
 
 
 def test_origin_must_be_this_server_scheme_included(live: Live) -> None:
-    ok = live.request(
-        f"GET /proposals HTTP/1.1\r\nOrigin: {live.address.origin}\r\n{live.cookie()}"
-    )
+    page = f"GET /proposals/{live.good} HTTP/1.1\r\n{live.cookie()}"
+    ok = live.request(f"{page}\r\nOrigin: {live.address.origin}")
     assert status(ok) == 200
     for origin in (f"https://{live.address.authority}", "null", "http://127.0.0.1:1"):
-        reply = live.request(f"GET /proposals HTTP/1.1\r\nOrigin: {origin}\r\n{live.cookie()}")
+        reply = live.request(f"{page}\r\nOrigin: {origin}")
         assert status(reply) == 403 and b"cross-origin" in reply, origin
 
 
@@ -224,30 +224,34 @@ def test_login_redirect_stays_on_this_server(live: Live) -> None:
 
 
 @pytest.fixture
-def impatient(tmp_path: Path) -> Iterator[Address]:
+def impatient(tmp_path: Path) -> Iterator[tuple[Address, ReviewerAuth]]:
     """A server that gives a client 1 s to send a request."""
     open_store(tmp_path / "runs.db").close()
-    with serving(tmp_path / "runs.db", ReviewerAuth({"ana": TOKEN}), request_timeout_s=1) as at:
-        yield at
+    auth = ReviewerAuth({"ana": TOKEN})
+    with serving(tmp_path / "runs.db", auth, request_timeout_s=1) as address:
+        yield address, auth
 
 
-def test_idle_and_slow_clients_are_disconnected(impatient: Address) -> None:
-    def lingering(first: bytes) -> bytes:
-        with socket.create_connection(("127.0.0.1", impatient.port), timeout=20) as conn:
-            conn.sendall(first)
-            return read_all(conn)
-
-    assert closed(lingering(b""))  # connected, never sends
-    assert closed(lingering(b"GET /proposals HTTP/1.1\r\nHost: "))  # a head that stops
-    body = f"POST /logout HTTP/1.1\r\nHost: {impatient.authority}\r\nContent-Length: 50\r\n\r\n"
-    assert closed(lingering(body.encode() + b"csrf"))  # a body that stops (no session: 401)
+def test_idle_and_slow_clients_are_disconnected(impatient: tuple[Address, ReviewerAuth]) -> None:
+    address, auth = impatient
+    cookie = f"infra_agent_review={auth.start_session('ana')}"
+    body = f"POST /logout HTTP/1.1\r\nHost: {address.authority}\r\nCookie: {cookie}\r\nContent-Length: 50\r\n\r\n"
+    starts = (
+        b"",  # connected, never sends
+        b"GET /proposals HTTP/1.1\r\nHost: ",  # a head that stops
+        body.encode() + b"csrf",  # a signed-in reviewer's body that stops
+    )
+    conns = [socket.create_connection(("127.0.0.1", address.port), timeout=20) for _ in starts]
+    for conn, start in zip(conns, starts, strict=True):  # all three wait at once
+        conn.sendall(start)
+    for conn in conns:
+        with conn:
+            assert closed(read_all(conn))
 
 
 def test_any_127_address_keeps_the_host_check_and_no_warning(tmp_path: Path) -> None:
     """`review serve --host 127.0.0.2`: loopback, so its Host is checked and nothing says it is
     reachable from other machines."""
-    assert Address.for_bind("127.0.0.2", 80).checked and Address.for_bind("::1", 80).checked
-    assert not Address.for_bind("0.0.0.0", 80).checked
     proc = subprocess.Popen(
         [sys.executable, "-m", "infra_agent.cli", "--db", str(tmp_path / "runs.db"), "review",
          "serve", "--host", "127.0.0.2", "--port", "0", "--token", TOKEN],
@@ -268,3 +272,5 @@ def test_any_127_address_keeps_the_host_check_and_no_warning(tmp_path: Path) -> 
         proc.terminate()
         _, err = proc.communicate(timeout=60)
     assert "reachable from other machines" not in err
+    assert Address.for_bind("127.0.0.2", 80).checked and Address.for_bind("::1", 80).checked
+    assert not Address.for_bind("0.0.0.0", 80).checked

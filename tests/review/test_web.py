@@ -3,6 +3,8 @@ Chromium (Debian's, through Playwright) and by plain HTTP for the refusal cases.
 
 from __future__ import annotations
 
+import http.client
+import http.server
 import json
 import os
 import re
@@ -42,6 +44,7 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "review"
 TOKEN = "test-token-0123456789"
+BOB_TOKEN = "bob-token-0123456789"
 REASONING = "The loop is the cost; reading the file shows whether queue supports slicing."
 LONG_ARGS = json.dumps({"path": "scheduler.py", "start_line": 1, "note": "x" * 300})
 TOOL_ERROR = "search_files: regex '(' is invalid (missing ), unterminated subpattern at position 0)"
@@ -67,12 +70,33 @@ class AgentRun:
 @dataclass
 class Served:
     base: str
+    """http://r-<random>.localhost:PORT: the name Chromium resolves to loopback by itself."""
     store_path: Path
     home: Path
     ids: dict[str, str]
     task_root: Path
     stale_task_root: Path
     agent: AgentRun
+
+    @property
+    def port(self) -> int:
+        return int(self.base.rsplit(":", 1)[1])
+
+    @property
+    def authority(self) -> str:
+        return self.base.removeprefix("http://")
+
+    def client(self) -> httpx.Client:
+        """An HTTP client of the server: to 127.0.0.1, under the server's name (only browsers
+        resolve `*.localhost` names by themselves)."""
+        return httpx.Client(
+            base_url=f"http://127.0.0.1:{self.port}", headers={"host": self.authority},
+            follow_redirects=False, timeout=30,
+        )  # fmt: skip
+
+    def connection(self) -> http.client.HTTPConnection:
+        """A raw HTTP connection (for URLs and bodies httpx refuses); send Host: `authority`."""
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
 
 
 def _start_agent_run(root: Path) -> AgentRun:
@@ -224,6 +248,7 @@ def _seed(root: Path, kit: SimpleNamespace) -> tuple[dict[str, str], Path, Path]
     propose("race", kit.SCHED_DIFF.replace("Slicing", "Slice it"), run_id=None, speedup=1.02)
     propose("refusals", kit.SCHED_DIFF.replace("Slicing", "Cut"), run_id=None, speedup=1.01)
     propose("tampered", kit.SCHED_DIFF.replace("Slicing", "Slices it"), run_id=None, speedup=1.03)
+    propose("replay", kit.SCHED_DIFF.replace("Slicing", "Cutting"), run_id=None, speedup=1.04)
 
     def noisy(exp: ExperimentRecord) -> None:
         """The highest point estimate, a wide CI, noise flags, and times near zero."""
@@ -284,9 +309,11 @@ def _start(root: Path, kit: SimpleNamespace) -> Iterator[Served]:
     ids, task_root, stale_root = _seed(root, kit)
     agent = _start_agent_run(root)  # runs its experiment while the other tests use the server
     home = root / "home"
+    config = root / "infra-agent.toml"  # a second reviewer, whose session another site tosses
+    config.write_text(f'[review.tokens]\nbob = "{BOB_TOKEN}"\n')
     env = {**os.environ, "INFRA_AGENT_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "infra_agent.cli", "--db", str(root / "runs.db"), "review", "serve", "--port", "0", "--token", TOKEN, "--reviewer", "ana"],
+        [sys.executable, "-m", "infra_agent.cli", "--config", str(config), "--db", str(root / "runs.db"), "review", "serve", "--port", "0", "--token", TOKEN, "--reviewer", "ana"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
         preexec_fn=stoppable,  # it is stopped with Ctrl-C below
     )  # fmt: skip
@@ -308,7 +335,9 @@ def _start(root: Path, kit: SimpleNamespace) -> Iterator[Served]:
             raise RuntimeError(
                 f"server did not start: {''.join(lines)} {proc.stderr.read() if proc.poll() is not None and proc.stderr else ''}"
             )
-        assert url.startswith("http://127.0.0.1:") and url.endswith(f"?token={TOKEN}")
+        assert re.fullmatch(
+            rf"http://r-[0-9a-f]{{20}}\.localhost:\d+/proposals\?token={TOKEN}", url
+        )
         yield Served(
             base=url.split("/proposals")[0],
             store_path=root / "runs.db",
@@ -336,29 +365,7 @@ def _start(root: Path, kit: SimpleNamespace) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "review_conftest", Path(__file__).with_name("conftest.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    kit = SimpleNamespace(
-        **{
-            k: getattr(module, k)
-            for k in (
-                "make_task",
-                "diff_patch",
-                "knob_patch_record",
-                "experiment_for",
-                "matmul_copy",
-                "edit_stored_patch",
-                "SCHED_DIFF",
-            )
-        }
-    )
+def server(tmp_path_factory: pytest.TempPathFactory, kit: SimpleNamespace) -> Iterator[Served]:
     yield from _start(tmp_path_factory.mktemp("review-web"), kit)
 
 
@@ -559,9 +566,9 @@ def test_malformed_evidence_renders_raw(page, server: Served) -> None:  # type: 
     assert "from the future" in page.inner_text("#raw-evidence")
 
 
-def _signed_in(server: Served) -> tuple[httpx.Client, str]:
-    client = httpx.Client(base_url=server.base, follow_redirects=False, timeout=30)
-    assert client.get(f"/proposals?token={TOKEN}").status_code == 303
+def _signed_in(server: Served, token: str = TOKEN) -> tuple[httpx.Client, str]:
+    client = server.client()
+    assert client.get(f"/proposals?token={token}").status_code == 303
     html = client.get(f"/proposals/{server.ids['refusals']}").text
     csrf = re.search(r'name="csrf_token" value="([^"]+)"', html)
     assert csrf is not None
@@ -574,7 +581,7 @@ def test_requests_without_token_or_csrf_change_nothing(server: Served) -> None:
     patch_hash = store.get_proposal(pid).patch_hash
     store.close()
     form = {"action": "approve", "patch_hash": patch_hash}
-    anonymous = httpx.Client(base_url=server.base, timeout=30)
+    anonymous = server.client()
     assert anonymous.get(f"/proposals/{pid}").status_code == 401
     assert anonymous.get("/proposals?token=wrong-token-xyz").status_code == 401
     assert anonymous.post(f"/proposals/{pid}/decide", data=form).status_code == 401
@@ -723,16 +730,13 @@ def test_a_token_link_from_another_site_does_not_sign_in(server: Served, browser
     assert response is not None and response.status == 200 and page.url.endswith("/proposals")
     context.close()
     for headers in ({"sec-fetch-site": "same-site"}, {"referer": "http://127.0.0.1:1/x"}):
-        plain = httpx.get(link, headers=headers, follow_redirects=False, timeout=30)
+        plain = server.client().get(link.removeprefix(server.base), headers=headers)
         assert plain.status_code == 403, headers
 
 
 def test_long_urls_and_unknown_pages_get_the_short_html_refusal(page, server: Served) -> None:  # type: ignore[no-untyped-def]
-    import http.client
-
-    host, port = server.base.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)  # httpx refuses such URLs
-    conn.request("GET", f"/proposals?task={'x' * 200_000}")
+    conn = server.connection()  # httpx refuses such URLs
+    conn.request("GET", f"/proposals?task={'x' * 200_000}", headers={"Host": server.authority})
     long = conn.getresponse()
     text = long.read().decode()
     conn.close()
@@ -753,18 +757,16 @@ def test_long_urls_and_unknown_pages_get_the_short_html_refusal(page, server: Se
 
 
 def test_oversized_and_chunked_bodies_are_refused(server: Served) -> None:
-    import http.client
-
     pid = server.ids["refusals"]
     client, csrf = _signed_in(server)
     cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
-    host, port = server.base.removeprefix("http://").split(":")
     form = f"action=request_changes&csrf_token={csrf}&comment=".encode()
     # A 3 MiB body is announced, its first bytes sent: the refusal comes before the rest is read.
     # A chunked body has no length to check, so it is refused whole.
     for framing, status in (("content-length", 413), ("transfer-encoding", 411)):
-        conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        conn.putrequest("POST", f"/proposals/{pid}/decide")
+        conn = server.connection()
+        conn.putrequest("POST", f"/proposals/{pid}/decide", skip_host=True)
+        conn.putheader("host", server.authority)
         conn.putheader("cookie", cookie)
         conn.putheader("content-type", "application/x-www-form-urlencoded")
         if framing == "content-length":
@@ -801,3 +803,80 @@ def test_per_sample_plot_axis_of_times_near_zero(page, server: Served) -> None: 
     x_ticks = [int(t) for t in page.locator("#samples-plot .x-tick").all_text_contents()]
     assert x_ticks[0] == 1 and x_ticks[-1] <= 24 and len(x_ticks) >= 3
     assert "noise: high_iqr, drift" in page.inner_text("#measurement")
+
+
+class _OtherLocalServer(http.server.ThreadingHTTPServer):
+    """Another service on 127.0.0.1, on its own port, that the reviewer's browser visits. Its
+    pages toss a session cookie of its choosing (by header and by script, host-only and for
+    the whole `localhost` domain); whatever review cookie the browser sends it, it replays from
+    its own process to the review server's port, reads the CSRF token and approves."""
+
+    def __init__(self, review_port: int, target: str, toss: str) -> None:
+        self.review_port, self.target, self.toss = review_port, target, toss
+        self.cookies_seen: list[str] = []
+        self.replies: list[int] = []
+        super().__init__(("127.0.0.1", 0), _OtherPage)
+
+    def replay(self, cookie: str) -> None:
+        def call(method: str, path: str, body: str = "") -> tuple[int, str]:
+            conn = http.client.HTTPConnection("127.0.0.1", self.review_port, timeout=30)
+            headers = {"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"}
+            conn.request(method, path, body=body, headers=headers)
+            reply = conn.getresponse()
+            text = reply.read().decode(errors="replace")
+            conn.close()
+            self.replies.append(reply.status)
+            return reply.status, text
+
+        status, page = call("GET", f"/proposals/{self.target}")
+        fields = dict(re.findall(r'name="(csrf_token|patch_hash)" value="([^"]+)"', page))
+        if status == 200 and len(fields) == 2:
+            form = f"action=approve&patch_hash={fields['patch_hash']}&csrf_token={fields['csrf_token']}"
+            call("POST", f"/proposals/{self.target}/decide", form)
+
+
+class _OtherPage(http.server.BaseHTTPRequestHandler):
+    server: _OtherLocalServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        cookie = self.headers.get("Cookie") or ""
+        self.server.cookies_seen.append(cookie)
+        if "infra_agent_review=" in cookie:
+            self.server.replay(cookie)
+        toss = f"infra_agent_review={self.server.toss}; Path=/"
+        body = f'<p id="other">another local service</p><script>document.cookie = "{toss}"; document.cookie = "{toss}; Domain=localhost";</script>'.encode()
+        self.send_response(200)
+        self.send_header("Set-Cookie", toss)
+        self.send_header("Set-Cookie", f"{toss}; Domain=localhost")
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_another_local_server_can_neither_replay_nor_toss_the_session(page, server: Served) -> None:  # type: ignore[no-untyped-def]
+    bob, _ = _signed_in(server, BOB_TOKEN)  # the session another site would plant
+    other = _OtherLocalServer(server.port, server.ids["replay"], bob.cookies["infra_agent_review"])
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        assert "signed in as <b>ana</b>" in page.content()
+        ana = {c["name"]: c["value"] for c in page.context.cookies()}["infra_agent_review"]
+        for host in ("127.0.0.1", "localhost", "other.localhost"):
+            page.goto(f"http://{host}:{other.server_address[1]}/")
+            assert page.inner_text("#other") == "another local service"
+        page.goto(f"{server.base}/proposals/{server.ids['replay']}")
+        assert "signed in as <b>ana</b>" in page.content()  # not bob's: the toss did not land
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert len(other.cookies_seen) >= 3 and not [c for c in other.cookies_seen if ana in c]
+    assert 200 not in other.replies  # nothing replayed got a page
+    assert (
+        _status(server, "replay") == ProposalStatus.PENDING and _decisions(server, "replay") == []
+    )
+    page.click("#reject")
+    page.wait_for_selector(".status-rejected")
+    assert [d.reviewer for d in _decisions(server, "replay")] == ["ana"]
