@@ -12,7 +12,9 @@ optimize: setup
 	.venv/bin/infra-agent optimize --target throughput
 
 test: setup
-	.venv/bin/python -m pytest -q
+	# two workers; a test file, the SGLang-server tests and the docker-backend tests each run
+	# as one group (tests/conftest.py); the 15 slowest tests are listed at the end
+	.venv/bin/python -m pytest -q -n 2 --dist loadgroup
 
 lint:
 	# ruff and mypy exactly as the tests run them (mypy needs the package by name: tests/test_lint.py)

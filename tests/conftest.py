@@ -1,7 +1,17 @@
-"""Shared fixtures: every test gets its own run store, so no test touches the user's."""
+"""Shared fixtures: every test gets its own run store, so no test touches the user's. And the
+suite's tiers and grouping:
+
+- a test marked `long` runs only with INFRA_AGENT_LONG_TESTS=1 (CI does not set it; README,
+  "Tests", lists what the long tier covers);
+- under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) each test file is one group, so
+  a module-scoped fixture (a server, a browser) is made once; the tests that start real SGLang
+  servers form one group, so two never start at once on a 2-core machine; and the tests on the
+  docker backend form one, so the session's private dockerd starts once.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,6 +20,32 @@ import pytest
 
 if TYPE_CHECKING:
     from infra_agent.sandboxes.docker_engine import EngineHandle
+
+
+LONG_TESTS = os.environ.get("INFRA_AGENT_LONG_TESTS") == "1"
+"""Whether the long tier runs (tests marked `long`: measured effects, minutes-long end-to-end
+runs; see README, "Tests")."""
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The group an xdist worker runs as a whole: "sglang" for tests that start real SGLang
+    servers, "docker" for tests on the docker backend, else the test's file."""
+    if item.get_closest_marker("sglang") is not None:
+        return "sglang"
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("backend") == "docker":
+        return "docker"
+    return item.path.relative_to(item.config.rootpath).as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_long = pytest.mark.skip(reason="long tier: set INFRA_AGENT_LONG_TESTS=1 to run it")
+    for item in items:
+        if item.get_closest_marker("long") is not None and not LONG_TESTS:
+            item.add_marker(skip_long)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
 @pytest.fixture(autouse=True)

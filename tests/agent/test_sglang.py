@@ -85,10 +85,16 @@ def test_llm_policy_against_a_real_sglang_endpoint(tmp_path: Path) -> None:
     assert any("called no tool" in (s.error or "") for s in answered)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(3600)  # two real servers per arm start on a 2-core machine
 def test_optimize_without_an_endpoint_finds_a_proven_improvement_on_the_embedded_default(
     tmp_path: Path,
 ) -> None:
+    """Long tier: a whole `make optimize`-like run (minutes of real servers) that asserts a
+    measured improvement. Covered in the default tier by test_policies.py (no endpoint picks the
+    search policy, whose first move on sglang-cpu-tiny is max-running-requests 128) and
+    serving/test_sglang_server.py's knob experiment (a knob patch through the cascade on real
+    servers); the size of the win is measured by benchmarks/bench_serving_precision.py."""
     reason = _sglang_ready()
     if reason:
         pytest.skip(reason)

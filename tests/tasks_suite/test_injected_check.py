@@ -5,7 +5,6 @@ wrong fix is not. (Every injected task, with `diagnose`: benchmarks/check_inject
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from typer.testing import CliRunner
@@ -20,9 +19,7 @@ pytestmark = [
     # Three serving experiments (8+ minutes on 2 cores), and its reference fix came out NO_CHANGE
     # once on a loaded machine: a long end-to-end check, not a CI test (as
     # benchmarks/check_injected_tasks.py, which measures every injected task).
-    pytest.mark.skipif(
-        os.environ.get("INFRA_AGENT_LONG_TESTS") != "1", reason="set INFRA_AGENT_LONG_TESTS=1"
-    ),
+    pytest.mark.long,
 ]
 TASK = "sglang-stalled-scheduler"
 """The injected task with the largest effect (its experiments stop earliest)."""
