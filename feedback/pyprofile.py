@@ -203,6 +203,34 @@ def growing_function(
     return deepest, a.get(deepest, 0.0), b[deepest]
 
 
+def function_only_in(
+    low: FunctionProfile,
+    high: FunctionProfile,
+    within: list[Path],
+    *,
+    low_units: float,
+    high_units: float,
+    odds: float = 1e-4,
+) -> tuple[str, float, float] | None:
+    """`growing_function`'s answer only when that function runs (almost) only in `high`: per unit
+    of work at least 5 times its samples in `low`, and a split of its samples that lopsided would
+    come by chance with probability below `odds` were its time per unit the same in both
+    (binomial tail). A function that runs once in each run (a constructor a loaded machine
+    happened to stretch in one) is not named for a handful of samples: with equal units and none
+    in `low`, 14 samples in `high` are needed (0.5**14 = 6e-5)."""
+    found = growing_function(low, high, within, low_units=low_units, high_units=high_units)
+    if found is None:
+        return None
+    where, per_low, per_high = found
+    if per_low > per_high / 5:
+        return None
+    k_low, k_high = round(per_low * low_units), round(per_high * high_units)
+    p = high_units / (low_units + high_units)  # a sample's chance to fall in `high` under H0
+    n = k_low + k_high
+    tail = sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(k_high, n + 1))
+    return found if tail < odds else None
+
+
 def profile_while(
     pid: int, work: Callable[[], object], *, rate: int = 100, limit_s: float = 120.0
 ) -> tuple[FunctionProfile, object]:

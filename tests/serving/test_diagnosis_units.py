@@ -167,3 +167,35 @@ def test_the_experiment_workers_own_frames_are_never_a_profiles_answer(tmp_path:
     assert all(row.file == "ws/decode.py" for row in loaded.functions([root]))
     found = growing_function(quiet, loaded, [root], low_units=10, high_units=10)
     assert found is not None and found[0] == "ws/decode.py:abort"
+
+
+def test_a_function_in_a_handful_of_samples_is_not_where_only_aborts_go(tmp_path: Path) -> None:
+    """pd-kv-reuse-race's differential profile, replayed: a suite run named
+    PrefillNode.__init__ (once in each run; 3 samples with aborts, none without). Named only
+    when chance could not split the samples so (below 1 in 10,000: 14 to none here)."""
+    from infra_agent.feedback.pyprofile import FunctionProfile, function_only_in
+
+    root = tmp_path / "ws"
+    decode, prefill = str(root / "decode.py"), str(root / "prefill.py")
+    serve = f"thread (1): MainThread;serve ({decode}:1)"
+
+    def profile(**extra: int) -> FunctionProfile:
+        stacks = {serve: 200}
+        for name, count in extra.items():
+            where = prefill if name == "init" else decode
+            stacks[f"{serve};{name} ({where}:9)"] = count
+        return FunctionProfile(pid=1, duration_s=1, samples=sum(stacks.values()), stacks=stacks)
+
+    n = 10_000
+    for init in (3, 13):
+        assert (
+            function_only_in(profile(), profile(init=init), [root], low_units=n, high_units=n)
+            is None
+        )
+    found = function_only_in(profile(), profile(abort=14), [root], low_units=n, high_units=n)
+    assert found is not None and found[0] == "ws/decode.py:abort"
+    # A function that runs in both, only more often with aborts (retried work), is not named.
+    assert (
+        function_only_in(profile(abort=10), profile(abort=40), [root], low_units=n, high_units=n)
+        is None
+    )

@@ -66,17 +66,19 @@ def test_decode_split_norm_time_grows_with_splits() -> None:
 
 
 def test_pd_kv_reuse_race_needs_an_abort() -> None:
-    # The task's own health size (10,000 requests). Stalls are drawn per request and attempt
-    # from the seed alone: under DIAGNOSE_SEED the first 5,000 requests draw none (CI once saw
-    # 0 aborts there), the first 10,000 draw 6, each outlasting the timeout (25 ms > 20 ms).
-    # An abort corrupted a request 0.75 of the time (20 runs of 10,000 at load 4-7), so all 6
-    # harmless has odds near 0.25**6 = 2.4e-4 per run.
-    result = diagnosed("pd-kv-reuse-race")
+    # The task's own health size (10,000 requests) at serve.py's default stall probability
+    # (0.002, twice the task's): stalls are drawn per request and attempt from the seed alone,
+    # and under DIAGNOSE_SEED the first 10,000 draw 15 (at the task's 0.001: 6), each of 25 ms
+    # or more against the 20 ms timeout. An abort corrupted a request 0.75 of the time (20 runs
+    # of 10,000 at load 4-7), so all 15 harmless has odds near 0.25**15 = 1e-9 per run.
+    result = diagnosed("pd-kv-reuse-race", stall_prob=0.002)
     assert result.reproduced
     assert result.measured["corruptions_per_10k"] > 0
     assert result.measured["corruptions_without_aborts"] == 0
     # Localized by measurement: the stage from the differential run; a function only when the
-    # profile sees one that runs only with aborts (the abort path itself is microseconds long).
+    # profile sees one that runs only with aborts, in more samples than chance would put there
+    # (below 1 in 10,000: pyprofile.function_only_in; the abort path itself is microseconds
+    # long, so mostly none; tests/serving/test_diagnosis_units.py replays a run that named one).
     assert "time out" in (result.localization.stage or "")
     assert result.localization.function in (None, "decode.py:DecodeScheduler.abort")
 
