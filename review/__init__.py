@@ -8,7 +8,8 @@
   (what the agent reads); `reverify.py`: a fresh experiment on the bytes stored now.
 - `apply.py`: after a decision, resume the waiting agent run or apply the approved patch (git
   branch `infra-agent/<proposal-id>`, or the deployment's argument file).
-- `web/`: `infra-agent review serve` (token login, CSRF, server-rendered pages); `cli.py`: the
+- `web/`: `infra-agent review serve` (its own `r-<random>.localhost` name, token login, CSRF,
+  checks before any body is read, server-rendered pages); `cli.py`: the
   terminal mirror (`list | show | approve | reject | request-changes | reverify | apply | serve`).
 """
 

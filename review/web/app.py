@@ -1,7 +1,8 @@
 """The review web app: a queue page, a proposal page, and POST-only actions.
 
-    app = create_app(store_path, auth=ReviewerAuth.generated())
-    serve(app_settings, host="127.0.0.1", port=0)   # prints the login URL, blocks until Ctrl-C
+    sock = bind("127.0.0.1", 0)
+    address = Address.for_bind("127.0.0.1", sock.getsockname()[1])   # r-<random>.localhost:PORT
+    serve(server_for(store_path, ReviewerAuth.generated(), address=address), sock)  # until Ctrl-C
 
 Pages are server-rendered Jinja2 templates with a few lines of plain JavaScript. Every request
 passes the `gate` first: Host and Origin must be this server's (its own `r-<random>.localhost`
@@ -100,7 +101,7 @@ class ReviewServer:
             try:
                 outcome = work()
             except Exception as exc:  # reported on the page; the server keeps serving
-                job.state, job.message = "failed", f"{type(exc).__name__}: {exc}"
+                job.state, job.message = "failed", f"{type(exc).__name__}: {failure(exc)}"
             else:
                 job.state, job.message = "done", str(outcome) if isinstance(outcome, str) else ""
 

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,10 +44,6 @@ Render = Callable[[Request, int, str], Response]
 """Renders the refusal page: (request, status, message) -> response."""
 Login = Callable[[Request, str], Response]
 """Exchanges a login token (already checked: Host, Origin) for a session cookie."""
-
-
-class _TooLong(Exception):
-    """The body ran past what the gate allows (whatever the headers said)."""
 
 
 def session_of(request: Request) -> Session:
@@ -87,15 +84,10 @@ class Gate:
                 await allowed(scope, receive, hardened)
                 return
             await self.app(scope, _bounded(receive, allowed), hardened)
-        except (Refused, _TooLong) as exc:
+        except Refused as exc:
             if started:
                 raise
-            status, message = (
-                (exc.status, str(exc))
-                if isinstance(exc, Refused)
-                else (413, f"request body refused: longer than it said (at most {MAX_BODY_BYTES:,} bytes)")
-            )  # fmt: skip
-            await self._refuse(request, status, message, scope, receive, hardened)
+            await self._refuse(request, exc.status, str(exc), scope, receive, hardened)
         except Exception as exc:
             if started:
                 raise
@@ -138,7 +130,8 @@ class Gate:
 
 
 def _bounded(receive: Receive, allowed: int) -> Receive:
-    """`receive` that raises _TooLong once the body passes `allowed` bytes."""
+    """`receive` that refuses the request (413) once the body passes `allowed` bytes (the app's
+    own error handling turns it into the refusal page)."""
     seen = 0
 
     async def bounded() -> Message:
@@ -147,7 +140,7 @@ def _bounded(receive: Receive, allowed: int) -> Receive:
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > min(allowed, MAX_BODY_BYTES):
-                raise _TooLong()
+                raise HTTPException(413, f"request body longer than announced ({allowed:,} bytes)")
         return message
 
     return bounded

@@ -274,3 +274,12 @@ def test_any_127_address_keeps_the_host_check_and_no_warning(tmp_path: Path) -> 
     assert "reachable from other machines" not in err
     assert Address.for_bind("127.0.0.2", 80).checked and Address.for_bind("::1", 80).checked
     assert not Address.for_bind("0.0.0.0", 80).checked
+
+
+def test_error_text_loses_its_paths_and_keeps_the_rest() -> None:
+    from infra_agent.review.web.guards import pathless
+
+    git = "git add in /srv/data/workspaces/toy: fatal: Unable to create '/srv/data/workspaces/toy/.git/index.lock'"
+    assert pathless(git) == "git add in …/toy: fatal: Unable to create '…/index.lock'"
+    kept = "branch infra-agent/prop-1 at http://127.0.0.1:8765/proposals/x, page /proposals"
+    assert pathless(kept) == kept
