@@ -22,7 +22,7 @@ FREEZE_WAIT_S = 5.0
 def stat_fields(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat after the command name (which may hold spaces and parentheses):
     index 0 is the state, 1 the parent, 3 the session, 6 the flags, 11-14 utime stime cutime
-    cstime. None when the process is gone or unreadable."""
+    cstime, 19 the start time. None when the process is gone or unreadable."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
@@ -37,6 +37,52 @@ def children_map() -> dict[int, list[int]]:
         if entry.name.isdigit() and (fields := stat_fields(int(entry.name))) is not None:
             children.setdefault(int(fields[1]), []).append(int(entry.name))
     return children
+
+
+def lineage(pids: set[int], top: int, depth: int) -> list[int]:
+    """[top, its oldest live child among `pids`, that one's oldest, ...], `depth` steps down
+    (shorter where a level has no child yet)."""
+    info = {
+        p: (int(f[1]), int(f[19]))  # parent, start time
+        for p in pids
+        if (f := stat_fields(p)) is not None and f[0] not in "ZX"
+    }
+    found = [top]
+    for _ in range(depth):
+        kids = [p for p, (parent, _) in info.items() if parent == found[-1]]
+        if not kids:
+            break
+        found.append(min(kids, key=lambda p: info[p][1]))
+    return found
+
+
+def outside_tree(pids: set[int], root: int) -> set[int]:
+    """The live processes among `pids` that are neither `root` nor below it, following parents
+    through `pids` only (a double-forked or orphaned process of a group)."""
+    parent = {p: int(f[1]) for p in pids if (f := stat_fields(p)) is not None and f[0] not in "ZX"}
+    outside = set()
+    for pid in parent:
+        at, seen = pid, set()
+        while at != root and at in parent and at not in seen:
+            seen.add(at)
+            at = parent[at]
+        if at != root:
+            outside.add(pid)
+    return outside
+
+
+def command_line(pid: int) -> str:
+    """`pid`'s command line, arguments joined by spaces ('' when gone or unreadable)."""
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline")
+            .read_bytes()
+            .replace(b"\0", b" ")
+            .decode(errors="replace")
+            .strip()
+        )
+    except OSError:
+        return ""
 
 
 def descendants(pid: int) -> set[int]:

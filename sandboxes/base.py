@@ -23,6 +23,9 @@ class SandboxSpec(BaseModel):
     """Allow network access (never for candidate code)."""
     memory_mb: int = 4096
     """Address-space / memory limit in MiB."""
+    limit_address_space: bool = True
+    """Apply `memory_mb` to the address space too (RLIMIT_AS); False leaves only the cgroup's
+    resident-memory limit (a CUDA process reserves far more address space than it uses)."""
     cpu_time_s: int = 600
     """CPU-time limit in seconds (RLIMIT_CPU)."""
     file_size_mb: int = 512

@@ -46,6 +46,8 @@ ETC_FILES = (
     "/etc/alternatives",
 )
 ROOT_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+LO_UP = 'ip link set lo up && exec "$0" "$@"'
+"""Run by sh in a new network namespace before the command replaces it ($0 "$@": its argv)."""
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -92,6 +94,8 @@ class Confinement:
     pid_namespace: bool = False
     run_uid: int = field(default_factory=os.geteuid)
     """The uid the command really runs as."""
+    shown: list[Path] = field(default_factory=list)
+    """Host paths shown read-only besides the system folders (bubblewrap only)."""
 
 
 def drop_privileges(uid: int | None) -> list[str]:
@@ -119,15 +123,19 @@ def bubblewrap(
     hidden: list[Path],
     bwrap: str,
     uid: int | None,
+    replaced: dict[Path, Path] | None = None,
+    sysfs: bool = False,
 ) -> Confinement:
-    """bubblewrap confinement for a command running in `cwd` (host path inside `workspace`)."""
+    """bubblewrap confinement for a command running in `cwd` (host path inside `workspace`).
+    `replaced` (shown path -> host file) binds each file read-only over a file of a shown folder,
+    so the one it covers is nowhere in the view; `sysfs` shows /sys read-only (not its cgroups)."""
     args = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     args += ["--unshare-cgroup-try", "--new-session"]
     c = Confinement(prefix=[], pid_namespace=True)
     if spec.network:
         c.in_force.append("net:host (spec.network=True: loopback and beyond not restricted)")
     else:
-        args.append("--unshare-net")
+        args.append("--unshare-net")  # bubblewrap brings the loopback up
         c.in_force.append("netns:bwrap")
     c.in_force.append("pidns:bwrap")
     tree = _Tree(args)
@@ -137,27 +145,34 @@ def bubblewrap(
             tree.mounted.append(Path(path))
         elif os.path.isdir(path):
             tree.mount("--ro-bind", Path(path))
-    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
     args += ["--perms", "1777", "--size", str(spec.file_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
     # /tmp before the binds: a read-only path or the workspace may live under it
     tree.created.add(Path("/tmp"))  # a tmpfs: folders inside it can still be made
     for path in ETC_FILES:
         if os.path.exists(path):
             tree.mount("--ro-bind", Path(path))
-    visible = [*python_paths(spec.readonly_paths), *spec.readonly_paths]
-    for shown in visible:
-        if os.path.exists(shown):
-            tree.mount("--ro-bind", Path(shown))
+    if sysfs or spec.gpus is not None:  # the CUDA driver reads PCI topology there
+        args += ["--ro-bind-try", "/sys", "/sys", "--tmpfs", "/sys/fs/cgroup"]
     if spec.gpus is not None:
         gpu_nodes = [*GPU_DEVICES, *(f"/dev/nvidia{i}" for i in spec.gpus)]
         for node in gpu_nodes:
             args += ["--dev-bind-try", node, node]
-        args += ["--ro-bind-try", "/sys", "/sys"]  # the CUDA driver reads PCI topology there
         c.in_force.append(f"gpu:devices={','.join(map(str, spec.gpus))}")
-    tree.mount("--bind", workspace)
+    visible = [*python_paths(spec.readonly_paths), *spec.readonly_paths]
+    shown = {Path(p) for p in visible if os.path.exists(p)} - {workspace}
+    # Parents before children: a later bind of a parent would hide a child's bind.
+    binds = sorted([(p, "--ro-bind") for p in shown] + [(workspace, "--bind")],
+                   key=lambda bind: len(bind[0].parts))  # fmt: skip
+    for folder, how in binds:
+        tree.mount(how, folder)
+    for target, source in sorted((replaced or {}).items()):
+        args += ["--ro-bind", str(source), str(target)]
+    if replaced:
+        c.in_force.append(f"replaced:{len(replaced)} files (the originals are not in the view)")
     shadowed = 0
     for secret in hidden:
-        if not _under_any(secret, [Path(root) for root in ROOT_DIRS] + visible):
+        if not _under_any(secret, [Path(root) for root in ROOT_DIRS] + visible + [workspace]):
             continue  # never bound, so already invisible
         if secret.is_dir():
             args += ["--tmpfs", str(secret)]
@@ -171,19 +186,28 @@ def bubblewrap(
     c.run_uid = uid if uid is not None else os.geteuid()
     c.in_force.append(f"user:{c.run_uid}")
     c.prefix = [*args, "--", *drop_privileges(uid)]
+    c.shown = sorted(shown)
     return c
 
 
 def unshare(
-    spec: SandboxSpec, *, hidden: list[Path], unshare_bin: str, uid: int | None
+    spec: SandboxSpec,
+    *,
+    hidden: list[Path],
+    unshare_bin: str,
+    uid: int | None,
+    loopback: bool = False,
 ) -> Confinement:
-    """Fallback when bubblewrap is missing (needs root): namespaces, no filesystem view."""
+    """Fallback when bubblewrap is missing (needs root): namespaces, no filesystem view.
+    `loopback`: bring the new network namespace's loopback up (a server listens there)."""
     args = [unshare_bin, "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts"]
     c = Confinement(prefix=[], pid_namespace=True)
     if spec.network:
         c.in_force.append("net:host (spec.network=True: loopback and beyond not restricted)")
     else:
         args.append("--net")
+        if loopback:  # before the privileges go: run by sh, which then becomes the command
+            args += ["--", "sh", "-c", LO_UP]
         c.in_force.append("netns:unshare")
     c.in_force.append("pidns:unshare")
     c.missing += ["fs:readonly-root (no bubblewrap)", "tmp:private (no bubblewrap)"]
@@ -195,7 +219,7 @@ def unshare(
         uid = None
     c.run_uid = uid if uid is not None else os.geteuid()
     c.in_force.append(f"user:{c.run_uid}")
-    c.prefix = [*args, "--", *drop_privileges(uid)]
+    c.prefix = [*args, *([] if args[-1] == LO_UP else ["--"]), *drop_privileges(uid)]
     return c
 
 

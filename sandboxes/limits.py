@@ -28,21 +28,20 @@ _PR_SET_PDEATHSIG = 1
 
 def rlimits(spec: SandboxSpec) -> dict[int, int]:
     """setrlimit resource -> limit (soft = hard) for a spec."""
-    return {
-        resource.RLIMIT_AS: spec.memory_mb * MIB,
+    found = {
         resource.RLIMIT_CPU: spec.cpu_time_s,
         resource.RLIMIT_FSIZE: spec.file_size_mb * MIB,
         resource.RLIMIT_NPROC: spec.max_processes,
     }
+    if spec.limit_address_space:
+        found[resource.RLIMIT_AS] = spec.memory_mb * MIB
+    return found
 
 
 def describe(spec: SandboxSpec, *, uid: int) -> tuple[list[str], list[str]]:
     """(limits in force, limits missing) in `isolation()` words, for commands running as `uid`."""
-    in_force = [
-        f"rlimit:as={spec.memory_mb}MiB",
-        f"rlimit:cpu={spec.cpu_time_s}s",
-        f"rlimit:fsize={spec.file_size_mb}MiB",
-    ]
+    in_force = [f"rlimit:as={spec.memory_mb}MiB"] if spec.limit_address_space else []
+    in_force += [f"rlimit:cpu={spec.cpu_time_s}s", f"rlimit:fsize={spec.file_size_mb}MiB"]
     missing: list[str] = []
     if spec.cpus is not None:
         in_force.append(f"cpuset:{','.join(map(str, spec.cpus))} (affinity)")

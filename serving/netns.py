@@ -1,13 +1,13 @@
 """The server's own network namespace: candidate SGLang code gets a loopback and nothing else.
 
-A source patch runs inside the server process, so the server starts in a fresh network namespace
-(`unshare --net`, loopback brought up, no other interface): no route out, and the host's
-127.0.0.1 services are out of reach. The driver still talks to it: network namespaces belong to
-threads on Linux, so a thread that joined the server's namespace (`setns`) opens sockets there.
+A source patch runs inside the server, so the server starts in a fresh network namespace with
+the loopback up and no other interface (made by its confinement, `serving.isolation`:
+bubblewrap's `--unshare-net`, or `unshare --net`): no route out, and the host's 127.0.0.1
+services are out of reach. The driver still talks to it: network namespaces belong to threads
+on Linux, so a thread that joined the server's namespace (`setns`) opens sockets there.
 
     network = choose("isolated")             # Network(mode="isolated") or host with a reason
-    argv = confine(argv)                     # unshare --net ... sh -c 'ip link set lo up; exec'
-    fd = open_namespace(pid)                 # once the child left our namespace
+    fd = open_namespace(pid)                 # once the child (or a descendant) left our namespace
     thread = NamespaceThread(fd, "server-net")   # thread.run(fn, ...): fn's sockets live there
     relay = Relay(fd, port)                  # host 127.0.0.1:relay.port -> the server's port
 
@@ -17,9 +17,7 @@ The namespace dies with the last process, thread, socket or descriptor that uses
 
 Confined: TCP/UDP to anywhere, the host's loopback services, abstract UNIX sockets (they belong
 to the network namespace). UNIX sockets with a path are file system objects: the server's file
-view (`fileview`, bubblewrap, which then makes the network namespace too) hides them. Not
-confined: the process table; the user (root where the driver is root, without capabilities
-under bubblewrap).
+view (`fileview`) hides them.
 """
 
 from __future__ import annotations
@@ -43,8 +41,6 @@ from pydantic import BaseModel
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
 NetworkMode = Literal["isolated", "host"]
-LO_UP = 'ip link set lo up && exec "$0" "$@"'
-"""Run by sh inside the new namespace before the server replaces it ($0 "$@": the server argv)."""
 
 
 class Network(BaseModel):
@@ -93,11 +89,6 @@ def choose(requested: NetworkMode) -> Network:
     return Network(mode="host", reason=reason) if reason else Network(mode="isolated")
 
 
-def confine(argv: list[str]) -> list[str]:
-    """argv run in a new network namespace whose loopback is up (the process keeps its pid)."""
-    return [shutil.which("unshare") or "unshare", "--net", "--", "sh", "-c", LO_UP, *argv]
-
-
 def namespace_id(pid: int | str) -> int:
     """Inode of a process's network namespace (equal ids: the same namespace)."""
     return os.stat(f"/proc/{pid}/ns/net").st_ino
@@ -109,9 +100,8 @@ def open_namespace(
     *,
     descendants: Callable[[int], Iterable[int]] = lambda pid: (),
 ) -> int:
-    """A descriptor of the network namespace `pid` or one of its `descendants(pid)` entered (the
-    process itself under `confine`, bubblewrap's child under `fileview.wrap`), once it differs
-    from ours. Close it when done."""
+    """A descriptor of the network namespace `pid` or one of its `descendants(pid)` entered
+    (unshare's child, bubblewrap's child), once it differs from ours. Close it when done."""
     mine = namespace_id("self")
     deadline = time.monotonic() + timeout_s
     while True:

@@ -10,6 +10,13 @@ returns its parent, which the server gets first on its PYTHONPATH: every SGLang 
 children included, imports the changed package, with the installed package's bytecode caches
 for every module that did not change. The installed SGLang is never modified, and each arm has
 its own overlay, so two candidates never see each other's change.
+
+The overlay alone would leave each changed module's original in the installed package, where
+served code finds it (`sglang.__file__`'s neighbours, the site-packages path) and a failed
+request's error text could carry it back: for an injected task that is the hidden fault's
+un-injected original. `served_view` lists what the server's file view binds instead: each
+changed module over its installed original, and the originals' bytecode caches hidden, so the
+only copy of the package a confined server can read is the one it serves.
 """
 
 from __future__ import annotations
@@ -79,6 +86,29 @@ def build_overlay(
         {str(Path(rel).relative_to("sglang")): workspace / rel for rel in changed},
     )
     return dest
+
+
+def served_view(
+    overlay: Path, version: str = SGLANG_VERSION
+) -> tuple[dict[Path, Path], list[Path]]:
+    """(installed module -> the overlay's changed file bound over it, the installed bytecode
+    caches of those modules, to hide) for an overlay made by `build_overlay`."""
+    installed = installed_package(version).parent
+    replaced: dict[Path, Path] = {}
+    caches: list[Path] = []
+    for folder, dirs, files in os.walk(overlay / "sglang"):  # links to folders are not entered
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            changed = Path(folder) / name
+            original = installed / changed.relative_to(overlay)
+            if changed.is_symlink() or not original.is_file():
+                continue  # unchanged (a link), or new: no original to cover
+            replaced[original] = changed
+            cache = original.parent / "__pycache__"
+            if cache.is_dir():
+                stem = original.name.rsplit(".", 1)[0]
+                caches += sorted(p for p in cache.iterdir() if p.name.split(".", 1)[0] == stem)
+    return replaced, caches
 
 
 def _link_farm(source: Path, dest: Path, changed: dict[str, Path]) -> None:

@@ -3,31 +3,34 @@
     with Server.start(spec, workdir, knobs={...}) as server:   # raises ServerFailed with log tail
         server.url  # http://127.0.0.1:PORT
 
-The server runs in its own process session and, by default, in its own network namespace with
-only a loopback (`serving/netns.py`: patched SGLang code cannot reach the network or the host's
-127.0.0.1 services) and under bubblewrap with a file view of system folders and what it needs
-(`serving/fileview.py`: no homes, /run, /var or foreign /tmp files, its workdir the one place
-it writes). Requests go through `server.call(fn, *args)`, which runs `fn(url, *args)`
-on a thread inside that namespace; `server.url` is a host-loopback relay for callers that only
-take a URL. Without the privileges for it the server runs on the host network and says so
-(`server.network.render()`, first line of its log). `stop()` sends SIGTERM to the whole group,
-waits `stop_timeout_s`, then SIGKILLs the group and any descendant that left it, waits until none
-is alive, and closes the namespace's thread, relay and descriptor (the namespace dies with them).
+A source patch runs inside the server, so the server is confined like any candidate
+(`serving/isolation.py`, the sandbox layer's own code): its own pid namespace, uid, rlimits and
+cgroup, a network namespace with only a loopback (`serving/netns.py`) and a file view in which
+the originals of the modules its arm changed do not exist (`serving/fileview.py`,
+`serving/overlay.py`); `server.confinement.render()` (third line of its log) says what it really
+had. Requests go through `server.call(fn, *args)`, which runs `fn(url, *args)` on a thread
+inside that namespace; `server.url` is a host-loopback relay for callers that only take a URL.
 A broken flag, a crash during start or a server that is not ready in time raises `ServerFailed`
-(a `CandidateFailure`, so the experiment engine records FAILED) with the log tail. `pause()`
-stops every process of the server until `resume()` (an experiment's idle arm takes no CPU);
-`cpu_seconds()` is the CPU time its processes used (`infra_agent/proctree.py`).
+(a `CandidateFailure`, so the experiment engine records FAILED) with the log tail.
+
+The cgroup is the server: `pause()` freezes every process in it until `resume()` (an
+experiment's idle arm takes no CPU, and nothing the server started runs meanwhile, however it
+was started), `cpu_seconds()` is the CPU time of everything that ran in it, and `stop()` sends
+SIGTERM, waits `stop_timeout_s`, then kills the whole cgroup, waits until none is alive, and
+closes the namespace's thread, relay and descriptor. A process in the cgroup outside the
+server's process tree (double-forked, orphaned) is a violation: the next `call` raises
+`ServerFailed(kind="violation")` naming it (the engine records REJECTED), and `stop` lists it in
+`violations`. Without a writable cgroup, pause, stop and the CPU time fall back to the process
+tree (`infra_agent/proctree.py`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,15 +43,17 @@ from infra_agent import proctree
 from infra_agent.errors import UserError
 from infra_agent.proctree import alive as _alive
 from infra_agent.proctree import descendants
+from infra_agent.sandboxes import cgroups
 from infra_agent.sandboxes import cleanup as cleanup_registry
-from infra_agent.serving import fileview, netns
+from infra_agent.sandboxes import processes as sandbox_processes
+from infra_agent.serving import fileview, isolation, netns
+from infra_agent.serving import overlay as overlays
 from infra_agent.serving.deployment import ArgValue, DeploymentSpec, args_to_argv
 from infra_agent.serving.env import ensure_sglang_env, env_python
 from infra_agent.serving.tiny_model import write_tiny_model
 from infra_agent.tasks.harness import CandidateFailure
 
 T = TypeVar("T")
-PR_SET_PDEATHSIG = 1
 PORT_ATTEMPTS = 3
 SHIM_DIR = Path(__file__).parent / "kernel_shim"
 """Holds the `sgl_kernel` CPU compatibility module (first on PYTHONPATH when no GPU is present)."""
@@ -125,10 +130,11 @@ def launch_command(
     return prefix + args_to_argv(args), env
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL me if the process that started me dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _get(url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
@@ -140,7 +146,8 @@ def _get(url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
 
 
 class Server:
-    """One server process group. Use `Server.start(...)`; always `stop()` (or use `with`)."""
+    """One confined server (its cgroup, or its process tree without one). Use
+    `Server.start(...)`; always `stop()` (or use `with`)."""
 
     def __init__(
         self,
@@ -150,12 +157,22 @@ class Server:
         port: int,
         workdir: Path,
         spec: DeploymentSpec,
-        network: netns.Network | None = None,
+        jail: isolation.Jail | None = None,
     ) -> None:
-        self.network = network or netns.Network(mode="host", reason="not started by Server.start")
+        self.network = (
+            jail.network
+            if jail
+            else netns.Network(mode="host", reason="not started by Server.start")
+        )
         """Where the server's sockets live (isolated namespace, or host with the reason)."""
-        self.filesystem = fileview.FileView(mode="host", reason="not started by Server.start")
+        self.filesystem = (
+            jail.filesystem
+            if jail
+            else fileview.FileView(mode="host", reason="not started by Server.start")
+        )
         """What the server sees of the file system (confined view, or host with the reason)."""
+        self.confinement = jail.record if jail else None
+        """The confinement the server really had (None: not started by Server.start)."""
         self.argv = argv
         self.env = env
         self.port = port
@@ -165,6 +182,9 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_s: float | None = None
         """Seconds from process start to the first 200 from the health path."""
+        self.violations: list[str] = []
+        """Processes found outside the server's process tree (each a sentence)."""
+        self._jail = jail
         self._known: set[int] = set()
         self._paused = False
         self._ns_fd: int | None = None
@@ -195,14 +215,19 @@ class Server:
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """fn(url, *args, **kwargs) where the server's address is reachable: the namespace's own
-        thread when isolated (sockets fn opens live there), this thread otherwise."""
+        thread when isolated (sockets fn opens live there), this thread otherwise. Raises
+        ServerFailed(kind='violation') when a process left the server's tree, before or during."""
         if self._paused:
             raise RuntimeError(f"server on port {self.port} is paused: resume() it first")
+        self._raise_violations()
         if self.network.mode == "host":
-            return fn(self.direct_url, *args, **kwargs)
-        if self._ns_thread is None:
+            result = fn(self.direct_url, *args, **kwargs)
+        elif self._ns_thread is None:
             raise ServerFailed("the server is not running", kind="crash", log_tail=self.log_tail())
-        return self._ns_thread.run(fn, self.direct_url, *args, **kwargs)
+        else:
+            result = self._ns_thread.run(fn, self.direct_url, *args, **kwargs)
+        self._raise_violations()
+        return result
 
     @classmethod
     def start(
@@ -215,9 +240,11 @@ class Server:
         model_cache: Path | None = None,
     ) -> Server:
         """Start and wait for readiness; on any failure the server is stopped and ServerFailed raised."""
+        workdir = workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        network = netns.choose(spec.network)
-        view = fileview.choose(spec.filesystem)
+        replaced, stale = (
+            overlays.served_view(overlay, spec.sglang_version) if overlay else ({}, [])
+        )
         for attempt in range(PORT_ATTEMPTS):
             port = free_port()
             argv, env = launch_command(
@@ -227,25 +254,22 @@ class Server:
                 model_cache=model_cache or workdir / "models",
                 overlay=overlay,
             )
-            if view.mode == "confined":
-                shown = [*fileview.paths_named(argv), *spec.readable_paths, SHIM_DIR]
-                if overlay is not None:
-                    shown.append(overlay)
+            shown = [*fileview.paths_named(argv), *spec.readable_paths, SHIM_DIR]
+            jail = isolation.confine(
+                spec,
+                f"server-{port}",
+                workdir=workdir,
+                shown=[*shown, *([overlay] if overlay else [])],
+                replaced=replaced,
+                hidden=stale,
+                gpus=list(range(gpu_count())) or None,
+            )
+            env.update({"HOME": str(workdir), "USER": "sglang", "LOGNAME": "sglang"})
+            if jail.filesystem.mode == "confined":
                 env["TMPDIR"] = "/tmp"  # a private one
-                argv = fileview.wrap(
-                    argv,
-                    view,
-                    shown=shown,
-                    writable=workdir.resolve(),
-                    isolate_network=network.mode == "isolated",
-                    gpu=spec.needs_gpu or has_gpu(),
-                )
-            elif network.mode == "isolated":
-                argv = netns.confine(argv)
-            server = cls(argv, env, port=port, workdir=workdir, spec=spec, network=network)
-            server.filesystem = view
-            server._spawn()
+            server = cls(argv, env, port=port, workdir=workdir, spec=spec, jail=jail)
             try:
+                server._spawn()
                 server.wait_ready(spec.ready_timeout_s)
                 return server
             except ServerFailed as exc:
@@ -261,25 +285,27 @@ class Server:
         raise AssertionError("unreachable")
 
     def _spawn(self) -> None:
+        jail = self._jail
+        assert jail is not None
         with self.log_path.open("ab") as log:
             log.write(f"infra-agent: server network: {self.network.render()}\n".encode())
             log.write(f"infra-agent: server file system: {self.filesystem.render()}\n".encode())
+            log.write(f"infra-agent: server confinement: {jail.record.render()}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(
-                self.argv,
+            # From the sandbox layer's launcher thread: PR_SET_PDEATHSIG fires when the thread
+            # that started a process ends, and that one lives as long as this process.
+            self.proc = sandbox_processes.launch(
+                [*jail.prefix, *self.argv],
                 env=self.env,
                 cwd=self.workdir,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                # PDEATHSIG fires when the spawning *thread* ends: only safe from the main thread.
-                preexec_fn=_die_with_parent
-                if threading.current_thread() is threading.main_thread()
-                else None,
+                preexec_fn=jail.preexec(),
             )
         # Normal exit, exceptions, Ctrl-C and SIGTERM/SIGHUP of this process stop the server
-        # (SGLang's own children die with their parent when this one is SIGKILLed).
+        # (its processes die with their parent when this one is SIGKILLed).
         cleanup_registry.register(self)
         if self.network.mode == "isolated":
             try:
@@ -369,51 +395,128 @@ class Server:
         """True between `pause()` and `resume()`."""
         return self._paused
 
+    @property
+    def _cgroup(self) -> cgroups.Cgroup | None:
+        return self._jail.cgroup if self._jail is not None else None
+
     def pause(self) -> None:
-        """Stop (SIGSTOP) every process of the server: it takes no CPU until `resume()`."""
-        if self.proc is not None and not self._paused:
-            self._paused = True
+        """Stop every process of the server (its cgroup frozen, else SIGSTOP to its tree): it
+        takes no CPU until `resume()`."""
+        if self.proc is None or self._paused:
+            return
+        self._paused = True
+        group = self._cgroup
+        if group is not None and group.can_freeze:
+            group.freeze()
+        else:
             self._known |= proctree.freeze(self.proc.pid)
+        self._find_strays()
+
+    def stopped(self) -> bool:
+        """True when the kernel reports every process of the server stopped (its cgroup frozen,
+        else each process of its tree in state T)."""
+        group = self._cgroup
+        if group is not None and group.can_freeze:
+            return group.frozen()
+        states = {(proctree.stat_fields(p) or ["X"])[0] for p in self.processes()}
+        return bool(states) and states <= {"T", "t"}
 
     def resume(self) -> None:
         """Continue a paused server."""
-        if self.proc is not None and self._paused:
+        if self.proc is None or not self._paused:
+            return
+        group = self._cgroup
+        if group is not None and group.can_freeze:
+            group.thaw()
+        else:
             proctree.thaw(self.proc.pid)
-            self._paused = False
+        self._paused = False
 
     def processes(self) -> set[int]:
-        """The server's live processes (launcher, scheduler, detokenizer, ...)."""
-        return proctree.tree(self.proc.pid) if self.proc is not None else set()
+        """The server's live processes (launcher, scheduler, detokenizer, ...; not its
+        confinement's own)."""
+        if self.proc is None:
+            return set()
+        group = self._cgroup
+        if group is None:
+            return proctree.tree(self.proc.pid)
+        return {p for p in group.pids() - self._layout()[0] if proctree.alive(p)}
 
     def cpu_seconds(self) -> float:
-        """CPU seconds used so far by the server's processes (and the children they reaped)."""
-        return proctree.cpu_seconds(self.processes())
+        """CPU seconds used so far by the server's processes (its cgroup: every process that
+        ran in it; else the tree and the children it reaped)."""
+        group = self._cgroup
+        used = group.cpu_seconds() if group is not None else None
+        return used if used is not None else proctree.cpu_seconds(self.processes())
+
+    def _layout(self) -> tuple[set[int], int | None]:
+        """(the confinement's own processes above the server's command, the command's pid or
+        None before it started): bubblewrap's monitor and namespace init, then the oldest child."""
+        if self.proc is None:
+            return set(), None
+        depth = self._jail.wrappers if self._jail is not None else 0
+        group = self._cgroup
+        pids = group.pids() if group is not None else proctree.tree(self.proc.pid)
+        chain = proctree.lineage(pids | {self.proc.pid}, self.proc.pid, depth)
+        return set(chain[:depth]), chain[depth] if len(chain) > depth else None
+
+    def _find_strays(self) -> list[int]:
+        """Processes in the server's cgroup outside its command's process tree (double-forked
+        or orphaned: reparented to the namespace's init); each is recorded in `violations`."""
+        group = self._cgroup
+        wrappers, command = self._layout()
+        if group is None or command is None:
+            return []
+        strays = sorted(proctree.outside_tree(group.pids() - wrappers, command))
+        for pid in strays:
+            sentence = (
+                f"process {pid} ({proctree.command_line(pid)[:120]!r}) left the server's process "
+                "tree (a double fork or an orphan); its cgroup held it: frozen with the server "
+                "when paused, killed at stop"
+            )
+            if sentence not in self.violations:
+                self.violations.append(sentence)
+        return strays
+
+    def _raise_violations(self) -> None:
+        self._find_strays()
+        if self.violations:
+            raise ServerFailed(
+                f"confinement: {self.violations[0]}"
+                + (f" (and {len(self.violations) - 1} more)" if len(self.violations) > 1 else ""),
+                kind="violation",
+                log_tail=self.log_tail(),
+            )
 
     def stop(self) -> int:
-        """Stop the server and every process it started. Returns how many needed SIGKILL."""
+        """Stop the server and every process it started. Returns how many needed SIGKILL;
+        processes found outside its tree are added to `violations` (and killed first)."""
         if self.proc is None:
             return 0
         pid = self.proc.pid
-        group = set(self._known) | descendants(pid) | {pid}
-        self._signal_group(pid, signal.SIGTERM)
+        group = self._cgroup
+        strays = self._find_strays()
+        for p in strays:  # frozen or not, they never run again
+            _kill(p, signal.SIGKILL)
+        members = self.processes() | (self._known - self._layout()[0]) - set(strays)
+        for p in members:
+            _kill(p, signal.SIGTERM)
         if self._paused:  # a stopped process holds SIGTERM until it runs again
-            self._signal_group(pid, signal.SIGCONT)
-            proctree.thaw(pid)
-            self._paused = False
+            self.resume()
         deadline = time.monotonic() + self.spec.stop_timeout_s
         while time.monotonic() < deadline:
             self.proc.poll()
-            group |= descendants(pid)
-            if not any(_alive(p) for p in group):
+            members |= self.processes()
+            if not any(_alive(p) for p in members):
                 break
             time.sleep(0.2)
-        stubborn = [p for p in group | descendants(pid) if _alive(p)]
-        self._signal_group(pid, signal.SIGKILL)
-        for p in stubborn:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stubborn = [p for p in members | self.processes() if _alive(p)]
+        if group is not None:
+            group.kill()
+        else:
+            self._signal_group(pid, signal.SIGKILL)
+            for p in stubborn + sorted(descendants(pid)):
+                _kill(p, signal.SIGKILL)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -422,8 +525,15 @@ class Server:
         while any(_alive(p) for p in stubborn) and time.monotonic() < deadline:
             time.sleep(0.1)
         self.proc = None
+        if self._jail is not None:
+            self._jail.close()
         self._close_network()
         cleanup_registry.unregister(self)
+        if self.violations:
+            print(
+                f"warning: server on port {self.port}: {'; '.join(self.violations)}",
+                file=sys.stderr,
+            )
         return len(stubborn)
 
     def _close_network(self) -> None:

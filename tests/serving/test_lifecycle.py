@@ -1,6 +1,7 @@
 """Server lifecycle on a stand-in server process (fast): readiness, log tail, and that stopping
 leaves no process behind, including children and a server that ignores SIGTERM. The real SGLang
-server is exercised in test_sglang_server.py."""
+server is exercised in test_sglang_server.py. The stand-in's child carries a mark of its test in
+its command line: in the server's pid namespace its own pid means nothing out here."""
 
 import os
 import sys
@@ -12,6 +13,7 @@ import pytest
 from support import stoppable
 
 from infra_agent.errors import UserError
+from infra_agent.sandboxes.processes import pids_with_cmdline
 from infra_agent.serving.deployment import DeploymentSpec, args_to_argv, load_deployment
 from infra_agent.serving.server import Server, ServerFailed, _alive, descendants
 
@@ -24,7 +26,8 @@ FAKE_SERVER = textwrap.dedent(
     if mode == "broken":
         print("error: unrecognized arguments: --no-such-flag", flush=True)
         sys.exit(2)
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    mark = os.environ["FAKE_MARK"]
+    child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {mark}"])
     print(f"child {child.pid}", flush=True)
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -54,22 +57,26 @@ def spec(tmp_path: Path, mode: str, **kw: object) -> DeploymentSpec:
         launch="command",
         command=[sys.executable, str(script)],
         gpus=1,  # no CPU shim / CPU engine settings for the stand-in
-        env={"FAKE_MODE": mode},
+        env={"FAKE_MODE": mode, "FAKE_MARK": mark(tmp_path)},
         **kw,  # type: ignore[arg-type]
     )
 
 
-def child_pid(server: Server) -> int:
-    for line in server.log_tail().splitlines():
-        if line.startswith("child "):
-            return int(line.split()[1])
-    raise AssertionError("no child pid in the log")
+def mark(tmp_path: Path) -> str:
+    return f"fake-child-of-{tmp_path.name}-{os.getpid()}"
+
+
+def child_pid(tmp_path: Path) -> int:
+    """The host pid of the stand-in's child (it prints the one its pid namespace gave it)."""
+    found = pids_with_cmdline(mark(tmp_path))
+    assert len(found) == 1, found
+    return found[0]
 
 
 def test_start_ready_stop_leaves_nothing(tmp_path: Path) -> None:
     server = Server.start(spec(tmp_path, "ok"), tmp_path)
     pid = server.proc.pid  # type: ignore[union-attr]
-    child = child_pid(server)
+    child = child_pid(tmp_path)
     assert server.get("/health")[0] == 200
     assert server.ready_s is not None and child in descendants(pid)
     assert server.stop() == 0  # SIGTERM was enough
@@ -79,7 +86,7 @@ def test_start_ready_stop_leaves_nothing(tmp_path: Path) -> None:
 def test_sigterm_ignored_escalates_to_sigkill(tmp_path: Path) -> None:
     s = spec(tmp_path, "stubborn", stop_timeout_s=1.0)
     with Server.start(s, tmp_path) as server:
-        child = child_pid(server)
+        child = child_pid(tmp_path)
         pid = server.proc.pid  # type: ignore[union-attr]
     assert not _alive(pid) and not _alive(child)
 
@@ -96,8 +103,7 @@ def test_never_ready_times_out_and_is_stopped(tmp_path: Path) -> None:
     with pytest.raises(ServerFailed) as err:
         Server.start(spec(tmp_path, "never", ready_timeout_s=2.0), tmp_path)
     assert err.value.kind == "timeout" and "not ready after 2 s" in str(err.value)
-    child = next(int(w.split()[1]) for w in err.value.log_tail.splitlines() if "child" in w)
-    assert not _alive(child)
+    assert pids_with_cmdline(mark(tmp_path)) == []  # nor its child, if it had started one
     assert time.monotonic() - started < 60
 
 

@@ -54,8 +54,9 @@ PROBE_SERVER = textwrap.dedent(
         found["unix_socket"] = "connected"
     except OSError as exc:
         found["unix_socket"] = f"{type(exc).__name__}: {exc}"
+    found["home_var"] = os.environ["HOME"]
     try:
-        found["home"] = sorted(os.listdir(os.path.expanduser("~")))
+        found["home"] = sorted(os.listdir(os.environ["PROBE_HOME"]))
     except OSError as exc:
         found["home"] = f"{type(exc).__name__}: {exc}"
     try:
@@ -111,6 +112,7 @@ def probe_spec(tmp_path: Path, host: HostSide, **kw: object) -> DeploymentSpec:
             "PROBE_PORT": str(host.listener.getsockname()[1]),
             "PROBE_SECRET": str(host.private / "secret.txt"),
             "PROBE_SOCKET": str(host.private / "engine.sock"),
+            "PROBE_HOME": str(Path.home()),
         },
         **kw,  # type: ignore[arg-type]
     )
@@ -138,8 +140,10 @@ def test_isolated_server_reaches_nothing_but_the_driver_reaches_it(
         home = Path.home()
         needed = {Path(p).relative_to(home).parts[0] for p in server.filesystem.shown
                   if Path(p).is_relative_to(home)}  # fmt: skip
-        # The home shows at most the folders of the interpreters it needs (pyenv here).
+        # The home shows at most the folders of the interpreters it needs (pyenv here); the
+        # server's own HOME is its workdir.
         assert isinstance(found["home"], str) or set(found["home"]) <= needed, (found, needed)
+        assert found["home_var"] == str(tmp_path.resolve())
         assert "Read-only file system" in str(found["write_interpreter_dir"]), found
         assert (
             server.log_tail()

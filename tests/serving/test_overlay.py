@@ -7,7 +7,12 @@ import pytest
 
 from infra_agent.errors import UserError
 from infra_agent.serving.env import find_sglang_env
-from infra_agent.serving.overlay import build_overlay, changed_modules, installed_package
+from infra_agent.serving.overlay import (
+    build_overlay,
+    changed_modules,
+    installed_package,
+    served_view,
+)
 
 pytestmark = pytest.mark.skipif(
     find_sglang_env() is None,
@@ -75,3 +80,25 @@ def test_paths_outside_sglang_are_refused(tmp_path: Path) -> None:
         changed_modules(tmp_path, ["../etc/passwd"])
     with pytest.raises(UserError, match="missing from the workspace"):
         changed_modules(tmp_path, ["sglang/no/such_module.py"])
+
+
+def test_served_view_covers_each_original_and_its_bytecode(tmp_path: Path) -> None:
+    """What a confined server's file view binds: the changed module over its installed original,
+    the original's bytecode caches hidden; unchanged and new modules need nothing."""
+    ws = tmp_path / "ws"
+    path = copy_module(ws, REL)
+    path.write_text(path.read_text() + "\nINJECTED = True\n")
+    new = ws / "sglang/srt/extra_module.py"
+    new.write_text("VALUE = 1\n")
+    files = [REL, "sglang/srt/extra_module.py"]
+    overlay = build_overlay(ws, files, tmp_path / "overlay")
+    assert overlay is not None
+    replaced, caches = served_view(overlay)
+    original = installed_package() / "srt/layers/sampler.py"
+    assert replaced == {original: overlay / REL}
+    assert replaced[original].read_text().endswith("INJECTED = True\n")
+    assert caches, "the installed package has bytecode for the sampler"
+    assert all(
+        c.parent == original.parent / "__pycache__" and c.name.startswith("sampler.")
+        for c in caches
+    )

@@ -1,7 +1,9 @@
 """Pausing a server (the idle arm of an experiment) and reading its CPU time, on a stand-in
 server whose child spins like an idle SGLang scheduler (fast; the real server is exercised in
-test_sglang_server.py)."""
+test_sglang_server.py); a helper that left the server's process tree is frozen with it, is a
+violation the next call raises, and does not outlive the stop."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -13,12 +15,14 @@ import pytest
 from support import stoppable
 
 from infra_agent import proctree
+from infra_agent.sandboxes.processes import pids_with_cmdline
 from infra_agent.serving.deployment import DeploymentSpec
-from infra_agent.serving.server import Server
+from infra_agent.serving.server import Server, ServerFailed
 
 SPINNING_SERVER = textwrap.dedent(
     """
-    import http.server, subprocess, sys
+    import http.server, os, subprocess, sys
+    HELPER = os.environ.get("HELPER_MARK", "helper")
     args = sys.argv[1:]
     port = int(args[args.index("--port") + 1])
     model = args[args.index("--model-path") + 1]
@@ -32,8 +36,14 @@ SPINNING_SERVER = textwrap.dedent(
     print(f"child {child.pid}", flush=True)
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
+            if self.path == "/double-fork":  # a spinning helper reparented out of the tree
+                if (middle := os.fork()) == 0:
+                    if os.fork() == 0:
+                        os.execv(sys.executable, [sys.executable, "-c", "while 1: pass", HELPER])
+                    os._exit(0)
+                os.waitpid(middle, 0)
             body = ('{"model_path": "%s"}' % model).encode() if self.path == "/model_info" else b""
-            self.send_response(200 if self.path in ("/health", "/model_info") else 404)
+            self.send_response(200 if self.path in ("/health", "/model_info", "/double-fork") else 404)
             self.end_headers()
             self.wfile.write(body)
         def log_message(self, *a):
@@ -47,8 +57,16 @@ def spinning(tmp_path: Path) -> DeploymentSpec:
     script = tmp_path / "spinning_server.py"
     script.write_text(SPINNING_SERVER)
     return DeploymentSpec(
-        model="/nonexistent-model", launch="command", command=[sys.executable, str(script)], gpus=1
+        model="/nonexistent-model",
+        launch="command",
+        command=[sys.executable, str(script)],
+        gpus=1,
+        env={"HELPER_MARK": helper_mark(tmp_path)},
     )
+
+
+def helper_mark(tmp_path: Path) -> str:
+    return f"double-forked-helper-{tmp_path.name}-{os.getpid()}"
 
 
 @pytest.fixture
@@ -69,14 +87,41 @@ def test_a_paused_server_uses_no_cpu_and_resumes(server: Server) -> None:
     assert len(tree) >= 2  # the server and its spinning child
     assert _cpu_over(server, 0.5) > 0.1  # the child spins
     server.pause()
-    assert server.paused
-    assert all(proctree.stat_fields(p)[0] in "Tt" for p in tree)  # type: ignore[index]
+    assert server.paused and server.stopped()
     assert _cpu_over(server, 0.5) == 0.0
     with pytest.raises(RuntimeError, match="paused"):
         server.get("/health")  # a call would hang until the timeout: refused instead
     server.resume()
     assert not server.paused and server.get("/health")[0] == 200
     assert _cpu_over(server, 0.5) > 0.1
+
+
+def test_a_double_forked_helper_is_frozen_reported_and_killed(
+    server: Server, tmp_path: Path
+) -> None:
+    """A helper that left the server's process tree (the server's pid namespace made it a child
+    of the namespace's init) is still in the server's cgroup: paused with it, named as a
+    violation by the next call (an experiment's REJECTED), killed by the stop."""
+    if server.confinement is None or not any("freezer" in w for w in server.confinement.in_force):
+        pytest.skip(f"no cgroup freezer here: {server.confinement}")
+    with pytest.raises(ServerFailed, match="left the server's process tree") as err:
+        server.get("/double-fork")
+    assert err.value.kind == "violation"
+    (helper,) = pids_with_cmdline(helper_mark(tmp_path))
+    parent = int(proctree.stat_fields(helper)[1])  # type: ignore[index]
+    assert helper in server.processes() and parent not in server.processes()  # the ns's init
+    assert proctree.cpu_seconds({helper}) > 0 or _cpu_over(server, 0.3) > 0  # it spins
+    server.pause()
+    assert server.stopped()
+    before = proctree.cpu_seconds({helper})
+    time.sleep(0.5)
+    assert proctree.cpu_seconds({helper}) == before  # frozen with the server
+    with pytest.raises(ServerFailed, match="left the server's process tree"):
+        server.resume()
+        server.get("/health")  # still there: still a violation
+    server.stop()
+    assert not proctree.alive(helper) and pids_with_cmdline(helper_mark(tmp_path)) == []
+    assert len(server.violations) == 1 and str(helper) in server.violations[0]
 
 
 def test_stopping_a_paused_server_leaves_nothing(server: Server) -> None:
@@ -124,6 +169,7 @@ def test_an_owner_stopped_while_its_server_is_paused_leaves_nothing(
             spec = DeploymentSpec.model_validate_json({spinning(tmp_path).model_dump_json()!r})
             server = Server.start(spec, Path({str(tmp_path)!r}))
             server.pause()
+            assert server.stopped()
             print(" ".join(str(p) for p in server.processes()), flush=True)
             time.sleep(600)
             """
@@ -135,7 +181,7 @@ def test_an_owner_stopped_while_its_server_is_paused_leaves_nothing(
     )
     assert proc.stdout is not None
     tree = {int(p) for p in proc.stdout.readline().split()}
-    assert len(tree) >= 2 and all(proctree.stat_fields(p)[0] in "Tt" for p in tree)  # type: ignore[index]
+    assert len(tree) >= 2
     proc.send_signal(sig)
     proc.wait(timeout=60)
     deadline = time.monotonic() + 30
