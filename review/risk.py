@@ -3,10 +3,11 @@
 A proposal's risk comes from what its patch touches and from the flags its experiment raised:
 
     knob change of an allow-listed argument  <  source patch (e.g. scheduling)  <  kernel or
-    memory-management patch;  `suspicious` forces HIGH; accuracy-near-threshold and health
-    warnings raise the level by one; a patch that adds a secret-like literal (what the run
-    store's redaction would remove: `TOKEN = "..."`, an `sk-...` key) is HIGH, because patches
-    are kept byte-exact and so hold it raw.
+    memory-management patch;  `suspicious` forces HIGH (an implausible gain, or one the metric's
+    companion does not share: throughput far beyond tokens per server CPU-second), its reasons
+    quoted; accuracy-near-threshold and health warnings raise the level by one; a patch that
+    adds a secret-like literal (what the run store's redaction would remove: `TOKEN = "..."`, an
+    `sk-...` key) is HIGH, because patches are kept byte-exact and so hold it raw.
 
 The policy is a TOML file of rules, read top to bottom. Each touched file (or knob) takes the
 FIRST rule whose globs match it; the strictest outcome over all touched items decides
@@ -44,6 +45,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra_agent.errors import UserError
+from infra_agent.experiments.measure import SUSPICIOUS
 from infra_agent.redact import redact_text
 from infra_agent.store.records import PatchKind, PatchRecord, RiskLevel
 from infra_agent.store.verdict import ExperimentResult, Flag, Verdict
@@ -235,7 +237,8 @@ def assess(
             action = item_action
     if Flag.SUSPICIOUS in result.flags:
         level = _raise(level, RiskLevel.HIGH)
-        reasons.append("flag suspicious: gain above the task's plausibility bound")
+        said = [r.removeprefix(SUSPICIOUS) for r in result.reasons if r.startswith(SUSPICIOUS)]
+        reasons.append("flag suspicious: " + ("; ".join(said) or "an implausible result"))
     for flag in (Flag.ACCURACY_NEAR_THRESHOLD, Flag.HEALTH_WARNING):
         if flag in result.flags:
             level = _bump(level)
