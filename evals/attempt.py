@@ -7,23 +7,63 @@ Used by the sequential loop (`evals.runner`) and by each attempt process (`evals
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from infra_agent.agent.configuration import RunConfig
 from infra_agent.config import Settings
 from infra_agent.errors import UserError
-from infra_agent.evals.records import AttemptRecord, AttemptResult, EvalRecord, EvalStore, FirstWin
+from infra_agent.evals.records import (
+    AttemptRecord,
+    AttemptResult,
+    EvalRecord,
+    EvalStore,
+    FirstWin,
+    Reverification,
+    SetAside,
+    SetAsideReason,
+)
 from infra_agent.evals.reverify import reverify
 from infra_agent.experiments.criteria import success
+from infra_agent.experiments.measure import SUSPICIOUS
 from infra_agent.store import open_store
 from infra_agent.store.base import RunStore
+from infra_agent.store.records import ExperimentRecord
+from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.registry import find_task
 
 Progress = Callable[[str], None]
 
 
-def attempt_result(store: RunStore, run_id: str) -> AttemptResult:
-    """An attempt's numbers, read from its run's records (steps and experiments)."""
+def set_aside(
+    experiments: list[ExperimentRecord], reverification: Reverification | None
+) -> list[SetAside]:
+    """The IMPROVED experiments the eval does not count: flagged suspicious (a person decides),
+    or the one re-measured on fresh seeds that did not hold."""
+    out = []
+    for e in experiments:
+        perf = e.result.evidence.performance
+        speedup = perf.speedup if perf is not None else None
+        if e.result.verdict is not Verdict.IMPROVED:
+            continue
+        if Flag.SUSPICIOUS in e.result.flags:
+            why = [r.removeprefix(SUSPICIOUS) for r in e.result.reasons if r.startswith(SUSPICIOUS)]  # fmt: skip
+            out.append(SetAside(experiment_id=e.id, why=SetAsideReason.SUSPICIOUS,
+                                speedup=speedup, detail="; ".join(why) or "flagged suspicious"))  # fmt: skip
+        elif reverification is not None and reverification.disproved and reverification.of_experiment == e.id:  # fmt: skip
+            again = reverification
+            seen = f" {again.speedup:.3f}x" if again.speedup is not None else ""
+            flags = f" [{', '.join(again.flags)}]" if again.flags else ""
+            out.append(SetAside(experiment_id=e.id, why=SetAsideReason.NOT_HELD, speedup=speedup,
+                                detail=f"re-measured on fresh seeds: {again.verdict}{flags}{seen}"))  # fmt: skip
+    return out
+
+
+def attempt_result(
+    store: RunStore, run_id: str, reverification: Reverification | None = None
+) -> AttemptResult:
+    """An attempt's numbers, read from its run's records (steps and experiments), with its best
+    win's re-measurement when there is one."""
     run = store.get_run(run_id)
     if run is None:
         raise UserError(f"run {run_id} is not in the store")
@@ -31,6 +71,8 @@ def attempt_result(store: RunStore, run_id: str) -> AttemptResult:
     experiments = sorted(store.experiments(run_id), key=lambda e: e.started_at)
     config = RunConfig.model_validate(run.config)
     manifest = find_task(config.task_root or config.task).manifest
+    aside = set_aside(experiments, reverification)
+    ignored = {a.experiment_id for a in aside}
     met = [success(manifest, e.result) for e in experiments]
     verdicts = [e.result.verdict.value for e in experiments]
     speedups = [
@@ -40,7 +82,7 @@ def attempt_result(store: RunStore, run_id: str) -> AttemptResult:
     wins = [
         (e, s)
         for e, v, s in zip(experiments, verdicts, speedups, strict=True)
-        if v == "IMPROVED" and s is not None
+        if v == "IMPROVED" and s is not None and e.id not in ignored
     ]
     assistant = [s for s in steps if s.role == "assistant"]
 
@@ -63,9 +105,11 @@ def attempt_result(store: RunStore, run_id: str) -> AttemptResult:
         )
     turns, tokens, cost = spent(None)
     return AttemptResult(
-        solved=any(met),
-        improved=bool(wins),
+        solved=any(m and e.id not in ignored for e, m in zip(experiments, met, strict=True)),
+        improved="IMPROVED" in verdicts,
         best_speedup=max(s for _, s in wins) if wins else None,
+        set_aside=aside,
+        reverification=reverification,
         criteria_met=met,
         verdicts=verdicts,
         speedups=speedups,
@@ -80,6 +124,14 @@ def attempt_result(store: RunStore, run_id: str) -> AttemptResult:
         tools=config.tools,
         stop_reason=run.summary or None,
     )
+
+
+def _read_result(store_path: Path, run_id: str, again: Reverification | None) -> AttemptResult:
+    run_store = open_store(store_path, readonly=True)
+    try:
+        return attempt_result(run_store, run_id, again)
+    finally:
+        run_store.close()
 
 
 def with_profile(settings: Settings, profile: str | None) -> Settings:
@@ -135,18 +187,16 @@ def run_attempt(
     if attempt.run_id is None:  # failed before its run was recorded
         evals.put_attempt(attempt)
         return
-    run_store = open_store(store_path, readonly=True)
-    try:
-        attempt.result = attempt_result(run_store, attempt.run_id)
-    finally:
-        run_store.close()
+    attempt.result = _read_result(store_path, attempt.run_id, None)
     note = ""
-    if record.reverify and attempt.status != "failed" and attempt.result.improved:
+    if record.reverify and attempt.status != "failed" and attempt.result.best_speedup is not None:
         progress("  re-verifying the best win on fresh seeds")
         try:
-            attempt.result.reverification = reverify(store_path, attempt.run_id)
+            again = reverify(store_path, attempt.run_id)
         except Exception as exc:  # recorded; the attempt's own numbers stand
             note = f"re-verification failed: {type(exc).__name__}: {exc}"[:300]
+        else:  # a win that does not hold is set aside
+            attempt.result = _read_result(store_path, attempt.run_id, again)
     if attempt.status != "failed":
         attempt.status = "finished"
         stopped = outcome.stop_reason or "" if outcome is not None else ""
@@ -156,7 +206,8 @@ def run_attempt(
     best = f"{r.best_speedup:.3f}x" if r.best_speedup else "-"
     again = r.reverification
     checked = f" re-verified={again.verdict}" if again else ""
+    aside = f" set_aside={len(r.set_aside)}" if r.set_aside else ""
     progress(
         f"  {attempt.status}: solved={r.solved} improved={r.improved} best={best}"
-        f"{checked} experiments={r.experiments} turns={r.turns}"
+        f"{checked}{aside} experiments={r.experiments} turns={r.turns}"
     )

@@ -2,10 +2,12 @@
 
 solved: the share of attempts that met the task's own success criterion (a correct, IMPROVED
 patch with every target and constraint the task declares shown met; IMPROVED alone where it
-declares none); improved: the share with any IMPROVED patch; pass@k: the unbiased estimator over
-n attempts with c solved (1 - C(n-c, k) / C(n, k)); fast_p: the share of attempts whose best
-IMPROVED ratio exceeds p (KernelBench's fast_p, correct and faster than p, p in 1.0, 1.2, 1.5,
-2.0); to the first win: medians over the attempts with an IMPROVED patch; disproved: attempts
+declares none) with a win not set aside; improved: the share with any IMPROVED patch; set aside:
+wins that count neither as solved nor in fast_p, by reason (flagged suspicious: a person decides;
+not held: not IMPROVED again when re-measured); pass@k: the unbiased estimator over n attempts
+with c solved (1 - C(n-c, k) / C(n, k)); fast_p: the share of attempts whose best IMPROVED ratio
+not set aside exceeds p (KernelBench's fast_p, correct and faster than p, p in 1.0, 1.2, 1.5,
+2.0); to the first win: medians over the attempts with a win not set aside; disproved: attempts
 whose best win was not IMPROVED again when re-measured on fresh seeds. Intervals are Wilson 95%
 intervals for shares over attempts.
 """
@@ -14,11 +16,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from infra_agent.evals.records import AttemptRecord, EvalRecord
+from infra_agent.evals.records import AttemptRecord, EvalRecord, SetAsideReason
 
 FAST_P = (1.0, 1.2, 1.5, 2.0)
 
@@ -60,7 +63,10 @@ class Cell(BaseModel):
     solve_rate: float
     solve_ci: tuple[float, float]
     improved: int = 0
-    """Attempts with an IMPROVED patch (more than `solved` where targets were missed)."""
+    """Attempts with an IMPROVED patch (more than `solved` where targets were missed or wins
+    were set aside)."""
+    set_aside: dict[str, int] = Field(default_factory=dict)
+    """Wins not counted (neither solved nor in fast_p), by reason: 'suspicious', 'not held'."""
     reverified: int = 0
     """Attempts whose best win was re-measured on fresh seeds."""
     disproved: int = 0
@@ -92,6 +98,7 @@ def cell(agent: str, feedback: str, task: str, attempts: list[AttemptRecord], k:
     again = [r.reverification for r in results if r.reverification is not None]
     wins = [r.first_win for r in results if r.first_win is not None]
     tools = sorted({t for r in results for t in r.tools})
+    aside = Counter(a.why for r in results for a in r.set_aside)
     return Cell(
         agent=agent,
         feedback=feedback,
@@ -104,6 +111,7 @@ def cell(agent: str, feedback: str, task: str, attempts: list[AttemptRecord], k:
         solve_rate=solved / n if n else 0.0,
         solve_ci=wilson(solved, n),
         improved=sum(1 for r in results if (r.solved if r.improved is None else r.improved)),
+        set_aside={w.value: aside[w] for w in SetAsideReason if aside[w]},
         reverified=len(again),
         disproved=sum(1 for r in again if r.disproved),
         best_speedup=max(best) if best else None,

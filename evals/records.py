@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,10 +42,33 @@ class Reverification(BaseModel):
     seed: int
     """The statistics' seed, one the run never used (input seeds are always fresh)."""
     verdict: str
+    flags: list[str] = Field(default_factory=list)
+    """The re-measurement's flags (e.g. 'suspicious')."""
     speedup: float | None = None
     ci_low: float | None = None
     disproved: bool
-    """The re-measurement was not IMPROVED: the claim did not survive."""
+    """The re-measurement was not IMPROVED, or was flagged suspicious: the claim did not
+    survive."""
+
+
+class SetAsideReason(str, Enum):
+    """Why an IMPROVED experiment does not count toward solving the task."""
+
+    SUSPICIOUS = "suspicious"
+    """Flagged suspicious (a gain above the task's plausibility bound, or one the metric's
+    companion does not share): a person decides, not the eval."""
+    NOT_HELD = "not held"
+    """Re-measured on fresh seeds and not IMPROVED again (or flagged suspicious then)."""
+
+
+class SetAside(BaseModel):
+    """A win the eval does not count as solved, and why."""
+
+    experiment_id: str
+    why: SetAsideReason
+    speedup: float | None = None
+    detail: str = ""
+    """In words: the suspicious flag's reasons, or what the re-measurement found."""
 
 
 class AttemptResult(BaseModel):
@@ -53,12 +77,16 @@ class AttemptResult(BaseModel):
     solved: bool
     """The task's own success criterion was met by one experiment: IMPROVED (correct, and better
     beyond the task's min_effect with a CI and a sign test that agree) with every target and
-    constraint the task declares shown met (`experiments.criteria.success`)."""
+    constraint the task declares shown met (`experiments.criteria.success`), and not set aside
+    (`set_aside`: flagged suspicious, or not IMPROVED again when re-measured)."""
     improved: bool | None = None
-    """At least one experiment came out IMPROVED (None in records made when that was `solved`)."""
+    """At least one experiment came out IMPROVED, set aside or not (None in records made when
+    that was `solved`)."""
     best_speedup: float | None = None
-    """The best IMPROVED experiment's ratio, oriented so > 1 is better (speedup, or the metric's
-    change for accuracy and correctness tasks)."""
+    """The best IMPROVED experiment's ratio among those not set aside, oriented so > 1 is better
+    (speedup, or the metric's change for accuracy and correctness tasks)."""
+    set_aside: list[SetAside] = Field(default_factory=list)
+    """IMPROVED experiments that count neither as solved nor in best_speedup, with why."""
     criteria_met: list[bool] = Field(default_factory=list)
     """Per experiment, in order: whether it met the task's success criterion."""
     reverification: Reverification | None = None

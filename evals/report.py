@@ -20,6 +20,27 @@ def _fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+def _set_aside(c: Cell) -> str:
+    """'2 (1 suspicious, 1 not held)', or '-'."""
+    total = sum(c.set_aside.values())
+    if not total:
+        return "-"
+    return f"{total} (" + ", ".join(f"{n} {why}" for why, n in c.set_aside.items()) + ")"
+
+
+def set_aside_lines(summary: EvalSummary) -> list[str]:
+    """Each win set aside, one line: its task, ratio, reason and why in words."""
+    out = []
+    for a in summary.attempts:
+        for w in (a.get("result") or {}).get("set_aside", []):
+            ratio = f" {w['speedup']:.3f}x" if w.get("speedup") is not None else ""
+            out.append(
+                f"{Path(a['task']).name} attempt {a['index']}: win{ratio} ({w['experiment_id']}) "
+                f"set aside, {w['why']}: {w['detail']}"
+            )
+    return out
+
+
 def rows(summaries: list[EvalSummary]) -> list[dict[str, str]]:
     """The table both renderings show, one row per cell."""
     out = []
@@ -35,6 +56,7 @@ def rows(summaries: list[EvalSummary]) -> list[dict[str, str]]:
                     + (f" ({c.not_applicable} n/a)" if c.not_applicable and c.applicable else ""),
                     "improved": f"{c.improved}/{c.applicable}" if c.applicable else "n/a",
                     "disproved": f"{c.disproved}/{c.reverified}" if c.reverified else "-",
+                    "set aside": _set_aside(c),
                     "solve 95% CI": (
                         f"{c.solve_ci[0]:.2f}-{c.solve_ci[1]:.2f}" if c.applicable else "-"
                     ),
@@ -53,7 +75,7 @@ def rows(summaries: list[EvalSummary]) -> list[dict[str, str]]:
 
 
 _TERMINAL = ("task", "solved", "solve 95% CI", "best", "fast_p", "pass@k", "exp→win", "tokens→win",
-             "disproved")  # fmt: skip
+             "disproved", "set aside")  # fmt: skip
 
 
 def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
@@ -83,8 +105,11 @@ def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
         tools = sorted({t for c in s.cells for t in c.tools})
         console.print(
             f"fast_p at p = {', '.join(f'{p:g}' for p in FAST_P)}; disproved: best wins not "
-            f"IMPROVED again on fresh seeds / re-measured; tools offered: {', '.join(tools)}"
+            f"IMPROVED again on fresh seeds / re-measured; set aside: wins counted neither as "
+            f"solved nor in fast_p; tools offered: {', '.join(tools)}"
         )
+        for line in set_aside_lines(s):
+            console.print(f"  {line}", markup=False)
         said: set[tuple[str, str]] = set()  # one line per task and reason, not per attempt
         for a in s.attempts:
             key = (a["task"], a["reason"])
@@ -190,6 +215,7 @@ def render_html(summaries: list[EvalSummary]) -> str:
         f"<code>{html.escape(', '.join(sorted({t for c in s.cells for t in c.tools})))}</code></li>"
         for s in summaries
     )
+    aside = "".join(f"<li>{html.escape(line)}</li>" for s in summaries for line in set_aside_lines(s))  # fmt: skip
     figures = "".join(
         f"<figure><img alt='{html.escape(title)}' src='{url}'><figcaption>{html.escape(title)}"
         "</figcaption></figure>"
@@ -211,8 +237,11 @@ figure {{ margin: 1.5rem 0; }} img {{ max-width: 100%; }}
 and constraint the task declares shown met); improved: any IMPROVED patch; fast_p: the share of
 attempts whose best proven ratio exceeds p; pass@k: unbiased estimate over the attempts;
 →win: medians to the first IMPROVED experiment; disproved: best wins that were not IMPROVED
-again when re-measured on fresh seeds, of those re-measured.</p>
+again when re-measured on fresh seeds, of those re-measured; set aside: wins counted neither as
+solved nor in fast_p (flagged suspicious: a person decides; not held: not IMPROVED again when
+re-measured).</p>
 <table id="metrics"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+{f"<h2>Wins set aside</h2><ul id='set-aside'>{aside}</ul>" if aside else ""}
 {figures}
 </body></html>
 """

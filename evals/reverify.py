@@ -1,10 +1,12 @@
 """Claims disproved: an attempt's best win measured once more, on fresh seeds, after its run.
 
-The win re-measured is the one the run hands to a reviewer (`agent.handoff.best_improved`: the
-IMPROVED experiment with the highest 95% CI low end). It runs again through
+The win re-measured is the one the eval would count: chosen by the rule of the hand-off to a
+reviewer (`agent.handoff.best_improved`: the highest 95% CI low end) among the IMPROVED
+experiments not flagged suspicious (those go to a person and never count). It runs again through
 `experiments.run_experiment`, the path the agent's run_experiment tool takes, with the run's
 sandbox and task parameters and a statistics seed the run never used (every experiment draws its
-input seeds fresh from os.urandom). A re-measurement that is not IMPROVED disproves the claim.
+input seeds fresh from os.urandom). A re-measurement that is not IMPROVED, or is flagged
+suspicious, disproves the claim.
 The new experiment is stored without a run (the agent never saw it); the attempt keeps its id.
 """
 
@@ -21,7 +23,7 @@ from infra_agent.experiments import run_experiment
 from infra_agent.store import open_store
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import ExperimentRecord
-from infra_agent.store.verdict import Verdict
+from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.patch import Patch
 from infra_agent.tasks.registry import find_task
 
@@ -31,10 +33,11 @@ attempt k runs with config.seed k), so seeds from here on are ones no run of an 
 
 
 def best_win(store: RunStore, run_id: str) -> ExperimentRecord | None:
-    """The run's proven winner, chosen by the same rule as the hand-off to review."""
+    """The run's proven winner not flagged suspicious, chosen by the hand-off's rule."""
     experiments = sorted(store.experiments(run_id), key=lambda e: e.started_at)
     outcomes = [ExperimentOutcome.of(e, store.get_patch(e.patch_id), reused=False) for e in experiments]  # fmt: skip
-    best = best_improved(AgentState(run_id=run_id, experiments=outcomes))
+    counted = [o for o in outcomes if Flag.SUSPICIOUS not in o.flags]
+    best = best_improved(AgentState(run_id=run_id, experiments=counted))
     return store.get_experiment(best.experiment_id) if best is not None else None
 
 
@@ -67,7 +70,9 @@ def reverify(store_path: Path, run_id: str) -> Reverification | None:
         patch_id=win.patch_id,
         seed=seed,
         verdict=record.result.verdict.value,
+        flags=[f.value for f in record.result.flags],
         speedup=perf.speedup if perf else None,
         ci_low=perf.ci_low if perf else None,
-        disproved=record.result.verdict is not Verdict.IMPROVED,
+        disproved=record.result.verdict is not Verdict.IMPROVED
+        or Flag.SUSPICIOUS in record.result.flags,
     )

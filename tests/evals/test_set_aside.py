@@ -1,0 +1,146 @@
+"""What an eval does not count as solved (issue 33): a win flagged suspicious goes to a person,
+and a win that did not hold when re-measured is a claim disproved; neither is solved, neither
+counts in best or fast_p, and the report says how many were set aside and why. Attempts are
+read from real runs in a real run store (no experiments are run here)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from rich.console import Console
+
+from infra_agent.evals.attempt import attempt_result
+from infra_agent.evals.metrics import cell, summarize
+from infra_agent.evals.records import (
+    AttemptRecord,
+    EvalRecord,
+    Reverification,
+    SetAsideReason,
+)
+from infra_agent.evals.report import render_html, render_terminal, rows
+from infra_agent.evals.reverify import best_win
+from infra_agent.store import RunStore, open_store
+from infra_agent.store.records import ExperimentRecord, RunRecord
+from infra_agent.store.verdict import Evidence, ExperimentResult, Flag, PerformanceEvidence, Verdict
+from infra_agent.tasks.patch import knob_patch
+
+TASK = "sglang-cpu-tiny"  # declares a constraint (ttft_p99_ms): success needs it shown met
+T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+SUSPICIOUS_213 = (
+    "suspicious: speedup 213.00x is above the task's plausibility bound 20x: needs a human look"
+)
+
+
+def _experiment(
+    store: RunStore, run_id: str, n: int, speedup: float, *, flags: list[Flag] | None = None,
+    reasons: list[str] | None = None, verdict: Verdict = Verdict.IMPROVED,
+) -> ExperimentRecord:  # fmt: skip
+    patch = knob_patch({"max-running-requests": 4 + n}).to_record()
+    store.put_patch(patch)
+    perf = PerformanceEvidence(
+        metric="output_throughput", unit="tok/s", higher_is_better=True, baseline_median=300.0,
+        candidate_median=300.0 * speedup, speedup=speedup, ci_low=speedup * 0.95,
+        ci_high=speedup * 1.05, n_samples=8,
+    )  # fmt: skip
+    met = {"ttft_p99_ms_ratio": 0.9, "ttft_p99_ms_ratio_low": 0.8, "ttft_p99_ms_ratio_high": 1.0}
+    result = ExperimentResult(
+        task=TASK, patch_id=patch.id, verdict=verdict, flags=flags or [],
+        reasons=[f"better with confidence: speedup {speedup:.3f}x", *(reasons or [])],
+        evidence=Evidence(stage_reached="health", performance=perf, metrics=met),
+    )  # fmt: skip
+    record = ExperimentRecord(
+        run_id=run_id, task=TASK, patch_id=patch.id, sandbox="local", result=result,
+        started_at=T0 + timedelta(minutes=n), duration_s=60.0, target_fingerprint="fp",
+    )  # fmt: skip
+    store.put_experiment(record)
+    return record
+
+
+def _run(store: RunStore, index: int) -> str:
+    run = RunRecord(task=TASK, objective="throughput", policy="scripted",
+                    config={"task": TASK, "seed": index}, created_at=T0)  # fmt: skip
+    store.put_run(run)
+    return run.id
+
+
+def _reverified(win: ExperimentRecord, verdict: str, speedup: float) -> Reverification:
+    return Reverification(
+        experiment_id=f"again-{win.id}", of_experiment=win.id, patch_id=win.patch_id,
+        seed=1_000_000, verdict=verdict, speedup=speedup, disproved=verdict != "IMPROVED",
+    )  # fmt: skip
+
+
+def _attempts(db: Path) -> tuple[EvalRecord, list[AttemptRecord]]:
+    """Four attempts: a clean win that held; a 213x suspicious win alone (the collapsed
+    baseline of the issue); a win that did not hold on re-measurement; a suspicious 213x win
+    beside a clean 1.4x one."""
+    record = EvalRecord(suite="s", tasks=[TASK], policy="scripted", attempts=4)
+    store = open_store(db)
+    try:
+        runs = [_run(store, i) for i in range(4)]
+        clean = _experiment(store, runs[0], 0, 1.3)
+        _experiment(store, runs[1], 1, 213.0, flags=[Flag.SUSPICIOUS], reasons=[SUSPICIOUS_213])
+        lucky = _experiment(store, runs[2], 2, 1.5)
+        _experiment(store, runs[3], 3, 213.0, flags=[Flag.SUSPICIOUS], reasons=[SUSPICIOUS_213])
+        honest = _experiment(store, runs[3], 4, 1.4)
+        assert best_win(store, runs[1]) is None  # nothing that could count: nothing re-measured
+        assert best_win(store, runs[3]).id == honest.id  # type: ignore[union-attr]
+        again = [_reverified(clean, "IMPROVED", 1.28), None,
+                 _reverified(lucky, "NO_CHANGE", 1.01), _reverified(honest, "IMPROVED", 1.38)]  # fmt: skip
+        results = [attempt_result(store, run, a) for run, a in zip(runs, again, strict=True)]
+    finally:
+        store.close()
+    attempts = [
+        AttemptRecord(
+            id=AttemptRecord.make_id(record.id, TASK, i),
+            eval_id=record.id,
+            task=TASK,
+            index=i,
+            status="finished",
+            run_id=run,
+            result=r,
+        )  # fmt: skip
+        for i, (run, r) in enumerate(zip(runs, results, strict=True))
+    ]
+    return record, attempts
+
+
+def test_a_suspicious_or_unheld_win_is_never_solved(tmp_path: Path) -> None:
+    _, attempts = _attempts(tmp_path / "runs.db")
+    held, suspicious, unheld, both = (a.result for a in attempts)
+    assert held is not None and suspicious is not None and unheld is not None and both is not None
+    assert held.solved and held.best_speedup == 1.3 and held.set_aside == []
+    assert held.criteria_met == [True]
+    # the collapsed baseline's 213x: meets the task's criterion, is IMPROVED, but set aside
+    assert suspicious.criteria_met == [True] and suspicious.improved
+    assert not suspicious.solved and suspicious.best_speedup is None
+    (aside,) = suspicious.set_aside
+    assert aside.why is SetAsideReason.SUSPICIOUS and aside.speedup == 213.0
+    assert "plausibility bound" in aside.detail and not aside.detail.startswith("suspicious: ")
+    assert not unheld.solved and unheld.best_speedup is None and unheld.improved
+    (aside,) = unheld.set_aside
+    assert aside.why is SetAsideReason.NOT_HELD and "NO_CHANGE" in aside.detail
+    assert both.solved and both.best_speedup == 1.4  # the honest win counts, the 213x does not
+    assert [a.why for a in both.set_aside] == [SetAsideReason.SUSPICIOUS]
+    assert both.first_win is not None and both.first_win.experiments == 2
+
+
+def test_the_eval_counts_and_reports_what_it_set_aside(tmp_path: Path) -> None:
+    record, attempts = _attempts(tmp_path / "runs.db")
+    c = cell("scripted", "dense", TASK, attempts, 4)
+    assert (c.solved, c.improved) == (2, 4)
+    assert c.set_aside == {"suspicious": 2, "not held": 1}
+    assert c.best_speedup == 1.4 and sorted(c.speedups) == [1.3, 1.4]
+    assert c.fast_p["1"] == 0.5 and c.fast_p["2"] == 0.0  # 213x counted nowhere
+    summary = summarize(record, attempts)
+    (row, _) = rows([summary])
+    assert row["solved"] == "2/4" and row["set aside"] == "3 (2 suspicious, 1 not held)"
+    console = Console(record=True, width=400)
+    render_terminal([summary], console)
+    text = console.export_text()
+    assert "set aside" in text and "3 (2 suspicious, 1 not held)" in text
+    assert "attempt 1: win 213.000x" in text and "suspicious: speedup 213.00x is above" in text
+    assert "attempt 2: win 1.500x" in text and "not held: re-measured on fresh seeds: NO_CHANGE" in text  # fmt: skip
+    page = render_html([summary])
+    assert "<h2>Wins set aside</h2>" in page and page.count("set aside, ") == 3
