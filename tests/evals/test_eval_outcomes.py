@@ -5,10 +5,13 @@ profiles in one eval (against the stand-in for the paid endpoint), each attempt 
 
 The tasks are copies of decode-split-norm with test equipment appended to their harness (like
 tests/support.py's ExperimentGate): in the first experiment of a copy the baseline arm runs with
-16 splits (keys read 17 times a step against the candidate's 3: a win far beyond noise), and
-from the second experiment on the candidate arm does (17 reads against the default's 5). So the
-run's one experiment is IMPROVED and its re-measurement is not (REGRESSED, or NO_CHANGE where load
-makes it noisy): a lucky first measurement that a second one disproves, made certain."""
+16 splits (keys read 17 times a step against the candidate's 3), and from the second experiment
+on the candidate arm does (17 reads against the default's 5). Each sample still runs the real
+decode and checks its output, but reports the keys read per step (a work counter, with a
+jitter of +-3% drawn from the sample's seed and arm) instead of the clock: the run's one
+experiment is IMPROVED (17/3 = 5.7x) and its re-measurement REGRESSED (5/17), whatever the
+machine's load (timed by the clock, loaded suite runs read the 17-vs-3 win as low as 1.41x, and
+one run's outcome differed from what this test expects)."""
 
 from __future__ import annotations
 
@@ -27,8 +30,11 @@ from infra_agent.tasks.patch import Patch
 
 RIGGED = """
 
-# Test equipment (tests/evals/test_eval_claims.py): experiment 1 of this task copy measures a
-# slow baseline (16 splits), experiments 2 and later a slow candidate.
+# Test equipment (tests/evals/test_eval_outcomes.py): experiment 1 of this task copy measures a
+# slow baseline (16 splits), experiments 2 and later a slow candidate; a sample reports the keys
+# read per decode step (num_splits + 1, jittered +-3% by seed and arm), not the clock.
+import random as _random
+
 _Honest = TaskHarness
 
 
@@ -45,6 +51,12 @@ class TaskHarness(_Honest):
         knobs = super()._knobs(arm)
         slow = "baseline" if self.__dict__.get("_nth", 1) == 1 else "candidate"
         return {{**knobs, "num_splits": 16}} if arm.name == slow else knobs
+
+    def sample(self, arm, seed):
+        measured = super().sample(arm, seed)  # the real decode, its output checked
+        reads = self._knobs(arm)["num_splits"] + 1
+        jitter = _random.Random(f"{{seed}}-{{arm.name}}").uniform(0.97, 1.03)
+        return {{**measured, "step_time_ms": reads * jitter}}
 """
 
 
@@ -90,9 +102,7 @@ def _why(db: Path, again: dict[str, Any]) -> str:
 def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_disproved(
     tmp_path: Path,
 ) -> None:
-    # 17 key reads a step against 3: about 3x on a quiet machine, 1.94x once at load 5 and 1.41x
-    # (95% CI 1.33-2.06) once at load 3 (loaded suite runs); a 1.2x target is shown reached by
-    # the interval's low end at each.
+    # 17 key reads a step against 3 (5.7x, counted): a 1.2x target is reached, 50x is not.
     reachable = rigged_task(tmp_path, "rigged-reachable", gain=1.2)
     beyond = rigged_task(tmp_path, "rigged-beyond", gain=50.0)  # no patch here reaches 50x
     db = tmp_path / "runs.db"
@@ -103,12 +113,9 @@ def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_d
     for a in (first, second):
         r = a["result"]
         assert a["status"] == "finished" and r["verdicts"] == ["IMPROVED"] and r["improved"]
-        assert r["best_speedup"] > 1.2, r  # the rig's effect, not a small one
+        assert 5.0 < r["best_speedup"] < 6.5, r  # 17/3 reads, within the jitter
         again = r["reverification"]
-        # REGRESSED on a quiet machine; NO_CHANGE under load (3 of 5 at load 5-6: the sign test
-        # or the noise flags hold it back). Either disproves; IMPROVED would need 17 key reads a
-        # step to look faster than the baseline's 5.
-        assert again["verdict"] in ("REGRESSED", "NO_CHANGE"), (again, _why(db, again))
+        assert again["verdict"] == "REGRESSED", (again, _why(db, again))  # 17 reads against 5
         assert again["disproved"] is True
         assert again["seed"] >= SEED_OFFSET
     assert first["result"]["solved"] and first["result"]["criteria_met"] == [True]
@@ -177,8 +184,6 @@ model = "glm-b"
 def test_several_model_profiles_in_one_eval(tmp_path: Path) -> None:
     """`--model glm-a --model glm-b`: two profiles at the same stand-in endpoint under different
     names; glm-a proves fewer splits, glm-b only looks. Each attempt's requests name its model."""
-    # A 1.2x target, as in the test above: a loaded suite run (load 3) read this 17-vs-3-read win
-    # 1.406x (95% CI 1.332-2.06): not solved against the 1.5x target it had.
     task = rigged_task(tmp_path, "rigged-models", gain=1.2)
     endpoint = PaidEndpointStandIn()
     patch = Patch(kind="knobs", knobs={"num_splits": 2}).hash
