@@ -86,7 +86,7 @@ def http_server(app: Any, *, request_timeout_s: float = REQUEST_TIMEOUT_S) -> uv
     `.should_exit`)."""
     protocol = type("DeadlineH11", (DeadlineH11,), {"request_timeout_s": request_timeout_s})
     config = uvicorn.Config(
-        app, http=protocol, log_level="warning", access_log=False, lifespan="off",
+        app, http=protocol, ws="none", log_level="warning", access_log=False, lifespan="off",
         timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=3,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )  # fmt: skip
