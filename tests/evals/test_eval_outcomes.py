@@ -1,6 +1,7 @@
 """What an eval counts, on real runs and experiments through the CLI: solved is the task's own
 success criterion (not IMPROVED alone), each attempt's best win is re-measured on fresh seeds
-("claims disproved"), recorded so that a resume does not measure it again; and several LLM
+("claims disproved": set aside, never solved), recorded so that a resume does not measure it
+again; and several LLM
 profiles in one eval (against the stand-in for the paid endpoint), each attempt with its own.
 
 The tasks are copies of decode-split-norm with test equipment appended to their harness (like
@@ -113,18 +114,20 @@ def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_d
     for a in (first, second):
         r = a["result"]
         assert a["status"] == "finished" and r["verdicts"] == ["IMPROVED"] and r["improved"]
-        assert 5.0 < r["best_speedup"] < 6.5, r  # 17/3 reads, within the jitter
+        assert 5.0 < r["speedups"][0] < 6.5, r  # 17/3 reads, within the jitter
         again = r["reverification"]
         assert again["verdict"] == "REGRESSED", (again, _why(db, again))  # 17 reads against 5
         assert again["disproved"] is True
         assert again["seed"] >= SEED_OFFSET
-    assert first["result"]["solved"] and first["result"]["criteria_met"] == [True]
+        # a win that did not hold is set aside: not solved, not the best ratio (issue 33)
+        assert [w["why"] for w in r["set_aside"]] == ["not held"] and r["best_speedup"] is None
+    assert not first["result"]["solved"] and first["result"]["criteria_met"] == [True]
     assert not second["result"]["solved"] and second["result"]["criteria_met"] == [False]
     cells = {c["task"]: c for c in report["cells"]}
-    assert (cells[str(reachable)]["solved"], cells[str(reachable)]["improved"]) == (1, 1)
+    assert (cells[str(reachable)]["solved"], cells[str(reachable)]["improved"]) == (0, 1)
     assert (cells[str(beyond)]["solved"], cells[str(beyond)]["improved"]) == (0, 1)
-    assert cells[str(beyond)]["best_speedup"] == second["result"]["best_speedup"]  # still proven
-    assert (cells["*"]["solved"], cells["*"]["improved"], cells["*"]["disproved"]) == (1, 2, 2)
+    assert cells[str(beyond)]["set_aside"] == {"not held": 1}
+    assert (cells["*"]["solved"], cells["*"]["improved"], cells["*"]["disproved"]) == (0, 2, 2)
     store = open_store(db, readonly=True)
     try:
         for a in (first, second):
@@ -140,6 +143,7 @@ def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_d
     assert measured == 4  # two runs' experiments and two re-measurements
     table = run_cli("--db", str(db), "eval", "report", report["eval"]["id"], env={"COLUMNS": "300"})
     assert table.returncode == 0 and "disproved" in table.stdout, table.stderr
+    assert "set aside, not held: re-measured on fresh seeds: REGRESSED" in table.stdout
     assert re.search(r"rigged-beyond .*0/1 \(1 improved\).*1/1", table.stdout), table.stdout
     page = tmp_path / "report.html"
     written = run_cli("--db", str(db), "eval", "report", report["eval"]["id"], "--html", str(page))
@@ -210,12 +214,12 @@ def test_several_model_profiles_in_one_eval(tmp_path: Path) -> None:
     assert [b["model"] for b in endpoint.requests] == ["glm-a"] * 3 + ["glm-b"] * 2
     a, b = report["attempts"]
     assert (a["profile"], b["profile"]) == ("glm-a", "glm-b") and a["id"] != b["id"]
-    assert a["result"]["solved"], a["result"]
+    assert not a["result"]["solved"] and a["result"]["criteria_met"] == [True], a["result"]
     assert a["result"]["reverification"]["disproved"], _why(db, a["result"]["reverification"])
     assert not b["result"]["improved"] and b["result"]["experiments"] == 0
     cells = [(c["agent"], c["task"], c["solved"], c["disproved"]) for c in report["cells"]]
     assert cells == [
-        ("llm:glm-a", str(task), 1, 1), ("llm:glm-a", "*", 1, 1),
+        ("llm:glm-a", str(task), 0, 1), ("llm:glm-a", "*", 0, 1),
         ("llm:glm-b", str(task), 0, 0), ("llm:glm-b", "*", 0, 0),
     ]  # fmt: skip
     store = open_store(db, readonly=True)
