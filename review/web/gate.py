@@ -55,6 +55,8 @@ def session_of(request: Request) -> Session:
 
 
 class Gate:
+    """ASGI middleware doing the module docstring's checks, in that order, around the app."""
+
     def __init__(
         self, app: ASGIApp, *, address: Address, auth: ReviewerAuth, render: Render, login: Login
     ) -> None:

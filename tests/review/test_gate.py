@@ -283,3 +283,22 @@ def test_error_text_loses_its_paths_and_keeps_the_rest() -> None:
     assert pathless(git) == "git add in …/toy: fatal: Unable to create '…/index.lock'"
     kept = "branch infra-agent/prop-1 at http://127.0.0.1:8765/proposals/x, page /proposals"
     assert pathless(kept) == kept
+
+
+def test_an_unexpected_error_is_the_hardened_500_page(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    address, auth = Address("r-test.localhost", 8765, checked=True), ReviewerAuth({"ana": TOKEN})
+    app = create_app(server_for(tmp_path / "runs.db", auth, address=address))
+
+    def broken_view() -> None:  # a bug in some view, naming a file as errors do
+        raise OSError(f"cannot read {tmp_path}/data/secret.db")
+
+    app.add_api_route("/broken", broken_view)
+    client = TestClient(app, base_url=address.origin, raise_server_exceptions=False)
+    client.cookies.set("infra_agent_review", auth.start_session("ana"))
+    reply = client.get("/broken")
+    assert reply.status_code == 500 and 'id="refusal"' in reply.text
+    assert "OSError" in reply.text and str(tmp_path) not in reply.text
+    for name, value in SECURITY_HEADERS.items():
+        assert reply.headers[name] == value
