@@ -29,11 +29,13 @@ runs; see README, "Tests")."""
 
 def xdist_group(item: pytest.Item) -> str:
     """The group an xdist worker runs as a whole: "sglang" for tests that start real SGLang
-    servers, "docker" for tests on the docker backend, else the test's file."""
+    servers, "docker" for tests on the docker backend or marked `docker` (those that start
+    engines of their own and count the engine folders left), else the test's file."""
     if item.get_closest_marker("sglang") is not None:
         return "sglang"
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and callspec.params.get("backend") == "docker":
+    on_docker = callspec is not None and callspec.params.get("backend") == "docker"
+    if on_docker or item.get_closest_marker("docker") is not None:
         return "docker"
     return item.path.relative_to(item.config.rootpath).as_posix()
 

@@ -272,6 +272,7 @@ def test_cli_json_and_store(pytask, make_patch, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.docker  # with the other engine starters (tests/conftest.py): it counts engine folders
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("dockerd") is None, reason="needs root and dockerd"
 )

@@ -12,12 +12,15 @@ import pytest
 from infra_agent.sandboxes.docker_engine import ensure_engine, rootfs_tar
 from infra_agent.sandboxes.workspace import PREFIX
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0
-    or shutil.which("dockerd") is None
-    and not os.path.exists("/usr/sbin/dockerd"),
-    reason="a private dockerd needs root and Debian's docker.io",
-)
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(
+        os.geteuid() != 0
+        or shutil.which("dockerd") is None
+        and not os.path.exists("/usr/sbin/dockerd"),
+        reason="a private dockerd needs root and Debian's docker.io",
+    ),
+]
 
 
 def test_engine_starts_builds_the_image_and_stops_without_a_trace() -> None:
