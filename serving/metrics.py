@@ -1,7 +1,8 @@
 """Serving metrics of one workload run: throughput, TTFT/TPOT percentiles, goodput under SLOs.
 
 `summarize(result, slo)` -> `RunMetrics` (typed, with `render()`); `RunMetrics.sample()` is the
-flat {metric: value} dict a harness returns per repetition. Objectives map to metrics:
+flat {metric: value} dict a harness returns per repetition. Output tokens are the client's count
+(`RequestRecord.output_tokens`: token ids received), never the server's `completion_tokens`. Objectives map to metrics:
 `throughput` -> output_throughput (tok/s, higher is better), `latency` -> p50 end-to-end latency
 (ms, lower is better), `goodput` -> goodput (requests/s that met the SLOs, higher is better).
 """
@@ -38,6 +39,7 @@ class RunMetrics(BaseModel):
     duration_s: float
     input_tokens: int
     output_tokens: int
+    """Output tokens received by the client, over completed requests."""
     output_throughput: float
     """Output tokens per second over the run's wall time."""
     total_throughput: float
