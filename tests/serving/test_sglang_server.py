@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent import proctree
 from infra_agent.errors import UserError
 from infra_agent.serving import fileview, netns
 from infra_agent.serving.accuracy import compare_likelihood, score_tokens
@@ -158,15 +157,14 @@ def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatc
     arm's server stopped (no CPU used) through every sample."""
     from infra_agent.experiments import run_experiment
 
-    idle: list[tuple[str, float]] = []  # (state letters of the idle server, its CPU seconds used)
+    idle: list[tuple[bool, float]] = []  # (the idle server stopped, its CPU seconds used)
     sample = ServingHarness.sample
 
     def watched(self: ServingHarness, arm, seed: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
         other = next(a for name, a in self.arms.items() if name != arm.name).state["server"]
         cpu = other.cpu_seconds()
         out = sample(self, arm, seed)
-        states = "".join(sorted({proctree.stat_fields(p)[0] for p in other.processes()}))  # type: ignore[index]
-        idle.append((states, other.cpu_seconds() - cpu))
+        idle.append((other.stopped(), other.cpu_seconds() - cpu))
         return out
 
     monkeypatch.setattr(ServingHarness, "sample", watched)
@@ -192,7 +190,7 @@ def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatc
     # clock ticks (10 ms each) read across the stop (more than two seen at load 5: the stop reaches a
     # busy process late); running, the idle server polls ~0.8 cores, over a second per sample.
     assert len(idle) == 2 * perf.n_samples, idle
-    assert all(s == "T" and cpu <= 0.1 for s, cpu in idle), idle
+    assert all(stopped and cpu <= 0.1 for stopped, cpu in idle), idle
     # The candidate's SGLang ran with no network (where this machine allows it).
     if netns.unavailable() is None:
         assert str(result.evidence.health["candidate_server_network"]).startswith("isolated")
