@@ -24,6 +24,7 @@ from typing import Literal
 
 from infra_agent.experiments import constraints, power, rates
 from infra_agent.experiments.arms import SeedSource
+from infra_agent.experiments.companion import companion, unshared_gain
 from infra_agent.feedback.bench import Comparison, compare_samples
 from infra_agent.store.verdict import Flag, PerformanceEvidence, Verdict
 from infra_agent.tasks.harness import Arm, Harness
@@ -48,10 +49,6 @@ CALIBRATION_PAIRS = 4
 
 SUSPICIOUS = "suspicious: "
 """How each reason for the `suspicious` flag begins (the review queue quotes them)."""
-
-UNSHARED_LIMIT = 1.25
-"""A win is suspicious when more than this factor of it is not in the metric's companion, and
-that factor is larger than the companion's own gain (`unshared_gain`)."""
 
 
 @dataclass
@@ -297,7 +294,8 @@ def decide(
     could not resolve the effect asked for. A rate metric is judged on pooled counts instead
     (experiments.rates). Every constraint must be shown satisfied (its interval within the
     limit): one shown broken is a REGRESSED, one not shown satisfied keeps the verdict from
-    IMPROVED. The metric's companion is compared beside it and does not decide."""
+    IMPROVED. The metric's companion is compared beside it and does not decide, but an
+    IMPROVED it does not share is flagged `suspicious` (experiments.companion)."""
     c, metric = m.comparison, manifest.metric
     sp, lo, hi, effect = c.speedup, c.ci_low, c.ci_high, manifest.min_effect
     margin = 1.0 + effect / 2
@@ -363,12 +361,12 @@ def decide(
     if metric.events is not None:  # what a rate target is judged on (experiments.criteria)
         medians["candidate_rate_upper"] = _pooled(m.baseline, m.candidate, manifest).candidate_upper
     if metric.events is None:  # right after the main reason
-        beside, shared = companion(m, manifest, medians)
+        beside, shared = companion(m.baseline, m.candidate, manifest, medians)
         reasons[1:1] = seen[1] + beside
         unshared = unshared_gain(sp, shared, manifest) if verdict is Verdict.IMPROVED else None
         if unshared is not None:
             flags.append(Flag.SUSPICIOUS)
-            reasons.append(unshared)
+            reasons.append(f"{SUSPICIOUS}{unshared}")
     return verdict, reasons, flags + seen[0], medians
 
 
@@ -392,67 +390,6 @@ def _decide_rate(m: Measurement, manifest: TaskManifest) -> tuple[Verdict, list[
     else:
         why = "the difference is not shown (the interval reaches within half the minimum effect)"
     return Verdict.NO_CHANGE, [f"{why}: {counts.render()}"]
-
-
-def companion(
-    m: Measurement, manifest: TaskManifest, metrics: dict[str, float]
-) -> tuple[list[str], Comparison | None]:
-    """The metric's companion compared like the metric (paired bootstrap), in words, and the
-    comparison; its speedup and interval are added to `metrics`. Nothing when the harness did
-    not report it."""
-    name = manifest.metric.companion
-    b, k = m.baseline.get(name or ""), m.candidate.get(name or "")
-    if name is None or not b or not k:
-        return [], None
-    n = min(len(b), len(k))
-    comp = compare_samples(
-        b[:n], k[:n], higher_is_better=manifest.metric.higher_is_better, paired=True
-    )
-    metrics.update(
-        {
-            f"{name}_speedup": comp.speedup,
-            f"{name}_ci_low": comp.ci_low,
-            f"{name}_ci_high": comp.ci_high,
-        }
-    )
-    return [
-        f"beside it (does not decide): {name} {comp.speedup:.3f}x (95% CI {comp.ci_low:.3f}-"
-        f"{comp.ci_high:.3f}), median {comp.baseline_median:.4g} -> {comp.candidate_median:.4g}"
-    ], comp
-
-
-def unshared_gain(gain: float, shared: Comparison | None, manifest: TaskManifest) -> str | None:
-    """Why a win is suspicious when its companion does not share it, or None.
-
-    The metric's gain is the companion's gain times the rest (`gain / companion`). For a serving
-    task the companion is output tokens per server CPU-second, so the rest is how much more CPU
-    per wall-clock second the candidate's server used than the baseline's. An engine that does
-    its work with less CPU shows it in the companion: a larger batch or a fixed fault raises
-    both about alike, while the server runs its model on one compute thread (OMP_NUM_THREADS=1)
-    and so cannot use much more CPU per second. A gain
-    that is mostly more CPU per second is what starving the other arm produces (its server
-    stopped, reniced or pinned to a busy core while measured: 1.61x and 1.50x throughput with the
-    companion at 1.01x and 1.09x in issue 33), or work spread over more cores: a person decides.
-    Flagged when the rest exceeds `UNSHARED_LIMIT` and exceeds the companion's own gain (the
-    companion carries less than half of the win, on a log scale), so that a large honest win
-    whose extra tokens cost some extra CPU per second (the tokenizer process streams more tokens
-    per second) is not flagged. Measured on sglang-cpu-tiny at load 5-8 (2 cores): a batch of 16
-    against 4 gave throughput 1.99x, tokens per CPU-second 1.80x (rest 1.10x); replayed over its
-    samples' time-adjacent pairs (6-24 pairs), the rest of an A/A stayed below 1.18x in 99% of
-    draws, an honest 1.3x/1.25x was flagged in at most 0.35%, a starved baseline at 1.6x/1.01x
-    in at least 99.5% and 1.5x/1.09x in at least 96%."""
-    if shared is None or shared.speedup <= 0:
-        return None
-    rest = gain / shared.speedup
-    if rest <= UNSHARED_LIMIT or rest <= shared.speedup:
-        return None
-    metric, name = manifest.metric.name, manifest.metric.companion
-    return (
-        f"{SUSPICIOUS}{metric} {gain:.2f}x but {name} {shared.speedup:.2f}x: {rest:.2f}x of the "
-        f"gain is not in {name} (more than {UNSHARED_LIMIT:g}x and more than its own gain; for "
-        "a server, that much more CPU per second than the baseline's: a baseline kept idle or "
-        "work spread over more cores): needs a human look"
-    )
 
 
 def _pair_noise(ratios: list[float]) -> float | None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.experiments.measure import UNSHARED_LIMIT, Measurement, decide
+from infra_agent.experiments.companion import UNSHARED_LIMIT
+from infra_agent.experiments.measure import Measurement, decide
 from infra_agent.feedback.bench import compare_samples
 from infra_agent.review.risk import assess
 from infra_agent.store.records import RiskLevel
@@ -110,3 +111,14 @@ def test_without_a_companion_or_without_a_win_nothing_is_flagged(manifest: TaskM
     assert Flag.SUSPICIOUS not in _decide(starved, cand, alone)[2]
     verdict, _, flags, _ = _decide(cand, starved, manifest)  # the other way round: REGRESSED
     assert verdict is Verdict.REGRESSED and Flag.SUSPICIOUS not in flags
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["sglang-cpu-tiny", "sglang-slow-decode", "sglang-stalled-scheduler", "sglang-queue-collapse"],
+)
+def test_cpu_serving_throughput_tasks_declare_the_cpu_companion(name: str) -> None:
+    """Without a companion nothing is compared: each CPU serving task judged on throughput
+    names tokens per server CPU-second (their reference fixes share 0.99-1.10x of the gain)."""
+    metric = find_task(name).manifest.metric
+    assert (metric.name, metric.companion) == ("output_throughput", "output_tokens_per_cpu_s")
