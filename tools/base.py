@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 P = TypeVar("P", bound=BaseModel)
 
 MAX_RESULT_CHARS = 6000
-"""Tool results longer than this are cut (the model sees the head and a note)."""
+"""Tool results longer than this are cut (the model sees the head and a note), unless the tool
+states a cap of its own (`Tool.max_chars`)."""
 
 NEEDS: dict[str, Callable[[TaskManifest], bool]] = {
     "": lambda m: True,
@@ -81,6 +82,9 @@ class Tool(Generic[P]):
     kind: Literal["tool", "instrument"] = "tool"
     """'instrument': a measurement (`@instrument`), which `infra-agent feedback run NAME --task T`
     also runs for a person, through this same function."""
+    max_chars: int = MAX_RESULT_CHARS
+    """The registry cuts an answer longer than this (a tool that pages, like read_file, states
+    its own larger cap and stays under it)."""
 
     def __post_init__(self) -> None:
         if self.needs not in NEEDS:
@@ -160,11 +164,9 @@ class ToolRegistry:
         except Exception as exc:  # a broken instrument must not end the run; the model is told
             tail = traceback.format_exc(limit=3).strip().splitlines()[-1]
             return ToolResult.failure(f"{name} failed: {type(exc).__name__}: {exc} ({tail})")
-        if len(result.content) > MAX_RESULT_CHARS:
-            cut = len(result.content) - MAX_RESULT_CHARS
-            result.content = (
-                result.content[:MAX_RESULT_CHARS] + f"\n[... {cut} more characters cut]"
-            )
+        if len(result.content) > tool.max_chars:
+            cut = len(result.content) - tool.max_chars
+            result.content = result.content[: tool.max_chars] + f"\n[... {cut} more characters cut]"
         return result
 
 
@@ -176,14 +178,16 @@ def tool(
     deferred: bool = False,
     needs: str = "",
     kind: Literal["tool", "instrument"] = "tool",
+    max_chars: int = MAX_RESULT_CHARS,
 ) -> Callable[[Callable[[P, Any], ToolResult]], Tool[P]]:
     """Decorator: turn `fn(params, context) -> ToolResult` into a `Tool`; `needs` says what kind
-    of task it works for (one word of `NEEDS`, e.g. `needs="serving"`)."""
+    of task it works for (one word of `NEEDS`, e.g. `needs="serving"`); `max_chars` where its
+    answers may be longer than `MAX_RESULT_CHARS`."""
 
     def wrap(fn: Callable[[P, Any], ToolResult]) -> Tool[P]:
         return Tool(
             name=name, description=description, params=params, fn=fn, deferred=deferred,
-            needs=needs, kind=kind,
+            needs=needs, kind=kind, max_chars=max_chars,
         )  # fmt: skip
 
     return wrap

@@ -8,6 +8,7 @@ rest of the machine) is refused.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import Counter
 
@@ -16,14 +17,17 @@ from pydantic import BaseModel, Field
 from infra_agent.errors import UserError
 from infra_agent.tasks.patch import glob_regex
 from infra_agent.tasks.tree import WorkspaceTree, workspace_tree
-from infra_agent.tools.base import MAX_RESULT_CHARS, ToolResult, tool
+from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
 
 MAX_FILES = 200
 MAX_SEARCHED_BYTES = 2_000_000
 """Files larger than this are not searched (data, not code)."""
+READ_CHARS = 16_000
+"""read_file's answer at most this long (about 4k tokens): SGLang's 350-450-line modules hold
+14-25k characters with line numbers, so a 400-line module takes two answers at most."""
 READ_HEADER_CHARS = 200
-"""Room read_file keeps for its first line within the registry's cap on a tool's answer."""
+"""Room read_file keeps for its first line within `READ_CHARS`."""
 MAX_LINE_CHARS = 1000
 """One line longer than this (minified data) is cut, so a single line never fills the answer."""
 
@@ -81,14 +85,22 @@ def list_files(p: ListFiles, ctx: ToolContext) -> ToolResult:
 class ReadFile(BaseModel):
     path: str = Field(description="Workspace path, e.g. 'sglang/srt/layers/sampler.py'.")
     start_line: int = Field(1, ge=1, description="First line to show (1-based).")
-    max_lines: int = Field(200, ge=1, le=1000, description="How many lines to show at most.")
+    max_lines: int = Field(
+        200,
+        ge=1,
+        le=1000,
+        description=f"How many lines to show at most (one answer holds at most {READ_CHARS:,} "
+        "characters: a 400-line module takes two answers at most).",
+    )
 
 
 @tool(
     "read_file",
-    "Read lines of a workspace file, numbered. The first line of the answer says which lines it "
-    "shows and where to continue (long lines fill the answer sooner than max_lines).",
+    f"Read lines of a workspace file, numbered: the lines asked for, up to {READ_CHARS:,} "
+    "characters per answer. The first line of the answer says which lines it shows and where "
+    "to continue.",
     ReadFile,
+    max_chars=READ_CHARS,
 )
 def read_file(p: ReadFile, ctx: ToolContext) -> ToolResult:
     tree = workspace_tree(ctx.task)
@@ -101,9 +113,10 @@ def read_file(p: ReadFile, ctx: ToolContext) -> ToolResult:
         raise UserError(
             f"start_line {p.start_line} is past the end of {p.path} ({len(lines)} lines)"
         )
-    budget = MAX_RESULT_CHARS - READ_HEADER_CHARS
+    budget = READ_CHARS - READ_HEADER_CHARS
+    last = min(len(lines), p.start_line - 1 + p.max_lines)
     shown: list[str] = []
-    for number in range(p.start_line, min(len(lines), p.start_line - 1 + p.max_lines) + 1):
+    for number in range(p.start_line, last + 1):
         text = f"{number:5d}  {lines[number - 1]}"
         if len(text) > MAX_LINE_CHARS:
             text = text[:MAX_LINE_CHARS] + f" [... {len(text) - MAX_LINE_CHARS} more characters]"
@@ -113,6 +126,8 @@ def read_file(p: ReadFile, ctx: ToolContext) -> ToolResult:
         shown.append(text)
     end = p.start_line - 1 + len(shown)
     head = f"{p.path}: lines {p.start_line}-{end} of {len(lines)}"
+    if end < last:
+        head += f" (asked for {p.max_lines}; one answer holds at most {READ_CHARS:,} characters)"
     if end < len(lines):
         head += f"; continue with start_line={end + 1}"
     return ToolResult(
@@ -129,21 +144,99 @@ class SearchFiles(BaseModel):
     max_hits: int = Field(50, ge=1, le=500)
 
 
-@tool("search_files", "Search workspace files for a regular expression.", SearchFiles)
+class SearchHit(BaseModel):
+    path: str
+    line: int
+    scope: str = ""
+    """The enclosing class and function ('Scheduler.process_batch_result'); '' at module level
+    or outside Python."""
+    text: str
+
+
+class SearchResult(BaseModel):
+    """What search_files found: its hits, and how many files the glob matched and were read."""
+
+    regex: str
+    pattern: str
+    files_matched: int
+    files_skipped: int = 0
+    """Matched files not searched: binary, or data over `MAX_SEARCHED_BYTES`."""
+    hits: list[SearchHit] = Field(default_factory=list)
+    truncated: bool = False
+    """max_hits was reached before every matched file was searched."""
+
+    def render(self) -> str:
+        if not self.files_matched:
+            return f"no file matches the glob '{self.pattern}' (nothing searched; see list_files)"
+        skipped = f" ({self.files_skipped} binary or data files not searched)" if self.files_skipped else ""  # fmt: skip
+        if not self.hits:
+            return f"no line matches /{self.regex}/ in the {self.files_matched} files matching '{self.pattern}'{skipped}"  # fmt: skip
+        lines = [
+            f"{h.path}:{h.line}{f' (in {h.scope})' if h.scope else ''}: {h.text}" for h in self.hits
+        ]
+        if self.truncated:
+            lines.append(f"[max_hits {len(self.hits)} reached; narrow the glob or raise max_hits]")
+        return "\n".join(lines)
+
+
+@tool(
+    "search_files",
+    "Search workspace files for a regular expression; each hit names its enclosing class and "
+    "function (Python files).",
+    SearchFiles,
+)
 def search_files(p: SearchFiles, ctx: ToolContext) -> ToolResult:
     try:
         rx = re.compile(p.regex)
     except re.error as exc:
         raise UserError(f"regex '{p.regex}' is invalid ({exc})") from exc
     tree = workspace_tree(ctx.task)
-    hits: list[str] = []
-    for name in _files(tree, p.pattern):
+    names = _files(tree, p.pattern)
+    result = SearchResult(regex=p.regex, pattern=p.pattern, files_matched=len(names))
+    for name in names:
         data = tree.read_bytes(name)
         if len(data) > MAX_SEARCHED_BYTES or b"\0" in data[:8192]:
-            continue  # binary or data
-        for number, line in enumerate(data.decode(errors="replace").splitlines(), start=1):
-            if rx.search(line):
-                hits.append(f"{name}:{number}: {line.strip()[:160]}")
-                if len(hits) >= p.max_hits:
-                    return ToolResult(content="\n".join(hits) + "\n[max_hits reached]")
-    return ToolResult(content="\n".join(hits) if hits else f"no line matches /{p.regex}/")
+            result.files_skipped += 1
+            continue
+        text = data.decode(errors="replace")
+        found = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if rx.search(line)]
+        scopes = python_scopes(text) if found and name.endswith(".py") else []
+        for number, line in found:
+            if len(result.hits) >= p.max_hits:
+                result.truncated = True
+                return ToolResult.of(result)
+            hit = SearchHit(path=name, line=number, scope=enclosing(scopes, number), text=line.strip()[:160])  # fmt: skip
+            result.hits.append(hit)
+    return ToolResult.of(result)
+
+
+Scope = tuple[int, int, str]
+"""(first line, last line, qualified name) of a class or function."""
+
+
+def python_scopes(source: str) -> list[Scope]:
+    """Every class and function of a Python module with its line span ([] when it does not
+    parse): what names a search hit's enclosing scope."""
+    try:
+        module = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    scopes: list[Scope] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = prefix + child.name
+                scopes.append((child.lineno, child.end_lineno or child.lineno, name))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(module, "")
+    return scopes
+
+
+def enclosing(scopes: list[Scope], line: int) -> str:
+    """The innermost scope holding `line` ('' at module level)."""
+    inside = [s for s in scopes if s[0] <= line <= s[1]]
+    return max(inside, key=lambda s: s[0])[2] if inside else ""
