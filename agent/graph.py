@@ -24,7 +24,7 @@ from langgraph.runtime import Runtime
 
 from infra_agent.agent.configuration import AgentContext, run_context
 from infra_agent.agent.handoff import apply, best_improved, review, submit
-from infra_agent.agent.prompts import LAST_TURN_NOTE, LAST_TURN_REFUSAL, SYSTEM_PROMPT, task_message
+from infra_agent.agent.prompts import LAST_TURN_NOTE, LAST_TURN_REFUSAL, system_prompt, task_message
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Message
 from infra_agent.errors import UserError
 from infra_agent.experiments.criteria import criteria_outcome
@@ -49,13 +49,18 @@ def _answer(ctx: AgentContext, call: ToolCall, result: ToolResult) -> Message:
     return message
 
 
+def _with_budget(result: ToolResult, line: str) -> ToolResult:
+    """The answer with the reply's budget line at its end (`Usage.budget_line`)."""
+    return result.model_copy(update={"content": f"{result.content}\n{line}"})
+
+
 def baseline(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     """Write the method and the task into the conversation, and record what baseline is."""
     ctx = run_context(runtime)
     if state.messages:
         return {"phase": "baseline"}
     ctx.on_event("baseline")
-    system = Message(role="system", content=SYSTEM_PROMPT)
+    system = Message(role="system", content=system_prompt(ctx.tools))
     task = task_message(
         ctx.task, ctx.config.objective, ctx.config.budget, ctx.fingerprint, ctx.config.params
     )
@@ -107,7 +112,8 @@ def propose(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
         "your reply called no tool. Every reply must call at least one of the tools "
         f"({', '.join(offered)}) with JSON arguments; call finish to stop."
     )
-    note = Message(role="user", content=f"error: {error}")
+    line = usage.budget_line(ctx.budget(state))
+    note = Message(role="user", content=f"error: {error}\n{line}")
     ctx.log.message(note, error=error)
     update["messages"].append(note)
     return _timed(update | _invalid(state, ctx), state, started)
@@ -126,30 +132,32 @@ def tools(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     """Answer the reply's instant tool calls in order; leave experiments for the next node."""
     ctx, started = run_context(runtime), time.monotonic()
     ctx.tool_context.known_patches = list(state.patches)
-    messages, deferred = list(state.messages), []
+    answered: list[tuple[ToolCall, ToolResult]] = []
+    deferred: list[ToolCall] = []
     update: dict[str, Any] = {"phase": "tools", "invalid_replies": 0}
     valid = 0
     for call in state.pending:
         parsed = ctx.tools.parse(call.name, call.arguments)
         if isinstance(parsed, str):
-            messages.append(_answer(ctx, call, ToolResult.failure(parsed)))
+            answered.append((call, ToolResult.failure(parsed)))
             continue
         valid += 1
         tool, params = parsed
         if state.last_turn and tool.name != FINISH_TOOL:
-            refused = ToolResult.failure(f"not run: {LAST_TURN_REFUSAL}")
-            messages.append(_answer(ctx, call, refused))
+            answered.append((call, ToolResult.failure(f"not run: {LAST_TURN_REFUSAL}")))
         elif tool.name == EXPERIMENT_TOOL:
             deferred.append(call)
         elif tool.name == FINISH_TOOL:
             update["stop_reason"] = f"the {ctx.policy.name} policy called finish"
             update["finish_summary"] = getattr(params, "summary", "")
-            done = ToolResult(content="stopping; submitting the best proven patch")
-            messages.append(_answer(ctx, call, done))
+            answered.append((call, ToolResult(content="stopping; submitting the best proven patch")))  # fmt: skip
         else:
             ctx.on_event(f"tool {call.name}")
-            result = ctx.tools.call(call.name, call.arguments, ctx.tool_context)
-            messages.append(_answer(ctx, call, result))
+            answered.append((call, ctx.tools.call(call.name, call.arguments, ctx.tool_context)))
+    if answered and not deferred:  # the reply's last answer (else its last experiment's)
+        call, result = answered[-1]
+        answered[-1] = (call, _with_budget(result, state.usage.budget_line(ctx.budget(state))))
+    messages = [*state.messages, *(_answer(ctx, call, result) for call, result in answered)]
     update |= {"messages": messages, "pending": deferred, "patches": list(ctx.tool_context.known_patches)}  # fmt: skip
     if not valid:
         update |= _invalid(state, ctx)
@@ -198,9 +206,13 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
         outcomes.append(ExperimentOutcome.of(record, ctx.store.get_patch(record.patch_id), reused=reused))  # fmt: skip
         criteria = criteria_outcome(ctx.task.manifest, record.result)
         text = "\n".join([f"experiment {record.id} on patch {patch.hash[:12]}: {record.result.render()}", *criteria])  # fmt: skip
-        answers[call.id] = ToolResult(content=f"{text}\n[budget: {usage.left(budget)}]", data={"experiment_id": record.id})  # fmt: skip
+        answers[call.id] = ToolResult(content=text, data={"experiment_id": record.id})
+    rest = state.pending[len(batch) :]
+    if not rest:  # the reply's last answer
+        last = batch[-1].id
+        answers[last] = _with_budget(answers[last], usage.budget_line(budget))
     messages = [*state.messages, *(_answer(ctx, call, answers[call.id]) for call in batch)]
-    update = {"phase": "experiment", "pending": state.pending[len(batch) :], "messages": messages,
+    update = {"phase": "experiment", "pending": rest, "messages": messages,
               "experiments": outcomes, "usage": usage}  # fmt: skip
     return _timed(update, state, started)
 
@@ -251,7 +263,7 @@ def reflect(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
     if reason and not state.stop_reason and not state.last_turn:
         note = Message(role="user", content=LAST_TURN_NOTE.format(reason=reason))
         ctx.log.message(note)
-        left = state.usage.left(ctx.budget(state))
+        left = state.usage.budget_line(ctx.budget(state))
         ctx.log.harness(f"decision: last reply (only finish): {reason}; {left}", name="decision")
         return {"phase": "reflect", "stop_reason": None, "last_turn": True,
                 "messages": [*state.messages, note]}  # fmt: skip
@@ -263,7 +275,7 @@ def reflect(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]
             else "no IMPROVED result yet"
         )  # fmt: skip
         decision = f"stop: {reason}" if reason else "continue"
-        left = state.usage.left(ctx.budget(state))
+        left = state.usage.budget_line(ctx.budget(state))
         ctx.log.harness(f"decision: {decision}; {best_text}; {left}", name="decision")
     return {"phase": "reflect", "stop_reason": reason}
 

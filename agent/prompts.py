@@ -1,9 +1,11 @@
 """What the model is told: the method (system prompt) and the task (first user message).
 
-The first message carries what a model needs to start without a wasted turn: the task as
-`describe_task` gives it (story, metric, success criteria, knobs), the workspace tree (bounded;
-for an installed package only its editable globs and top-level folders), small editable files
-inline under a size cap, the baseline and the budget.
+The system prompt is built from the tools the run offers and names no other. The first message
+carries what a model needs to start without a wasted turn: the task as `describe_task` gives it
+(story, metric, success criteria, knobs, the measured workload and, for a serving task, the
+deployment: launch command, device, dtype, attention backend, model config), the workspace tree
+(bounded; for an installed package only its editable globs and top-level folders), small
+editable files inline under a size cap, the baseline and every budget.
 """
 
 from __future__ import annotations
@@ -16,29 +18,61 @@ from infra_agent.errors import UserError
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import is_editable
 from infra_agent.tasks.tree import WorkspaceTree, workspace_tree
-from infra_agent.tools.patching import published_workload, task_description
+from infra_agent.tools.base import ToolRegistry
+from infra_agent.tools.patching import task_overview
 
 TREE_ENTRIES = 60
 """Workspace entries listed in the first message at most (then a count of the rest)."""
 INLINE_CHARS = 8_000
 """Editable files shown inline in the first message, their text in all at most this long."""
 
-SYSTEM_PROMPT = """\
-You are a senior infrastructure engineer optimizing an LLM serving system. Work like one:
-measure, form a hypothesis, test it cheaply, patch, and prove the patch by experiment.
+PATCH_TOOLS = {
+    "propose_patch": "propose_patch (a unified diff against the workspace, editable files only)",
+    "edit_file": "edit_file (replace exact text in an editable file; edits accumulate)",
+    "propose_knobs": "propose_knobs (a knob assignment)",
+}
+"""The tools that make a patch, as the system prompt names them (each only when offered)."""
 
-Rules:
-- Act only through the tools. Every reply must call at least one tool; arguments are JSON.
-- Read the code (list_files, read_file, search_files) and ask the instruments before guessing.
-- lookup_skeletons finds known optimization patterns and how to test whether one applies.
-- propose_patch (a unified diff against the workspace, editable files only) or propose_knobs
-  returns a patch_id; run_experiment(patch_id) verifies it against baseline: correctness on
-  fresh inputs and against float64, interleaved timing with a 95% confidence interval, health.
-- Only an IMPROVED verdict counts. INCORRECT, REJECTED and FAILED patches must be fixed or
-  dropped; NO_CHANGE means the idea did not matter here.
-- Experiments are the scarce budget; do not re-run a patch that was already measured.
-- Call finish(summary) when done. The best IMPROVED patch goes to a human reviewer.
-"""
+
+def system_prompt(tools: ToolRegistry) -> str:
+    """The method, naming only the tools this run offers: a sparse run hears of no instrument, a
+    task without knobs of no propose_knobs."""
+    offered = tools.names()
+    instruments = [n for n in offered if (t := tools.get(n)) is not None and t.kind == "instrument"]
+    reading = ", ".join(n for n in ("list_files", "read_file", "search_files") if n in offered)
+    makers = [text for name, text in PATCH_TOOLS.items() if name in offered]
+    patching = ", ".join(makers[:-1]) + " or " + makers[-1] if len(makers) > 1 else "".join(makers)
+    method = "measure, form a hypothesis, test it cheaply" if instruments else "read the code, form a hypothesis"  # fmt: skip
+    rules = ["Act only through the tools. Every reply must call at least one tool; arguments are JSON."]  # fmt: skip
+    if instruments:
+        rules.append(
+            f"Read the code ({reading}) and ask the instruments ({', '.join(instruments)}) "
+            "before guessing: they find what reading misses."
+        )
+    else:
+        rules.append(f"Read the code ({reading}) before guessing.")
+    if "lookup_skeletons" in offered:
+        rules.append("lookup_skeletons finds known optimization patterns and how to test whether one applies.")  # fmt: skip
+    rules += [
+        f"{patching} returns a patch_id; run_experiment(patch_id) verifies it against baseline: "
+        "correctness on fresh inputs, interleaved timing with a 95% confidence interval, "
+        "health.",
+        "Only an IMPROVED verdict counts. INCORRECT, REJECTED and FAILED patches must be fixed "
+        "or dropped; NO_CHANGE means the idea did not matter here.",
+        "Experiments are the scarce budget; do not re-run a patch that was already measured.",
+        "The answers to each reply end with the budget line: what is used of every budget, "
+        "with a warning past 75% and 90% of any of them. The run stops at the first one used up.",
+        "Call finish(summary) when done. The best IMPROVED patch goes to a human reviewer.",
+    ]
+    return "\n".join(
+        [
+            "You are a senior infrastructure engineer optimizing an LLM serving system. Work like "
+            f"one: {method}, patch, and prove the patch by experiment.",
+            "",
+            "Rules:",
+            *(f"- {rule}" for rule in rules),
+        ]
+    )
 
 
 def _package_tree(task: Task, names: list[str]) -> list[str]:
@@ -96,17 +130,14 @@ def workspace_overview(task: Task) -> str:
 def task_message(
     task: Task, objective: str, budget: Budget, fingerprint: str, params: dict[str, Any]
 ) -> str:
-    workload = published_workload(task, params)
-    description = task_description(task.manifest)
     return "\n\n".join(
         [
             f"Objective of this run: {objective}.",
-            f"{description}\n{workload}" if workload else description,
+            task_overview(task, params),
             workspace_overview(task),
             f"Baseline: the unmodified workspace with default knobs (fingerprint "
             f"{fingerprint[:12]}); every experiment measures a patch against it.\n"
-            f"Budget: {budget.experiments} experiments, {budget.turns} replies, "
-            f"{budget.tokens} tokens, {budget.wall_s:.0f} s.\n"
+            f"Budget: {budget.render()} (the budget line after each reply says what is used).\n"
             "describe_task shows this task description again; read_file shows a file with line "
             "numbers.",
         ]

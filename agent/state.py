@@ -105,6 +105,13 @@ class Budget(BaseModel):
     turns: int = 40
     """Model turns (replies)."""
 
+    def render(self) -> str:
+        cost = f"${self.cost_usd:.2f} of model cost" if self.cost_usd else "no cost limit"
+        return (
+            f"{self.experiments} experiments, {self.turns} replies, {self.tokens:,} tokens, "
+            f"{cost}, {self.wall_s:.0f} s"
+        )
+
 
 class Usage(BaseModel):
     """What the run has spent so far."""
@@ -129,13 +136,36 @@ class Usage(BaseModel):
             return f"turn budget used ({self.turns}/{budget.turns})"
         return None
 
-    def left(self, budget: Budget) -> str:
-        return (
-            f"{max(0, budget.experiments - self.experiments)} experiments, "
-            f"{max(0.0, budget.wall_s - self.wall_s):.0f} s, "
-            f"{max(0, budget.tokens - self.tokens)} tokens, "
-            f"{max(0, budget.turns - self.turns)} turns left"
-        )
+    def budget_line(self, budget: Budget) -> str:
+        """Every budget, used of its limit, and a warning for each past 75% or 90% of its limit
+        (what each reply's answers end with)."""
+        b = budget
+        rows = [  # name, used, limit, used of limit in words, what is left in words
+            ("replies", self.turns, b.turns, f"{self.turns}/{b.turns}", f"{b.turns - self.turns}"),
+            ("tokens", self.tokens, b.tokens, f"{self.tokens:,}/{b.tokens:,}", f"{b.tokens - self.tokens:,}"),
+            ("experiments", self.experiments, b.experiments, f"{self.experiments}/{b.experiments}", f"{b.experiments - self.experiments}"),
+            ("cost", self.cost_usd, b.cost_usd, f"${self.cost_usd:.2f}/${b.cost_usd:.2f}", f"${b.cost_usd - self.cost_usd:.2f}"),
+            ("time", self.wall_s, b.wall_s, f"{self.wall_s:.0f}/{b.wall_s:.0f} s", f"{b.wall_s - self.wall_s:.0f} s"),
+        ]  # fmt: skip
+        if not b.cost_usd:  # 0: no cost limit
+            rows[3] = ("cost", 0.0, 0.0, f"${self.cost_usd:.2f} (no limit)", "")
+        line = "[budget used: " + ", ".join(f"{r[0]} {r[3]}" for r in rows) + "]"
+        warnings = []
+        for name, used, limit, _, left in rows:
+            share = used / limit if limit > 0 else 0.0
+            past = next((w for w in WARN_AT if share >= w), None)
+            if past is not None:
+                warnings.append(f"{name} {share:.0%} used (past {past:.0%}; {left if share < 1 else 'none'} left)")  # fmt: skip
+        if warnings:
+            line += (
+                f"\n[budget warning: {'; '.join(warnings)}. The run stops at the first budget "
+                "used up: plan to finish before then.]"
+            )
+        return line
+
+
+WARN_AT = (0.9, 0.75)
+"""Shares of a budget past which the budget line warns (highest first)."""
 
 
 Phase = Literal[

@@ -53,7 +53,7 @@ def experiments_table(experiments: list[ExperimentOutcome]) -> Table:
 
 
 class LiveView:
-    """Current step, the experiments so far, and the budget left; refreshed as the run moves."""
+    """Current step, the experiments so far, and the budget used; refreshed as the run moves."""
 
     def __init__(self, console: Console, title: str, budget: Budget) -> None:
         self.console = console
@@ -69,7 +69,7 @@ class LiveView:
             Text(self.title, style="bold"),
             Text(f"step: {self.step}"),
             experiments_table(self.experiments),
-            Text(f"budget left: {self.usage.left(self.budget)}", style="dim"),
+            Text(self.usage.budget_line(self.budget), style="dim"),
         )
 
     def __enter__(self) -> LiveView:
@@ -101,8 +101,9 @@ class LiveView:
             ):
                 self.console.print(
                     f"  experiment {i}: {e.patch_summary}: {e.verdict.value} {_speedup(e)}; "
-                    f"budget left: {(values.get('usage') or self.usage).left(self.budget)}",
+                    f"{(values.get('usage') or self.usage).budget_line(self.budget)}",
                     highlight=False,
+                    markup=False,
                 )
         self.experiments = experiments
         self.usage = values.get("usage") or self.usage

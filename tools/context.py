@@ -37,7 +37,7 @@ class ToolContext:
             known = ", ".join(self.known_patches) or "none yet"
             raise UserError(
                 f"no patch with id '{patch_id}' (patch ids in this run: {known}); "
-                "create one with propose_patch or propose_knobs first"
+                "propose or edit a patch first (its answer gives the patch_id)"
             )
         return Patch(
             kind=record.kind.value,

@@ -39,17 +39,23 @@ class DescribeTask(BaseModel):
 @tool(
     "describe_task",
     "The task again as the first message gave it: story, objective, metric, success criteria, "
-    "editable files and knobs.",
+    "editable files, knobs, the measured workload and, for a serving task, the deployment "
+    "(launch command, device, dtype, attention backend, model config).",
     DescribeTask,
 )
 def describe_task(p: DescribeTask, ctx: ToolContext) -> ToolResult:
-    text = task_description(ctx.task.manifest)
-    workload = published_workload(ctx.task, ctx.params)
-    return ToolResult(content=f"{text}\n{workload}" if workload else text)
+    return ToolResult(content=task_overview(ctx.task, ctx.params))
+
+
+def task_overview(task: Task, params: dict[str, Any]) -> str:
+    """The task, what run_experiment measures and, for a serving task, how its server starts:
+    what describe_task returns and the first message starts with."""
+    parts = [task_description(task.manifest), published_workload(task, params)]
+    return "\n".join([*(p for p in parts if p), published_deployment(task, params)]).rstrip()
 
 
 def task_description(m: TaskManifest) -> str:
-    """The task in words: what describe_task returns and the first message starts with."""
+    """The task in words (the head of `task_overview`)."""
     from infra_agent.experiments.criteria import success_criteria
 
     direction = "higher is better" if m.metric.higher_is_better else "lower is better"
@@ -76,7 +82,7 @@ def task_description(m: TaskManifest) -> str:
 
 def published_workload(task: Task, params: dict[str, Any]) -> str:
     """What run_experiment measures, in a few lines (tools.workload), or '' when the harness
-    cannot say: describe_task and the first message show it."""
+    cannot say."""
     from infra_agent.errors import UserError
     from infra_agent.tools.workload import workload_of
 
@@ -84,6 +90,19 @@ def published_workload(task: Task, params: dict[str, Any]) -> str:
         return workload_of(task, params).render()
     except UserError:
         return ""
+
+
+def published_deployment(task: Task, params: dict[str, Any]) -> str:
+    """How a serving task's server starts (tools.deployment), or '' for a task without a server
+    or whose deployment cannot be read."""
+    from infra_agent.errors import UserError
+    from infra_agent.tools.deployment import deployment_view
+
+    try:
+        view = deployment_view(task, params)
+    except UserError as exc:
+        return f"deployment: not available ({exc})"
+    return view.render() if view is not None else ""
 
 
 def check_and_store(patch: Any, ctx: ToolContext) -> ToolResult:
@@ -149,7 +168,7 @@ def propose_knobs(p: ProposeKnobs, ctx: ToolContext) -> ToolResult:
 
 
 class RunExperiment(BaseModel):
-    patch_id: str = Field(description="A patch_id returned by propose_patch or propose_knobs.")
+    patch_id: str = Field(description="A patch_id, as proposing or editing a patch returned it.")
 
 
 @tool(

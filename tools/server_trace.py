@@ -11,7 +11,6 @@ runs without it / idle) with who held the GIL while a thread waited. The typed
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -55,27 +54,15 @@ class ServerProfileParams(BaseModel):
 def server_profile(p: ServerProfileParams, ctx: ToolContext) -> ToolResult:
     from infra_agent.feedback.gil.pyspy import find_py_spy
     from infra_agent.serving.tracing import ROLES, profile_server
-    from infra_agent.serving.workload import LoadSpec
-    from infra_agent.tools.serving import ServingWorkload, task_server
-    from infra_agent.tools.workload import task_workload
+    from infra_agent.tools.serving import task_server
 
     if ctx.task.manifest.kind != "serving":
         raise UserError(f"task {ctx.task.name} is not a serving task (no server to profile)")
     find_py_spy()  # refused before a server starts: "py-spy not found (pip install py-spy)"
     roles: list[str] = list(ROLES) if "all" in p.processes else list(dict.fromkeys(p.processes))
-    w = task_workload(ctx).params
-    conc = p.max_concurrency or int(w["max_concurrency"]) or None
-    rate = float(w["request_rate"])
-    load = LoadSpec(
-        api=w["api"], max_concurrency=conc, request_rate=rate if rate > 0 else math.inf,
-        temperature=float(w["temperature"]), seed=1,
-    )  # fmt: skip
-    shape = ServingWorkload(
-        patch_id=p.patch_id, num_prompts=p.num_prompts or int(w["num_prompts"]),
-        input_len=int(w["input_len"]), output_len=int(w["output_len"]), request_rate=None,
-    )  # fmt: skip
-    with task_server(shape, ctx) as (server, sessions, _, label):
+    shape = {"num_prompts": p.num_prompts, "max_concurrency": p.max_concurrency}
+    with task_server(ctx, p.patch_id, **shape) as run:
         report = profile_server(
-            server, sessions, load, roles, label=label, gil_s=p.gil_seconds or None
+            run.server, run.sessions, run.load, roles, label=run.label, gil_s=p.gil_seconds or None
         )
     return ToolResult.of(report)

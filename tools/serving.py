@@ -1,7 +1,8 @@
 """Serving tools (serving tasks): the live system's numbers, end to end and inside the server.
 
-Both start the task's deployment with the task's default knobs overlaid by a knob patch, drive a
-random-length workload through it and stop it:
+Both start the task's deployment with the task's default knobs overlaid by a knob patch, drive
+the task's own workload through it (its harness's sessions and load: what run_experiment sends,
+unless the call gives another shape) and stop it:
 
 - `serving_workload`: throughput, TTFT/TPOT percentiles and failures
   (`serving.metrics.RunMetrics.render`);
@@ -14,10 +15,10 @@ interleaves and checks health and accuracy).
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,25 +28,50 @@ from infra_agent.errors import UserError
 from infra_agent.tools.base import ToolResult, instrument
 from infra_agent.tools.context import ToolContext
 
+WORKLOAD_DEFAULT = "default: the task's workload, as run_experiment sends it (describe_task)"
+
 
 class ServingWorkload(BaseModel):
     patch_id: str | None = Field(None, description="A knob patch to run (default: the baseline).")
-    num_prompts: int = Field(32, ge=1, le=2000)
-    input_len: int = Field(64, ge=1, le=32768, description="Prompt tokens (random, up to this).")
-    output_len: int = Field(32, ge=1, le=8192, description="Generated tokens per request.")
-    request_rate: float | None = Field(
-        None, gt=0, description="Requests per second (default: all at once)."
-    )
+    num_prompts: int | None = Field(None, ge=1, le=2000, description=f"Requests ({WORKLOAD_DEFAULT}).")  # fmt: skip
+    input_len: int | None = Field(None, ge=1, le=32768, description=f"Prompt tokens ({WORKLOAD_DEFAULT}).")  # fmt: skip
+    output_len: int | None = Field(None, ge=1, le=8192, description=f"Generated tokens per request ({WORKLOAD_DEFAULT}).")  # fmt: skip
+    max_concurrency: int | None = Field(None, ge=1, le=2000, description=f"At most this many in flight ({WORKLOAD_DEFAULT}).")  # fmt: skip
+    request_rate: float | None = Field(None, gt=0, description=f"Requests per second ({WORKLOAD_DEFAULT}).")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """A started server of the task's deployment and the load a serving tool sends it."""
+
+    server: Any
+    sessions: list[Any]
+    load: Any
+    """The `serving.workload.LoadSpec` the task's harness sends, with the call's overrides."""
+    knobs: dict[str, Any]
+    label: str
+    """The arm ('baseline' or the patch's knobs) and the workload sent, in words."""
+
+
+def task_harness(ctx: ToolContext, **overrides: Any) -> Any:
+    """The task's serving harness with the run's parameters and the call's workload overrides
+    (None: the task's own value) on top: its `load` and `sessions` are what the tools send."""
+    from infra_agent.serving.harness import ServingHarness
+    from infra_agent.tools.workload import harness_of
+
+    harness = harness_of(ctx.task, ctx.params)
+    if not isinstance(harness, ServingHarness):
+        raise UserError(f"task {ctx.task.name} is not a serving task (no server to start)")
+    harness.params.update({k: v for k, v in overrides.items() if v is not None})
+    return harness
 
 
 @contextmanager
 def task_server(
-    p: ServingWorkload, ctx: ToolContext, *, steps: bool = False
-) -> Iterator[tuple[Any, Any, dict[str, Any], str]]:
-    """(server, sessions, knobs, label) of the task's deployment with the patch's knobs; with
-    `steps`, a server that logs every scheduler step (`serving.steps`)."""
-    from infra_agent.serving.datasets import random_sessions
-    from infra_agent.serving.deployment import load_deployment
+    ctx: ToolContext, patch_id: str | None, *, steps: bool = False, **overrides: Any
+) -> Iterator[TaskRun]:
+    """The task's deployment started with the patch's knobs, and the task's workload (with
+    `overrides`) to send it; with `steps`, a server that logs every scheduler step."""
     from infra_agent.serving.harness import ServingHarness
     from infra_agent.serving.overlay import build_overlay
     from infra_agent.serving.server import Server
@@ -53,22 +79,16 @@ def task_server(
     from infra_agent.tasks.patch import effective_knobs
     from infra_agent.tasks.tree import workspace_folder
 
-    task = ctx.task
-    spec_path = task.root / "deployment.toml"
-    if task.manifest.kind != "serving" or not spec_path.is_file():
-        raise UserError(f"task {task.name} is not a serving task (no deployment.toml)")
-    patch = ctx.patch(p.patch_id) if p.patch_id else None
+    harness = task_harness(ctx, **overrides)
+    patch = ctx.patch(patch_id) if patch_id else None
     if patch is not None and patch.kind != "knobs":
         raise UserError("serving tools run knob patches; run_experiment verifies source patches")
-    knobs = effective_knobs(patch, task.manifest)
-    vocab = int(task.manifest.params.get("vocab_size", 1024))
-    spec = load_deployment(spec_path)
-    label = (
-        ", ".join(f"{k}={v}" for k, v in sorted((patch.knobs if patch else {}).items()))
-        or "baseline"
-    )
+    knobs = effective_knobs(patch, ctx.task.manifest)
+    spec = harness.deployment
+    arm = ", ".join(f"{k}={v}" for k, v in sorted((patch.knobs if patch else {}).items()))
+    label = f"{arm or 'baseline'} on {harness.workload(knobs).summary.split(';')[0]}"
     with tempfile.TemporaryDirectory(prefix="infra-agent-serving-") as tmp:
-        with workspace_folder(task) as folder:  # the task's baseline: its injected fault
+        with workspace_folder(ctx.task) as folder:  # the task's baseline: its injected fault
             overlay = build_overlay(
                 folder,
                 ServingHarness.overlay_files(folder),
@@ -79,22 +99,15 @@ def task_server(
             spec = instrumented(spec)
         launch = {**knobs, **STEP_KNOBS} if steps else knobs
         with Server.start(spec, Path(tmp), knobs=launch, overlay=overlay) as server:
-            sessions = random_sessions(
-                p.num_prompts, p.input_len, p.output_len, vocab_size=vocab, seed=1
-            )
-            yield server, sessions, knobs, label
-
-
-def _load(p: ServingWorkload) -> Any:
-    from infra_agent.serving.workload import LoadSpec
-
-    return LoadSpec(request_rate=p.request_rate or math.inf)
+            sessions = harness.sessions(int(harness.params["num_prompts"]), seed=1)
+            yield TaskRun(server, sessions, harness.load(1), knobs, label)
 
 
 @instrument(
     "serving_workload",
-    "Start the task's server (optionally with a knob patch), run a workload, report throughput, "
-    "TTFT/TPOT percentiles and failures. One sample, not a verdict.",
+    "Start the task's server (optionally with a knob patch), run the task's workload (or the "
+    "shape you give), report throughput, TTFT/TPOT percentiles and failures. One sample, not a "
+    "verdict.",
     ServingWorkload,
     needs="serving",
 )
@@ -102,13 +115,13 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
     from infra_agent.serving.metrics import summarize
     from infra_agent.serving.workload import run_workload
 
-    with task_server(p, ctx) as (server, sessions, _, label):
-        result = server.call(run_workload, sessions, _load(p))
-        network = server.network.render()
-        filesystem = server.filesystem.render()
+    with task_server(ctx, **p.model_dump()) as run:
+        result = run.server.call(run_workload, run.sessions, run.load)
+        network = run.server.network.render()
+        filesystem = run.server.filesystem.render()
     metrics = summarize(result)
     return ToolResult(
-        content=f"{label}: {metrics.render()}\nserver network: {network}; file system: {filesystem}",
+        content=f"{run.label}: {metrics.render()}\nserver network: {network}; file system: {filesystem}",
         data={
             **metrics.model_dump(mode="json"),
             "server_network": network,
@@ -119,7 +132,8 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
 
 @instrument(
     "server_steps",
-    "Start the task's server (optionally with a knob patch), run a workload, and report what "
+    "Start the task's server (optionally with a knob patch), run the task's workload (or the "
+    "shape you give), and report what "
     "happened inside it from the scheduler's own step statistics: running and queued requests "
     "per step, tokens per batch, prefill vs decode steps, time per step (by batch size), as a "
     "summary and a short timeline. Shows queueing behind the running-request cap, batch sizes, "
@@ -131,9 +145,9 @@ def server_steps(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
     from infra_agent.serving.instruments import describe
     from infra_agent.serving.steps import run_with_steps
 
-    with task_server(p, ctx, steps=True) as (server, sessions, knobs, label):
-        result, report = run_with_steps(server, sessions, _load(p), knobs=knobs)
+    with task_server(ctx, steps=True, **p.model_dump()) as run:
+        result, report = run_with_steps(run.server, run.sessions, run.load, knobs=run.knobs)
     return ToolResult(
-        content=f"{report.render()}\n{label}: {describe(result)}",
+        content=f"{report.render()}\n{run.label}: {describe(result)}",
         data=report.model_dump(mode="json"),
     )

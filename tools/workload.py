@@ -9,6 +9,7 @@ from infra_agent.tasks.workload import Workload
 from infra_agent.tools.context import ToolContext
 
 if TYPE_CHECKING:
+    from infra_agent.tasks.harness import Harness
     from infra_agent.tasks.manifest import Task
     from infra_agent.tasks.patch import Patch
 
@@ -22,8 +23,13 @@ def task_workload(ctx: ToolContext, patch: Patch | None = None) -> Workload:
 
 def workload_of(task: Task, params: dict[str, Any], patch: Patch | None = None) -> Workload:
     """`task_workload` for a task and a run's parameter overrides (no tool context needed)."""
-    from infra_agent.experiments.arms import effective_params, load_harness
     from infra_agent.tasks.patch import effective_knobs
 
-    harness = load_harness(task, effective_params(task.manifest, params))
-    return harness.workload(effective_knobs(patch, task.manifest))
+    return harness_of(task, params).workload(effective_knobs(patch, task.manifest))
+
+
+def harness_of(task: Task, params: dict[str, Any]) -> Harness:
+    """The task's harness as an experiment builds it, with the run's parameter overrides."""
+    from infra_agent.experiments.arms import effective_params, load_harness
+
+    return load_harness(task, effective_params(task.manifest, params))

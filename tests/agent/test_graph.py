@@ -105,8 +105,11 @@ def test_a_batch_is_admitted_within_the_experiment_count(ctx: AgentContext) -> N
         state = AgentState(**{**state.__dict__, **_step(ctx, state)})
     assert [e.patch_id for e in state.experiments] == ids[:1] and state.experiments[0].reused
     answers = [m.content for m in state.messages]
-    assert "NO_CHANGE" in answers[0] and "[budget: 0 experiments" in answers[0]
-    assert answers[1] == "error: not run: experiment budget used (4/4)"
+    assert "NO_CHANGE" in answers[0] and "[budget" not in answers[0]  # one line per reply, last
+    refused, line, warning = answers[1].split("\n")
+    assert refused == "error: not run: experiment budget used (4/4)"
+    assert line.startswith("[budget used: replies 0/") and "experiments 4/4" in line
+    assert warning.startswith("[budget warning: experiments 100% used (past 90%; none left)")
     assert state.usage.experiments == BUDGET.experiments
 
 

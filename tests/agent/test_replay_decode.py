@@ -69,7 +69,7 @@ def test_a_replayed_trajectory_starts_from_the_first_message_and_ends_with_its_s
     verdict = next(s.content for s in steps if s.name == "run_experiment")
     assert (
         "task criteria:\n- target speedup >= 1.5x: " in verdict
-        and "[budget: 0 experiments" in verdict
+        and "experiments 1/1" in verdict
     )
     bench = next(s for s in steps if s.name == "microbench")
     assert not bench.error and "workload" in bench.content, bench.content  # the published one
