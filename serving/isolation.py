@@ -156,7 +156,7 @@ def confine(
     if mode != "bwrap" and replaced:
         c.missing.append(f"replaced:{len(replaced)} originals of changed modules stay readable")
     if c.run_uid != 0:
-        os.chown(workdir, c.run_uid, c.run_uid)
+        _adopt(workdir, c.run_uid)
     group = cgroups.Cgroup.create(name, memory_mb=spec.memory_mb, max_processes=MAX_PROCESSES)
     rl_force, rl_missing = limits.describe(spec, uid=c.run_uid)
     in_force, missing = [*c.in_force, *rl_force], [*c.missing, *rl_missing]
@@ -172,6 +172,18 @@ def confine(
         mode=mode, uid=c.run_uid, pid_namespace=c.pid_namespace, in_force=in_force, missing=missing
     )
     return Jail(record, c.prefix, spec, group, wrappers, network, view)
+
+
+def _adopt(workdir: Path, uid: int) -> None:
+    """Give `workdir`, and what earlier servers left in it (their caches), to `uid`: each start
+    has a uid of its own, and a cache folder of the last one would be read-only to the next."""
+    os.chown(workdir, uid, uid)
+    low, high = confinement.UID_RANGE
+    for folder, dirs, files in os.walk(workdir):
+        for name in [*dirs, *files]:
+            path = os.path.join(folder, name)
+            if low <= os.lstat(path).st_uid < high:
+                os.lchown(path, uid, uid)
 
 
 def _memory_mb() -> int:

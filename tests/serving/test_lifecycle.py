@@ -26,6 +26,9 @@ FAKE_SERVER = textwrap.dedent(
     if mode == "broken":
         print("error: unrecognized arguments: --no-such-flag", flush=True)
         sys.exit(2)
+    os.makedirs(".cache/jit", exist_ok=True)  # like triton's or flashinfer's caches under HOME
+    with open(".cache/jit/log", "a") as f:
+        f.write("started\\n")
     mark = os.environ["FAKE_MARK"]
     child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {mark}"])
     print(f"child {child.pid}", flush=True)
@@ -81,6 +84,19 @@ def test_start_ready_stop_leaves_nothing(tmp_path: Path) -> None:
     assert server.ready_s is not None and child in descendants(pid)
     assert server.stop() == 0  # SIGTERM was enough
     assert not _alive(pid) and not _alive(child)
+
+
+def test_a_workdir_used_again_is_writable_to_the_next_server(tmp_path: Path) -> None:
+    """Each start runs as a uid of its own: what the last server left in the workdir (its
+    caches) is handed to the next one, which would otherwise fail to write there."""
+    uids = []
+    for _ in range(2):
+        with Server.start(spec(tmp_path, "ok"), tmp_path) as server:
+            assert server.confinement is not None
+            uids.append(server.confinement.uid)
+    assert (tmp_path / ".cache/jit/log").read_text() == "started\n" * 2
+    if os.geteuid() == 0:
+        assert uids[0] != uids[1] and 0 not in uids
 
 
 def test_sigterm_ignored_escalates_to_sigkill(tmp_path: Path) -> None:
