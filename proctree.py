@@ -1,10 +1,13 @@
 """A server's processes as /proc shows them: the tree, their CPU time, and a freeze.
 
-An experiment measures one arm's server at a time. `freeze(root)` stops every process of the
-other arm's server (SIGSTOP), so it takes no CPU from the arm being measured: an idle SGLang
-scheduler polls its sockets without sleeping and holds a whole core, and a patched server could
-do any other work while it waits. `thaw(root)` continues them. `cpu_seconds(pids)` sums the
-user and system time of processes and of the children they reaped (clock ticks, 10 ms here).
+An experiment measures one arm's server at a time. A confined server's cgroup is frozen while
+the other arm is measured (`sandboxes.cgroups`); where no cgroup can be made, `freeze(root)`
+stops every process of its tree (SIGSTOP), so it takes no CPU from the arm being measured: an
+idle SGLang scheduler polls its sockets without sleeping and holds a whole core, and a patched
+server could do any other work while it waits. `thaw(root)` continues them. `cpu_seconds(pids)`
+sums the user and system time of processes and of the children they reaped (clock ticks, 10 ms
+here). `lineage` and `outside_tree` tell a group's processes apart: the confinement's own, the
+server's command and its tree, and anything that left it (a double fork).
 """
 
 from __future__ import annotations
