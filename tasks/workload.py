@@ -80,11 +80,7 @@ class Workload(BaseModel):
             lines.append(
                 f"measured call: {self.call}" + (f" ({self.metric})" if self.metric else "")
             )
-        lines.append(f"seeds: {self.seeds}")
-        if self.ready:
-            lines.append(
-                "microbench and accuracy_diff run on it when you give no setup/expressions"
-            )
+        lines.append(f"seeds: {self.seeds}")  # the tools that run on it say so themselves
         return "\n".join(lines)
 
 

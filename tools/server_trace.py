@@ -60,8 +60,9 @@ def server_profile(p: ServerProfileParams, ctx: ToolContext) -> ToolResult:
         raise UserError(f"task {ctx.task.name} is not a serving task (no server to profile)")
     find_py_spy()  # refused before a server starts: "py-spy not found (pip install py-spy)"
     roles: list[str] = list(ROLES) if "all" in p.processes else list(dict.fromkeys(p.processes))
-    shape = {"num_prompts": p.num_prompts, "max_concurrency": p.max_concurrency}
-    with task_server(ctx, p.patch_id, **shape) as run:
+    with task_server(
+        ctx, p.patch_id, num_prompts=p.num_prompts, max_concurrency=p.max_concurrency
+    ) as run:
         report = profile_server(
             run.server, run.sessions, run.load, roles, label=run.label, gil_s=p.gil_seconds or None
         )

@@ -67,10 +67,7 @@ def test_a_replayed_trajectory_starts_from_the_first_message_and_ends_with_its_s
     assert "Workspace files:\nattention.py  (editable)\ndecode_server.py  (editable)" in first
     assert "def split_decode_attention" in first  # the kernel inline
     verdict = next(s.content for s in steps if s.name == "run_experiment")
-    assert (
-        "task criteria:\n- target speedup >= 1.5x: " in verdict
-        and "experiments 1/1" in verdict
-    )
+    assert "task criteria:\n- target speedup >= 1.5x: " in verdict and "experiments 1/1" in verdict
     bench = next(s for s in steps if s.name == "microbench")
     assert not bench.error and "workload" in bench.content, bench.content  # the published one
     edits = [s for s in steps if s.name == "edit_file"]

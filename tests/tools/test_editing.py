@@ -135,7 +135,9 @@ def test_read_file_says_which_lines_it_really_shows(tmp_path: Path, total: int) 
     assert 50 < end < 400
     head, *body = result.content.split("\n")
     cap = "(asked for 400; one answer holds at most 16,000 characters)"
-    assert head == f"attention.py: lines 1-{end} of {total} {cap}; continue with start_line={end + 1}"
+    assert (
+        head == f"attention.py: lines 1-{end} of {total} {cap}; continue with start_line={end + 1}"
+    )
     assert body[-1].endswith(f"# {end}") and len(body) == end  # whole lines, as announced
     assert "more characters cut" not in result.content  # the registry did not have to cut
     tail = _call(ctx, "read_file", path="attention.py", start_line=total - 4, max_lines=400)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -245,3 +246,70 @@ def test_what_the_model_leaves_out_comes_from_the_workload_with_the_patch_knobs(
     )
     own, _ = _arms(serving, "x = 1", "x + 1", None, None)  # nothing needed from the workload
     assert own.candidate == "x + 1" and own.workload is None
+
+
+class _Sent(Exception):
+    """Raised by the stand-in server once it has recorded what a serving tool sent it."""
+
+
+def test_serving_tools_send_the_tasks_workload_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sglang-slow-decode sends prompts of up to 256 random tokens: so do serving_workload and
+    server_steps when the model gives no shape (they used to default to 64); a shape given
+    overrides it. The server is a stand-in that records the sessions and the load it was sent
+    (no SGLang)."""
+    from contextlib import contextmanager
+
+    from infra_agent.serving import overlay, server
+    from infra_agent.tasks import tree
+
+    sent: list[tuple[Any, Any]] = []
+    (tmp_path / "server.log").write_text("")
+
+    class StandIn:
+        log_path = tmp_path / "server.log"
+
+        def call(self, fn: Any, sessions: Any, load: Any) -> Any:
+            sent.append((sessions, load))
+            raise _Sent
+
+        def info(self) -> dict[str, Any]:
+            return {}
+
+    @contextmanager
+    def folder(task: Any, files: Any = ()) -> Any:
+        yield tmp_path
+
+    monkeypatch.setattr(server.Server, "start", classmethod(lambda cls, *a, **kw: _Context(StandIn())))  # fmt: skip
+    monkeypatch.setattr(overlay, "build_overlay", lambda *a, **kw: tmp_path / "overlay")
+    monkeypatch.setattr(tree, "workspace_folder", folder)
+    ctx = ToolContext(
+        task=find_task("sglang-slow-decode"), store=open_store(tmp_path / "r.db"), run_id="r"
+    )
+    reg = default_registry()
+    for name in ("serving_workload", "server_steps"):
+        assert "_Sent" in (reg.call(name, "{}", ctx).error or "")
+    shaped = {"input_len": 64, "output_len": 8, "num_prompts": 4, "max_concurrency": 2}
+    assert "_Sent" in (reg.call("serving_workload", json.dumps(shaped), ctx).error or "")
+    (default, load), (steps, _), (given, given_load) = sent
+    prompts = [len(s.turns[0].new_ids) for s in default]
+    assert len(default) == 32 and 200 < max(prompts) <= 256 and min(prompts) >= 128  # the task's
+    assert 16 < max(s.turns[0].output_len for s in default) <= 32
+    assert load.max_concurrency is None and load.request_rate == float("inf")
+    assert [len(s.turns[0].new_ids) for s in steps] == prompts  # server_steps: the same
+    assert len(given) == 4 and max(len(s.turns[0].new_ids) for s in given) <= 64
+    assert max(s.turns[0].output_len for s in given) <= 8 and given_load.max_concurrency == 2
+    schema = reg.get("serving_workload").schema()["function"]["parameters"]["properties"]  # type: ignore[union-attr]
+    assert "the task's workload" in schema["input_len"]["description"]
+
+
+class _Context:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __enter__(self) -> Any:
+        return self.value
+
+    def __exit__(self, *exc: object) -> None:
+        return None
