@@ -61,10 +61,15 @@ class DeploymentView(BaseModel):
 def _config_text(config: dict[str, Any]) -> str:
     if not config:
         return "config read from the checkpoint when the server starts"
+    text = ", ".join(
+        f"{k} {'/'.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in config.items()
+        if not k.endswith("_token_id")
+    )
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
-    head = {"head_dim": hidden // heads} if isinstance(hidden, int) and isinstance(heads, int) and heads and "head_dim" not in config else {}  # fmt: skip
-    shown = {k: v for k, v in config.items() if not k.endswith("_token_id")} | head
-    return ", ".join(f"{k} {'/'.join(v) if isinstance(v, list) else v}" for k, v in shown.items())
+    if "head_dim" not in config and isinstance(hidden, int) and isinstance(heads, int) and heads:
+        text += f" (head size {hidden // heads}: hidden_size / num_attention_heads)"
+    return text
 
 
 def deployment_view(task: Task, params: dict[str, Any]) -> DeploymentView | None:

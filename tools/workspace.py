@@ -170,7 +170,10 @@ class SearchResult(BaseModel):
             return f"no file matches the glob '{self.pattern}' (nothing searched; see list_files)"
         skipped = f" ({self.files_skipped} binary or data files not searched)" if self.files_skipped else ""  # fmt: skip
         if not self.hits:
-            return f"no line matches /{self.regex}/ in the {self.files_matched} files matching '{self.pattern}'{skipped}"  # fmt: skip
+            files = f"{self.files_matched} file{'s' * (self.files_matched != 1)}"
+            return (
+                f"no line matches /{self.regex}/ in the {files} matching '{self.pattern}'{skipped}"
+            )
         lines = [
             f"{h.path}:{h.line}{f' (in {h.scope})' if h.scope else ''}: {h.text}" for h in self.hits
         ]
