@@ -20,13 +20,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from infra_agent.errors import UserError
 from infra_agent.tools.base import ToolResult, instrument
 from infra_agent.tools.context import ToolContext
+
+if TYPE_CHECKING:
+    from infra_agent.serving.harness import ServingHarness
 
 WORKLOAD_DEFAULT = "default: the task's workload, as run_experiment sends it (describe_task)"
 
@@ -53,7 +56,7 @@ class TaskRun:
     """The arm ('baseline' or the patch's knobs) and the workload sent, in words."""
 
 
-def task_harness(ctx: ToolContext, **overrides: Any) -> Any:
+def task_harness(ctx: ToolContext, **overrides: Any) -> ServingHarness:
     """The task's serving harness with the run's parameters and the call's workload overrides
     (None: the task's own value) on top: its `load` and `sessions` are what the tools send."""
     from infra_agent.serving.harness import ServingHarness
