@@ -155,8 +155,9 @@ def tools(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
             ctx.on_event(f"tool {call.name}")
             answered.append((call, ctx.tools.call(call.name, call.arguments, ctx.tool_context)))
     if answered and not deferred:  # the reply's last answer (else its last experiment's)
-        call, result = answered[-1]
-        answered[-1] = (call, _with_budget(result, state.usage.budget_line(ctx.budget(state))))
+        wall_s = state.usage.wall_s + time.monotonic() - started  # the tools' time counts
+        line = state.usage.model_copy(update={"wall_s": wall_s}).budget_line(ctx.budget(state))
+        answered[-1] = (answered[-1][0], _with_budget(answered[-1][1], line))
     messages = [*state.messages, *(_answer(ctx, call, result) for call, result in answered)]
     update |= {"messages": messages, "pending": deferred, "patches": list(ctx.tool_context.known_patches)}  # fmt: skip
     if not valid:

@@ -175,3 +175,37 @@ def test_the_budget_line_after_an_experiment_counts_its_time(tmp_path: Path) -> 
     used_s = float(answer.split(", time ")[1].split("/")[0])
     assert used_s >= 2.5 - 0.5, answer
     assert update["usage"].wall_s >= 2.5
+
+
+def test_the_budget_line_after_a_slow_tool_counts_its_time(tmp_path: Path) -> None:
+    """A server instrument can take minutes: the reply's budget line counts them."""
+    from pydantic import BaseModel
+
+    from infra_agent.agent.graph import tools
+    from infra_agent.tools.base import ToolRegistry, ToolResult, tool
+
+    class NoParams(BaseModel):
+        pass
+
+    @tool("slow_look", "Takes a while.", NoParams)
+    def slow_look(p: NoParams, ctx: Any) -> ToolResult:
+        time.sleep(1.5)
+        return ToolResult(content="looked")
+
+    task = find_task("decode-split-norm")
+    store = open_store(tmp_path / "runs.db")
+    run = RunRecord(task=task.name, objective="latency", policy="scripted")
+    store.put_run(run)
+    ctx = AgentContext(
+        config=RunConfig(task=task.name, policy="scripted", budget=Budget(wall_s=100.0)),
+        task=task, store=store, policy=SimpleNamespace(name="scripted", model=None),  # type: ignore[arg-type]
+        tools=ToolRegistry([slow_look]), tool_context=ToolContext(task=task, store=store, run_id=run.id),
+        log=RunLog(store, run.id), run_experiment=lambda *a, **kw: None,  # type: ignore[arg-type,return-value]
+    )  # fmt: skip
+    state = AgentState(run_id=run.id, pending=[ToolCall(id="y", name="slow_look", arguments="{}")])
+    update = tools(state, SimpleNamespace(context=ctx))  # type: ignore[arg-type]
+    store.close()
+
+    [answer] = [m.content for m in update["messages"] if m.role == "tool"]
+    assert answer.startswith("looked\n[budget used: replies 0/40, ")
+    assert float(answer.split(", time ")[1].split("/")[0]) >= 1.0, answer
