@@ -105,6 +105,8 @@ class ServingHarness(Harness):
         self.arms: dict[str, Arm] = {}
         self.active: str | None = None
         """The arm whose server runs (the others' are paused)."""
+        self.scored: dict[tuple[str, int, int], float] = {}
+        """(arm, seed, session) -> mean log-probability per output token under the baseline."""
         self.gate = GateConfig(
             prompts=int(self.params["gate_prompts"]), output_len=int(self.params["gate_output_len"])
         )
@@ -222,16 +224,20 @@ class ServingHarness(Harness):
             "outputs as likely under the baseline model as the baseline's own answers to the same "
             f"prompts (two-sided signed-rank test over prompt pairs, alpha {alpha:g})"
         )
+        compared = (
+            "the token ids each server returned for the same prompts (one measured sample), "
+            "every output token scored by its log-prob under the baseline server"
+        )
         if arm.name == "baseline":
-            return CheckResult(passed=True, tolerance=tolerance)
+            return CheckResult(passed=True, tolerance=tolerance, compared=compared)
         base = self.arms["baseline"]
         if seed not in base.state["runs"]:
             self.measured(base, seed)
         test = self.judge([seed], int(self.params["judge_check_prompts"]), random.Random(seed))
         return CheckResult(
             passed=test.passed,
-            max_abs_err=abs(test.candidate_nats - test.baseline_nats),
             tolerance=tolerance,
+            compared=compared,
             detail=None if test.passed else test.render(),
         )
 
@@ -257,27 +263,29 @@ class ServingHarness(Harness):
 
     def judge(self, seeds: list[int], limit: int, rng: random.Random) -> LikelihoodTest:
         """The likelihood test over up to `limit` prompts (sessions) drawn by `rng` from the runs
-        of `seeds` both arms answered, every output scored by the baseline server."""
+        of `seeds` both arms answered, every output scored by the baseline server (once: a
+        session's score is kept for later tests)."""
         base, cand = self.arms["baseline"], self.arms["candidate"]
         by_arm = {arm.name: _by_session(arm.state["runs"], seeds) for arm in (base, cand)}
         shared = sorted(set(by_arm["baseline"]) & set(by_arm["candidate"]))
         chosen = sorted(rng.sample(shared, min(limit, len(shared))))
+        todo = [
+            (name, key) for name in ("baseline", "candidate") for key in chosen
+            if (name, *key) not in self.scored
+        ]  # fmt: skip
         items = [
             (r.prompt_ids, r.output_ids or [])
-            for name in ("baseline", "candidate")
-            for key in chosen
+            for name, key in todo
             for r in by_arm[name][key]
             if r.prompt_ids
         ]
-        scores = iter(self.server(base).call(score_tokens, items))
-        means: dict[str, list[float]] = {"baseline": [], "candidate": []}
-        for name in ("baseline", "candidate"):
-            for key in chosen:
-                tokens = [lp for r in by_arm[name][key] if r.prompt_ids for lp in next(scores)]
-                means[name].append(sum(tokens) / len(tokens) if tokens else math.nan)
+        scores = iter(self.server(base).call(score_tokens, items) if items else [])
+        for name, key in todo:
+            tokens = [lp for r in by_arm[name][key] if r.prompt_ids for lp in next(scores)]
+            self.scored[(name, *key)] = sum(tokens) / len(tokens) if tokens else math.nan
         kept = [
-            (b, c) for b, c in zip(means["baseline"], means["candidate"], strict=True)
-            if not (math.isnan(b) or math.isnan(c))
+            (self.scored[("baseline", *key)], self.scored[("candidate", *key)]) for key in chosen
+            if not any(math.isnan(self.scored[(name, *key)]) for name in ("baseline", "candidate"))
         ]  # fmt: skip
         return compare_likelihood(
             [b for b, _ in kept], [c for _, c in kept], alpha=float(self.params["judge_alpha"])
