@@ -22,11 +22,12 @@ _BUDGET_KEYS = {
     "tokens": "tokens",
     "cost": "cost_usd",
     "turns": "turns",
+    "looks": "looks",
 }
 
 
 def parse_budget(text: str | None) -> dict[str, Any]:
-    """'8' (experiments) or 'experiments=8,wall=30m,tokens=200k,turns=40,cost=2.5'."""
+    """'8' (experiments) or 'experiments=8,wall=30m,tokens=200k,turns=40,cost=2.5,looks=16'."""
     if not text:
         return {}
     if text.strip().isdigit():
@@ -37,7 +38,7 @@ def parse_budget(text: str | None) -> dict[str, Any]:
         key, raw = key.strip(), raw.strip().lower()
         if key not in _BUDGET_KEYS or not raw:
             raise UserError(
-                f"--budget: '{part}' is not NAME=VALUE with NAME one of experiments, wall, tokens, turns, cost"
+                f"--budget: '{part}' is not NAME=VALUE with NAME one of experiments, wall, tokens, turns, cost, looks"
             )
         field = _BUDGET_KEYS[key]
         m = re.fullmatch(r"([0-9.]+)([smhk]?)", raw)
@@ -50,7 +51,7 @@ def parse_budget(text: str | None) -> dict[str, Any]:
             value *= 1000
         elif m.group(2):
             raise UserError(f"--budget: unit '{m.group(2)}' does not apply to {key}")
-        out[field] = int(value) if field in ("experiments", "tokens", "turns") else value
+        out[field] = int(value) if field in ("experiments", "tokens", "turns", "looks") else value
     return out
 
 

@@ -24,6 +24,7 @@ from infra_agent.store.records import ExperimentRecord
 from infra_agent.tasks.manifest import Task
 from infra_agent.tools.base import ToolRegistry
 from infra_agent.tools.context import ToolContext
+from infra_agent.tools.looks import LOOK_TOOLS
 
 
 class RunConfig(BaseModel):
@@ -150,11 +151,16 @@ class AgentContext:
     """Progress text for the live view (current step)."""
 
     def budget(self, state: AgentState) -> Budget:
-        """The run's budget, extended for each revision a reviewer asked for."""
+        """The run's budget, extended for each revision a reviewer asked for (no looks where
+        the run offers no look)."""
         b, extra = self.config.budget, state.revisions
+        looks = b.looks if LOOK_TOOLS & set(self.tools.names()) else 0
         return b.model_copy(
-            update={"experiments": b.experiments + 2 * extra, "turns": b.turns + 10 * extra}
-        )
+            update={
+                "experiments": b.experiments + 2 * extra, "turns": b.turns + 10 * extra,
+                "looks": looks,
+            }
+        )  # fmt: skip
 
 
 def run_context(runtime: Runtime[AgentContext]) -> AgentContext:

@@ -132,6 +132,8 @@ def tools(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     """Answer the reply's instant tool calls in order; leave experiments for the next node."""
     ctx, started = run_context(runtime), time.monotonic()
     ctx.tool_context.known_patches = list(state.patches)
+    ctx.tool_context.looks_used = state.usage.looks  # the looks budget (tools.looks)
+    ctx.tool_context.looks_limit = ctx.budget(state).looks
     answered: list[tuple[ToolCall, ToolResult]] = []
     deferred: list[ToolCall] = []
     update: dict[str, Any] = {"phase": "tools", "invalid_replies": 0}
@@ -154,12 +156,13 @@ def tools(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
         else:
             ctx.on_event(f"tool {call.name}")
             answered.append((call, ctx.tools.call(call.name, call.arguments, ctx.tool_context)))
+    usage = state.usage.model_copy(update={"looks": ctx.tool_context.looks_used})
     if answered and not deferred:  # the reply's last answer (else its last experiment's)
-        wall_s = state.usage.wall_s + time.monotonic() - started  # the tools' time counts
-        line = state.usage.model_copy(update={"wall_s": wall_s}).budget_line(ctx.budget(state))
+        wall_s = usage.wall_s + time.monotonic() - started  # the tools' time counts
+        line = usage.model_copy(update={"wall_s": wall_s}).budget_line(ctx.budget(state))
         answered[-1] = (answered[-1][0], _with_budget(answered[-1][1], line))
     messages = [*state.messages, *(_answer(ctx, call, result) for call, result in answered)]
-    update |= {"messages": messages, "pending": deferred, "patches": list(ctx.tool_context.known_patches)}  # fmt: skip
+    update |= {"messages": messages, "pending": deferred, "patches": list(ctx.tool_context.known_patches), "usage": usage}  # fmt: skip
     if not valid:
         update |= _invalid(state, ctx)
     return _timed(update, state, started)

@@ -183,6 +183,7 @@ def _drive(
             )
             raise
         finally:
+            context.tool_context.close()  # the servers the run's looks kept
             if context.executor is not None:
                 context.executor.shutdown()
         snapshot = graph.get_state(thread)

@@ -104,6 +104,9 @@ class Budget(BaseModel):
     """Model cost in USD (from the profile's prices)."""
     turns: int = 40
     """Model turns (replies)."""
+    looks: int = 16
+    """Looks: runs of the serving instruments on a (patched) server (`tools.looks`). Spent, they
+    are refused; the run goes on (0 where the run offers none)."""
 
     def render(self) -> str:
         cost = f"${self.cost_usd:.2f} of model cost" if self.cost_usd else "no cost limit"
@@ -121,6 +124,7 @@ class Usage(BaseModel):
     tokens: int = 0
     cost_usd: float = 0.0
     turns: int = 0
+    looks: int = 0
 
     def exhausted(self, budget: Budget) -> str | None:
         """The first limit reached, in words, or None."""
@@ -149,6 +153,8 @@ class Usage(BaseModel):
         ]  # fmt: skip
         if not b.cost_usd:  # 0: no cost limit
             rows[3] = ("cost", 0.0, 0.0, f"${self.cost_usd:.2f} (no limit)", "")
+        if b.looks:  # a budget of its own: spent, looks are refused and the run goes on
+            rows.append(("looks", self.looks, b.looks, f"{self.looks}/{b.looks}", f"{b.looks - self.looks}"))  # fmt: skip
         line = "[budget used: " + ", ".join(f"{r[0]} {r[3]}" for r in rows) + "]"
         warnings = []
         for name, used, limit, _, left in rows:
@@ -157,10 +163,13 @@ class Usage(BaseModel):
             if past is not None:
                 warnings.append(f"{name} {share:.0%} used (past {past:.0%}; {left if share < 1 else 'none'} left)")  # fmt: skip
         if warnings:
+            stops = any(not w.startswith("looks ") for w in warnings)
             line += (
-                f"\n[budget warning: {'; '.join(warnings)}. The run stops at the first budget "
-                "used up: plan to finish before then.]"
-            )
+                f"\n[budget warning: {'; '.join(warnings)}."
+                + (" The run stops at the first budget used up: plan to finish before then." if stops else "")
+                + (" Looks spent are refused; the run goes on." if warnings[-1].startswith("looks ") else "")
+                + "]"
+            )  # fmt: skip
         return line
 
 

@@ -132,9 +132,12 @@ def run_command(
             params=parse_params(param),
             author="human",
         )
-        if patch is not None:
-            arguments["patch_id"] = _stored_patch(found, patch, arguments, ctx, settings)
-        result = registry.call(name, json.dumps(arguments), ctx)
+        try:
+            if patch is not None:
+                arguments["patch_id"] = _stored_patch(found, patch, arguments, ctx, settings)
+            result = registry.call(name, json.dumps(arguments), ctx)
+        finally:
+            ctx.close()  # a serving instrument's server
     if result.error is not None:
         raise UserError(result.error)
     store_feedback(name, result.data or {}, result.content)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from infra_agent.tools.looks import LookServers
+
 if TYPE_CHECKING:
     from infra_agent.store import RunStore
     from infra_agent.tasks.manifest import Task
@@ -26,6 +28,17 @@ class ToolContext:
     """Provenance written on patches the model proposes (the policy or model name)."""
     known_patches: list[str] = field(default_factory=list)
     """Ids of the patches proposed so far in this run (kept in the graph state)."""
+    looks_used: int = 0
+    """Looks (serving_workload, server_steps, server_profile) run so far in this run (kept in
+    the graph state's usage)."""
+    looks_limit: int | None = None
+    """The run's looks budget (None: no limit, as for a person's `feedback run`)."""
+    look_servers: LookServers = field(default_factory=LookServers)
+    """The servers looks ran on, kept for later looks at the same patch (`tools.looks`)."""
+
+    def close(self) -> None:
+        """Release what the run's tools keep between calls: stop the look servers."""
+        self.look_servers.close()
 
     def patch(self, patch_id: str) -> Patch:
         """A patch proposed earlier in this run (kept in the store, so it survives a resume)."""

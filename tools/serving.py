@@ -1,25 +1,25 @@
 """Serving tools (serving tasks): the live system's numbers, end to end and inside the server.
 
-Both start the task's deployment with the task's default knobs overlaid by a knob patch, drive
-the task's own workload through it (its harness's sessions and load: what run_experiment sends,
-unless the call gives another shape) and stop it:
+Each is a look (`tools.looks`): it runs the task's server with a patch (a source patch, knobs,
+or both; default the baseline), started as an experiment starts an arm's and kept for later
+looks at the same patch, and drives the task's own workload through it (its harness's sessions
+and load: what run_experiment sends, unless the call gives another shape):
 
 - `serving_workload`: throughput, TTFT/TPOT percentiles and failures
   (`serving.metrics.RunMetrics.render`);
 - `server_steps`: the scheduler's own step statistics during the workload (`serving.steps`):
-  running and queued requests, tokens per batch, prefill vs decode steps, time per step.
+  running and queued requests, tokens per batch, prefill vs decode steps, time per step;
+- `server_profile` (`tools.server_trace`): py-spy and the GIL tracer on the server's processes.
 
-One run is one sample: a quick look at a configuration, not a verdict (run_experiment repeats,
-interleaves and checks health and accuracy).
+A look is one sample: not a verdict (run_experiment repeats, interleaves and checks health and
+accuracy), and each answer ends with a line that says so; looks have a budget of their own.
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
@@ -30,12 +30,24 @@ from infra_agent.tools.context import ToolContext
 
 if TYPE_CHECKING:
     from infra_agent.serving.harness import ServingHarness
+    from infra_agent.tools.looks import Look
 
 WORKLOAD_DEFAULT = "default: the task's workload, as run_experiment sends it (describe_task)"
 
 
+PATCH_ID = (
+    "A patch to look at, source or knobs (default: the baseline): its server is started once "
+    "and kept for later looks at it."
+)
+KNOBS = "Knob values for this look on top of the patch's (a source patch with other knobs)."
+LOOK = (
+    "A look: one sample, not a verdict; counts against the run's looks budget, not its experiments."
+)
+
+
 class ServingWorkload(BaseModel):
-    patch_id: str | None = Field(None, description="A knob patch to run (default: the baseline).")
+    patch_id: str | None = Field(None, description=PATCH_ID)
+    knobs: dict[str, Any] | None = Field(None, description=KNOBS)
     num_prompts: int | None = Field(None, ge=1, le=2000, description=f"Requests ({WORKLOAD_DEFAULT}).")  # fmt: skip
     input_len: int | None = Field(None, ge=1, le=32768, description=f"Prompt tokens ({WORKLOAD_DEFAULT}).")  # fmt: skip
     output_len: int | None = Field(None, ge=1, le=8192, description=f"Generated tokens per request ({WORKLOAD_DEFAULT}).")  # fmt: skip
@@ -53,7 +65,9 @@ class TaskRun:
     """The `serving.workload.LoadSpec` the task's harness sends, with the call's overrides."""
     knobs: dict[str, Any]
     label: str
-    """The arm ('baseline' or the patch's knobs) and the workload sent, in words."""
+    """The patch ('baseline', or its id and what it changes) and the workload sent, in words."""
+    look: Look
+    """The look: its patch, its server (reused or started) and its place in the looks budget."""
 
 
 def task_harness(ctx: ToolContext, **overrides: Any) -> ServingHarness:
@@ -71,46 +85,30 @@ def task_harness(ctx: ToolContext, **overrides: Any) -> ServingHarness:
 
 @contextmanager
 def task_server(
-    ctx: ToolContext, patch_id: str | None, *, steps: bool = False, **overrides: Any
+    ctx: ToolContext, patch_id: str | None, *, knobs: dict[str, Any] | None = None, **overrides: Any
 ) -> Iterator[TaskRun]:
-    """The task's deployment started with the patch's knobs, and the task's workload (with
-    `overrides`) to send it; with `steps`, a server that logs every scheduler step."""
-    from infra_agent.serving.harness import ServingHarness
-    from infra_agent.serving.overlay import build_overlay
-    from infra_agent.serving.server import Server
-    from infra_agent.serving.steps import STEP_KNOBS, instrumented
-    from infra_agent.tasks.patch import effective_knobs
-    from infra_agent.tasks.tree import workspace_folder
+    """A look (`tools.looks`): the task's server with the patch (source, knobs, or both with
+    `knobs`), kept for later looks at it, and the task's workload (with `overrides`) to send it.
+    Counts against the run's looks budget."""
+    from infra_agent.tools.looks import Look, describe_patch, take_look
 
     harness = task_harness(ctx, **overrides)
-    patch = ctx.patch(patch_id) if patch_id else None
-    if patch is not None and patch.kind != "knobs":
-        raise UserError("serving tools run knob patches; run_experiment verifies source patches")
-    knobs = effective_knobs(patch, ctx.task.manifest)
-    spec = harness.deployment
-    arm = ", ".join(f"{k}={v}" for k, v in sorted((patch.knobs if patch else {}).items()))
-    label = f"{arm or 'baseline'} on {harness.workload(knobs).summary.split(';')[0]}"
-    with tempfile.TemporaryDirectory(prefix="infra-agent-serving-") as tmp:
-        with workspace_folder(ctx.task) as folder:  # the task's baseline: its injected fault
-            overlay = build_overlay(
-                folder,
-                ServingHarness.overlay_files(folder),
-                Path(tmp) / "overlay",
-                spec.sglang_version,
-            )
-        if steps:
-            spec = instrumented(spec)
-        launch = {**knobs, **STEP_KNOBS} if steps else knobs
-        with Server.start(spec, Path(tmp), knobs=launch, overlay=overlay) as server:
-            sessions = harness.sessions(int(harness.params["num_prompts"]), seed=1)
-            yield TaskRun(server, sessions, harness.load(1), knobs, label)
+    patch, effective, number = take_look(ctx, patch_id, knobs)
+    kept, reused = ctx.look_servers.get(ctx, patch, effective)
+    look = Look(
+        patch_id=patch_id, patch=describe_patch(patch_id, patch), knobs=dict(knobs or {}),
+        number=number, limit=ctx.looks_limit, reused=reused, start_s=round(kept.start_s, 1),
+    )  # fmt: skip
+    label = f"{look.patch} on {harness.workload(effective).summary.split(';')[0]}"
+    with kept.running() as server:
+        sessions = harness.sessions(int(harness.params["num_prompts"]), seed=1)
+        yield TaskRun(server, sessions, harness.load(1), effective, label, look)
 
 
 @instrument(
     "serving_workload",
-    "Start the task's server (optionally with a knob patch), run the task's workload (or the "
-    "shape you give), report throughput, TTFT/TPOT percentiles and failures. One sample, not a "
-    "verdict.",
+    "Run the task's workload (or the shape you give) on the task's server, patched or not, and "
+    f"report throughput, TTFT/TPOT percentiles and failures. {LOOK}",
     ServingWorkload,
     needs="serving",
 )
@@ -124,9 +122,13 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
         filesystem = run.server.filesystem.render()
     metrics = summarize(result)
     return ToolResult(
-        content=f"{run.label}: {metrics.render()}\nserver network: {network}; file system: {filesystem}",
+        content=(
+            f"{run.label}: {metrics.render()}\nserver network: {network}; file system: "
+            f"{filesystem}\n{run.look.render()}"
+        ),
         data={
             **metrics.model_dump(mode="json"),
+            "look": run.look.model_dump(mode="json"),
             "server_network": network,
             "server_filesystem": filesystem,
         },
@@ -135,12 +137,11 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
 
 @instrument(
     "server_steps",
-    "Start the task's server (optionally with a knob patch), run the task's workload (or the "
-    "shape you give), and report what "
-    "happened inside it from the scheduler's own step statistics: running and queued requests "
-    "per step, tokens per batch, prefill vs decode steps, time per step (by batch size), as a "
-    "summary and a short timeline. Shows queueing behind the running-request cap, batch sizes, "
-    "and where the time goes.",
+    "Run the task's workload (or the shape you give) on the task's server, patched or not, and "
+    "report what happened inside it from the scheduler's own step statistics: running and "
+    "queued requests per step, tokens per batch, prefill vs decode steps, time per step (by "
+    "batch size), as a summary and a short timeline. Shows queueing behind the running-request "
+    f"cap, batch sizes, and where the time goes. {LOOK}",
     ServingWorkload,
     needs="serving",
 )
@@ -148,9 +149,9 @@ def server_steps(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
     from infra_agent.serving.instruments import describe
     from infra_agent.serving.steps import run_with_steps
 
-    with task_server(ctx, steps=True, **p.model_dump()) as run:
+    with task_server(ctx, **p.model_dump()) as run:
         result, report = run_with_steps(run.server, run.sessions, run.load, knobs=run.knobs)
     return ToolResult(
-        content=f"{report.render()}\n{run.label}: {describe(result)}",
-        data=report.model_dump(mode="json"),
+        content=f"{report.render()}\n{run.label}: {describe(result)}\n{run.look.render()}",
+        data={**report.model_dump(mode="json"), "look": run.look.model_dump(mode="json")},
     )

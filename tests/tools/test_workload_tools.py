@@ -258,13 +258,11 @@ def test_serving_tools_send_the_tasks_workload_unless_told_otherwise(
     """sglang-slow-decode sends prompts of up to 256 random tokens: so do serving_workload and
     server_steps when the model gives no shape (they used to default to 64); a shape given
     overrides it. The server is a stand-in that records the sessions and the load it was sent
-    (no SGLang)."""
-    from contextlib import contextmanager
-
-    from infra_agent.serving import overlay, server
-    from infra_agent.tasks import tree
+    (no SGLang), kept by the first look and reused by the others (one start)."""
+    from infra_agent.tools import looks
 
     sent: list[tuple[Any, Any]] = []
+    starts: list[Any] = []
     (tmp_path / "server.log").write_text("")
 
     class StandIn:
@@ -277,13 +275,23 @@ def test_serving_tools_send_the_tasks_workload_unless_told_otherwise(
         def info(self) -> dict[str, Any]:
             return {}
 
-    @contextmanager
-    def folder(task: Any, files: Any = ()) -> Any:
-        yield tmp_path
+    class Kept:
+        start_s = 1.0
 
-    monkeypatch.setattr(server.Server, "start", classmethod(lambda cls, *a, **kw: _Context(StandIn())))  # fmt: skip
-    monkeypatch.setattr(overlay, "build_overlay", lambda *a, **kw: tmp_path / "overlay")
-    monkeypatch.setattr(tree, "workspace_folder", folder)
+        def running(self) -> Any:
+            return _Context(StandIn())
+
+        def alive(self) -> bool:
+            return True
+
+        def close(self) -> None:
+            return None
+
+    def start(ctx: Any, patch: Any, knobs: Any) -> Any:
+        starts.append(patch)
+        return Kept()
+
+    monkeypatch.setattr(looks, "start_look_server", start)
     ctx = ToolContext(
         task=find_task("sglang-slow-decode"), store=open_store(tmp_path / "r.db"), run_id="r"
     )
@@ -302,6 +310,7 @@ def test_serving_tools_send_the_tasks_workload_unless_told_otherwise(
     assert max(s.turns[0].output_len for s in given) <= 8 and given_load.max_concurrency == 2
     schema = reg.get("serving_workload").schema()["function"]["parameters"]["properties"]  # type: ignore[union-attr]
     assert "the task's workload" in schema["input_len"]["description"]
+    assert starts == [None] and ctx.looks_used == 3  # the baseline's server, started once
 
 
 class _Context:
