@@ -27,8 +27,9 @@ from infra_agent.agent.handoff import apply, best_improved, review, submit
 from infra_agent.agent.prompts import LAST_TURN_NOTE, LAST_TURN_REFUSAL, system_prompt, task_message
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Message
 from infra_agent.errors import UserError
-from infra_agent.experiments.criteria import criteria_outcome
 from infra_agent.experiments.executors import Executor, ExperimentRequest, run_batch
+from infra_agent.experiments.extend import extendable
+from infra_agent.experiments.verdict_text import verdict_text
 from infra_agent.store.records import ExperimentRecord, ToolCall
 from infra_agent.tasks.patch import Patch
 from infra_agent.tools.base import ToolResult
@@ -171,16 +172,20 @@ def tools(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
 def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     """Verify the reply's patches: the first pending one, or with an executor all of them as one
     parallel batch. Each is admitted only while no budget is used up (experiments, wall time,
-    tokens, cost, turns); a patch measured before in this run is answered from its record."""
+    tokens, cost, turns); a patch measured before in this run is answered from its record. A
+    call with `extend` continues an unresolved NO_CHANGE of this run on its patch
+    (experiments.extend), or is refused in one line."""
     ctx, started = run_context(runtime), time.monotonic()
     parallel = ctx.executor is not None and len(state.pending) > 1
     batch = state.pending if parallel else state.pending[:1]
     usage, budget, answers = state.usage.model_copy(), ctx.budget(state), {}
     known: dict[str, ExperimentOutcome | None] = {e.patch_id: e for e in state.experiments}
     admitted: list[tuple[ToolCall, Patch]] = []
+    extends: dict[str, ExperimentRecord] = {}  # call id -> the experiment it continues
     for call in batch:
-        patch_id = json.loads(call.arguments).get("patch_id", "")
-        if patch_id in known:  # asked again: answer from the record, spend nothing
+        args = json.loads(call.arguments)
+        patch_id, extend = args.get("patch_id") or "", args.get("extend")
+        if patch_id in known and not extend:  # asked again: answer from the record, spend nothing
             done = known[patch_id]
             seen = f" ({done.experiment_id}): {done.verdict.value}, speedup {done.speedup}" if done else ""  # fmt: skip
             answers[call.id] = ToolResult(content=f"already measured in this run{seen}; not re-run")
@@ -189,27 +194,31 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
         try:
             if exhausted := spent.exhausted(budget):
                 raise UserError(f"not run: {exhausted}")
+            if extend:
+                extends[call.id] = earlier = extendable(ctx.store, state.run_id, extend)
+                patch_id = earlier.patch_id
             admitted.append((call, ctx.tool_context.patch(patch_id)))
             known[patch_id] = None
         except UserError as exc:
             answers[call.id] = ToolResult.failure(str(exc))
-    stored = {e.patch_id: e for e in ctx.store.experiments(state.run_id)}
-    todo = [(c, p) for c, p in admitted if p.hash not in stored]
-    records = _run(ctx, state, todo, ctx.executor if parallel else None)
+    # A resumed run finds what it ran by patch and, for an extension, the experiment extended.
+    stored = {(e.patch_id, _extended_from(e)): e for e in ctx.store.experiments(state.run_id)}
+    continues = {call_id: earlier.id for call_id, earlier in extends.items()}
+    todo = [(c, p) for c, p in admitted if (p.hash, continues.get(c.id)) not in stored]
+    records = _run(ctx, state, todo, ctx.executor if parallel else None, extends)
     # The budget line below counts the time these experiments just took.
     usage.wall_s += time.monotonic() - started
     started = time.monotonic()
     outcomes = list(state.experiments)
     for call, patch in admitted:
-        record = records.get(call.id) or stored.get(patch.hash)
+        record = records.get(call.id) or stored.get((patch.hash, continues.get(call.id)))
         if isinstance(record, str) or record is None:  # the experiment could not start
             answers[call.id] = ToolResult.failure(record or "not run")
             continue
         usage.experiments += 1
         reused = call.id not in records
         outcomes.append(ExperimentOutcome.of(record, ctx.store.get_patch(record.patch_id), reused=reused))  # fmt: skip
-        criteria = criteria_outcome(ctx.task.manifest, record.result)
-        text = "\n".join([f"experiment {record.id} on patch {patch.hash[:12]}: {record.result.render()}", *criteria])  # fmt: skip
+        text = verdict_text(record, ctx.task.manifest)
         answers[call.id] = ToolResult(content=text, data={"experiment_id": record.id})
     rest = state.pending[len(batch) :]
     if not rest:  # the reply's last answer
@@ -221,14 +230,22 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
     return _timed(update, state, started)
 
 
+def _extended_from(record: ExperimentRecord) -> str | None:
+    """The experiment `record` continued (experiments.extend), else None."""
+    perf = record.result.evidence.performance
+    return perf.extended_from if perf is not None else None
+
+
 def _run(
     ctx: AgentContext,
     state: AgentState,
     todo: list[tuple[ToolCall, Patch]],
     executor: Executor | None,
+    extends: dict[str, ExperimentRecord],
 ) -> dict[str, ExperimentRecord | str]:
     """Call id -> the record of its experiment, run here one after the other or on `executor` all
-    at once (or why it could not start). Each is logged and stored before this returns."""
+    at once (or why it could not start), an extension from the record in `extends`. Each is
+    logged and stored before this returns."""
     seed = ctx.config.seed + len(state.experiments)
     for _, patch in todo:
         ctx.log.harness(f"experiment started on patch {patch.hash}", name="experiment")
@@ -240,7 +257,7 @@ def _run(
             try:
                 out[call.id] = ctx.run_experiment(
                     ctx.task, patch, sandbox=ctx.config.sandbox, params=ctx.config.params or None,
-                    store=ctx.store, run_id=state.run_id, seed=seed,
+                    store=ctx.store, run_id=state.run_id, seed=seed, extend=extends.get(call.id),
                     progress=lambda stage: ctx.on_event(f"{where}: {stage}"),  # noqa: B023
                 )  # fmt: skip
             except UserError as exc:
@@ -249,7 +266,8 @@ def _run(
     ctx.on_event(f"{len(todo)} experiments in parallel on the {ctx.config.executor} executor")
     requests = [
         ExperimentRequest(id=call.id, task=str(ctx.task.root), patch=patch, sandbox=ctx.config.sandbox,
-                          params=ctx.config.params, seed=seed + i, run_id=state.run_id)
+                          params=ctx.config.params, seed=seed + i, run_id=state.run_id,
+                          extend=extends.get(call.id))
         for i, (call, patch) in enumerate(todo)
     ]  # fmt: skip
     for done in run_batch(executor, requests):

@@ -26,6 +26,7 @@ from infra_agent.experiments.arms import (
     patch_refusal,
     sandbox_spec,
 )
+from infra_agent.experiments.extend import Prior, extension_refusal, same_arms_refusal
 from infra_agent.experiments.measure import ArmError, ExperimentTimeout, decide, evidence, measure
 from infra_agent.experiments.procwatch import ProcessWatch
 from infra_agent.store.base import RunStore
@@ -104,6 +105,7 @@ class Experiment:
     def __init__(
         self, task: Task, patch: Patch, *, backend: str, params: dict[str, Any],
         progress: Progress | None, bootstrap_seed: int, detect: float | None = None,
+        prior: Prior | None = None,
     ) -> None:  # fmt: skip
         self.task, self.patch, self.backend = task, patch, backend
         self.manifest = task.manifest
@@ -111,7 +113,8 @@ class Experiment:
         self.progress = progress or (lambda _msg: None)
         self.bootstrap_seed = bootstrap_seed
         self.detect = detect
-        self.evidence = Evidence()
+        self.prior = prior
+        self.evidence = Evidence(params=params)
         self.flags: list[Flag] = []
         self.reasons: list[str] = []
         self.seeds = SeedSource()
@@ -246,6 +249,7 @@ class Experiment:
             m = measure(
                 harness, base, cand, self.manifest, self.seeds, deadline=self.deadline,
                 bootstrap_seed=self.bootstrap_seed, progress=self.progress, detect=self.detect,
+                prior=self.prior,
             )  # fmt: skip
         except ArmError as exc:
             raise _failure(exc.arm, exc.error) from exc
@@ -362,6 +366,7 @@ def _correctness(
         max_abs_err=top([r.max_abs_err for r in cand]),
         max_rel_err=top([r.max_rel_err for r in cand]),
         tolerance=next((r.tolerance for r in cand if r.tolerance), None),
+        compared=next((r.compared for r in cand if r.compared), None),
         baseline_err_f64=top([r.err_vs_f64 for r in results["baseline"]]),
         candidate_err_f64=top([r.err_vs_f64 for r in cand]),
         detail=detail,
@@ -379,6 +384,7 @@ def run_experiment(
     progress: Progress | None = None,
     seed: int | None = None,
     detect: float | None = None,
+    extend: ExperimentRecord | None = None,
 ) -> ExperimentRecord:
     """Run one experiment and return its record (also stored when `store` is given).
 
@@ -388,7 +394,9 @@ def run_experiment(
     or a bad value) is an experiment too: REJECTED at the apply stage, recorded with its reason.
     `seed` only fixes the statistics' bootstrap; input seeds always come from os.urandom.
     `detect` asks for a finer resolution than the task's (0.05: see a 5% change); the verdict
-    says when the budget could not reach it."""
+    says when the budget could not reach it. `extend` continues an unresolved NO_CHANGE of
+    the same patch on the same arms (experiments/extend.py: its pairs first, then at most the
+    task's max_samples more, at its resolution); any other is a UserError saying why."""
     from infra_agent.sandboxes import create_sandbox, ensure_backend
 
     if detect is not None and not 0.0 < detect < 10.0:
@@ -403,20 +411,31 @@ def run_experiment(
             f"detect {detect:g} is not above the task's min_effect {task.manifest.min_effect:g}: "
             "a change that small is NO_CHANGE by the task's rule, whatever the budget"
         )
-    ensure_backend(sandbox)  # docker: starts a private engine when none answers
     resolved = effective_params(task.manifest, params)
+    prior = None
+    if extend is not None:
+        if detect is not None:
+            raise UserError("an extension keeps the earlier experiment's resolution; drop detect")
+        why = extension_refusal(extend) or same_arms_refusal(
+            extend, task=task.name, fingerprint=task_fingerprint(task), patch_id=patch.hash,
+            params=resolved, sandbox=sandbox,
+        )  # fmt: skip
+        if why is not None:
+            raise UserError(f"not extended: {why}")
+        prior = Prior.of(extend)
+    ensure_backend(sandbox)  # docker: starts a private engine when none answers
     started_at, t0 = now(), time.monotonic()
     refused = patch_refusal(patch, task)
     if refused is not None:
         result = ExperimentResult(
             task=task.name, patch_id=patch.hash, verdict=Verdict.REJECTED,
             reasons=[f"patch refused: {refused}"],
-            evidence=Evidence(stage_reached="apply", rule_violations=[refused]),
+            evidence=Evidence(stage_reached="apply", rule_violations=[refused], params=resolved),
         )  # fmt: skip
     else:
         experiment = Experiment(
             task, patch, backend=sandbox, params=resolved, progress=progress,
-            bootstrap_seed=seed if seed is not None else 0, detect=detect,
+            bootstrap_seed=seed if seed is not None else 0, detect=detect, prior=prior,
         )  # fmt: skip
         result = experiment.run(create_sandbox)
     record = ExperimentRecord(

@@ -96,8 +96,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def experiment(
-        task: str = typer.Option(..., "--task", help="Task name or folder."),
-        patch: Path = typer.Option(..., "--patch", help="Unified diff or knobs TOML."),
+        task: str | None = typer.Option(None, "--task", help="Task name or folder."),
+        patch: Path | None = typer.Option(None, "--patch", help="Unified diff or knobs TOML."),
         sandbox: str | None = typer.Option(
             None, "--sandbox", help="Sandbox backend: local or docker (default: configured)."
         ),
@@ -111,20 +111,42 @@ def register(app: typer.Typer) -> None:
             help="Smallest relative change the experiment must resolve, e.g. 0.05 for 5% "
             "(default: the task's target_ci_width). The verdict says when the budget cannot.",
         ),
+        extend: str | None = typer.Option(
+            None,
+            "--extend",
+            help="Instead of --task/--patch: an experiment id that ended NO_CHANGE underpowered "
+            "or unresolved; continues it with more pairs on the same patch.",
+        ),
     ) -> None:
         """Verify a patch against its task's baseline and print the verdict with its evidence."""
         from infra_agent.context import current
         from infra_agent.experiments.cascade import run_experiment
-        from infra_agent.experiments.criteria import criteria_outcome
+        from infra_agent.experiments.extend import extendable
+        from infra_agent.experiments.verdict_text import verdict_text
         from infra_agent.output import emit, err_console
-        from infra_agent.tasks.patch import load_patch
+        from infra_agent.tasks.patch import Patch, load_patch
         from infra_agent.tasks.registry import find_task
 
         settings = current().settings()
+        store = current().store()
+        earlier = None
+        if extend is not None:
+            if patch is not None or task is not None:
+                raise UserError("--extend takes the task and patch of the experiment it extends")
+            known = store.get_experiment(extend)
+            earlier = extendable(store, known.run_id if known else None, extend)
+            stored = store.get_patch(earlier.patch_id)
+            if stored is None:
+                raise UserError(f"the patch of {extend} is missing from the run store")
+            task, loaded = earlier.task, Patch.from_record(stored)
+        elif task is None or patch is None:
+            raise UserError("give --task and --patch (or --extend EXPERIMENT_ID)")
+        else:
+            loaded = load_patch(
+                patch, max_bytes=settings.sandbox.max_patch_bytes, author=author,
+                rationale=rationale,
+            )  # fmt: skip
         found = find_task(task)
-        loaded = load_patch(
-            patch, max_bytes=settings.sandbox.max_patch_bytes, author=author, rationale=rationale
-        )
         params = parse_params(param)
         backend = sandbox or settings.sandbox.backend
         # SIGTERM/SIGHUP end the run through the same path as Ctrl-C: sandboxes are cleaned.
@@ -132,7 +154,6 @@ def register(app: typer.Typer) -> None:
         for signum in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) is not signal.SIG_IGN:
                 signal.signal(signum, _interrupt)
-        store = current().store()
         with err_console.status(f"experiment on {found.name}: starting") as status:
 
             def progress(message: str) -> None:
@@ -143,7 +164,7 @@ def register(app: typer.Typer) -> None:
             try:
                 record = run_experiment(
                     found, loaded, sandbox=backend, params=params, store=store,
-                    progress=progress, detect=detect,
+                    progress=progress, detect=detect, extend=earlier,
                 )  # fmt: skip
             except KeyboardInterrupt as exc:
                 # Raised as an error (not left to typer, which turns it into a return value):
@@ -153,9 +174,8 @@ def register(app: typer.Typer) -> None:
         report = ExperimentReport.of(record)
 
         def render(console: Console) -> None:
-            console.print(record.result.render())
-            for line in criteria_outcome(found.manifest, record.result):
-                console.print(line, markup=False, highlight=False)
+            # markup off: '[underpowered]' is text, not a style tag
+            console.print(verdict_text(record, found.manifest), markup=False, highlight=False)
             console.print(f"[dim]recorded as {record.id} ({record.duration_s:.1f} s)[/dim]")
 
         emit(report, render, as_json=as_json)

@@ -23,8 +23,8 @@ def companion(
     metrics: dict[str, float],
 ) -> tuple[list[str], Comparison | None]:
     """The metric's companion compared like the metric (paired bootstrap over the arms' samples,
-    metric name -> samples), in words, and the comparison; its speedup and interval are added to
-    `metrics`. Nothing when the harness did not report it."""
+    metric name -> samples), in words (its gain and medians), and the comparison; its speedup and
+    interval are added to `metrics`. Nothing when the harness did not report it."""
     name = manifest.metric.companion
     b, k = baseline.get(name or ""), candidate.get(name or "")
     if name is None or not b or not k:
@@ -40,9 +40,10 @@ def companion(
             f"{name}_ci_high": comp.ci_high,
         }
     )
+    # Its interval is kept in `metrics`, not said: a verdict states one interval, its own.
     return [
-        f"beside it (does not decide): {name} {comp.speedup:.3f}x (95% CI {comp.ci_low:.3f}-"
-        f"{comp.ci_high:.3f}), median {comp.baseline_median:.4g} -> {comp.candidate_median:.4g}"
+        f"beside it (does not decide): {name} {comp.speedup:.3f}x, median "
+        f"{comp.baseline_median:.4g} -> {comp.candidate_median:.4g}"
     ], comp
 
 

@@ -61,10 +61,13 @@ def _median(perf: PerformanceEvidence, metrics: dict[str, float], name: str, arm
 
 
 def _target_outcome(t: Target, perf: PerformanceEvidence, metrics: dict[str, float]) -> CriterionOutcome:  # fmt: skip
+    """The numbers the verdict states already (its gain, interval and the metric's medians) are
+    not repeated."""
     if t.gain is not None:
         lo, sp = perf.ci_low, perf.speedup
         met: Status = "met" if lo >= t.gain else "not shown" if sp >= t.gain else "not met"
-        return CriterionOutcome(met, f"target {perf.gain} >= {t.gain:g}x: {met} ({sp:.3f}x, 95% CI {lo:.3f}-{perf.ci_high:.3f})")  # fmt: skip
+        why = {"met": "the interval's low end reaches it", "not shown": "the point estimate reaches it, the interval's low end does not", "not met": "the point estimate is below it"}[met]  # fmt: skip
+        return CriterionOutcome(met, f"target {perf.gain} >= {t.gain:g}x: {met} ({why})")
     value = _median(perf, metrics, t.metric, "candidate")
     below = t.below is not None
     bound = t.below if t.below is not None else t.above
@@ -73,9 +76,11 @@ def _target_outcome(t: Target, perf: PerformanceEvidence, metrics: dict[str, flo
     if value is None:
         return CriterionOutcome("not measured", f"{head}: not measured (the harness did not report {t.metric})")  # fmt: skip
     reached = value < bound if below else value > bound
+    status: Status = "met" if reached else "not met"
+    if t.metric == perf.metric:  # its medians are in the verdict
+        return CriterionOutcome(status, f"{head}: {status} (candidate median)")
     base = _median(perf, metrics, t.metric, "baseline")
     was = f"; baseline {base:.4g}" if base is not None else ""
-    status: Status = "met" if reached else "not met"
     return CriterionOutcome(status, f"{head}: {status} ({value:.4g}{was})")
 
 
@@ -86,6 +91,8 @@ def _constraint_outcome(c: Constraint, metrics: dict[str, float]) -> CriterionOu
     if ratio is None or low is None or high is None:
         return CriterionOutcome("not measured", f"{head}: not measured")
     met: Status = "met" if high <= c.max_ratio else "broken" if low > c.max_ratio else "not shown"
+    if met != "met":  # the verdict's reasons state its numbers (experiments.constraints.check)
+        return CriterionOutcome(met, f"{head}: {met}")
     return CriterionOutcome(met, f"{head}: {met} (ratio {ratio:.3f}, 95% CI {low:.3f}-{high:.3f})")
 
 
@@ -106,9 +113,9 @@ def criteria_results(manifest: TaskManifest, result: ExperimentResult) -> list[C
         head = f"target {m.name} < {m.target:g} {m.unit} (95% upper bound)"
         if upper is None:
             out.append(CriterionOutcome("not measured", f"{head}: not measured"))
-        else:
+        else:  # the bound itself is in the verdict's counts (rates.RateComparison.render_counts)
             status: Status = "met" if upper < m.target else "not met"
-            out.append(CriterionOutcome(status, f"{head}: {status} ({upper:.3g})"))
+            out.append(CriterionOutcome(status, f"{head}: {status}"))
     out.extend(_target_outcome(t, perf, metrics) for t in manifest.targets)
     out.extend(_constraint_outcome(c, metrics) for c in manifest.constraints)
     return out

@@ -10,7 +10,9 @@ that precise (for a rate metric, judged on pooled counts by `experiments/rates.p
 difference is shown either way) and every constraint is shown satisfied or broken
 (`experiments/constraints.py`), with at least `min_samples` per arm; or at `max_samples`, or
 when `measure_budget_s` is spent. A NO_CHANGE that stopped short of the precision asked for is
-flagged `underpowered` and says what it could and could not see.
+flagged `underpowered` and says what it could and could not see. An extension
+(`experiments/extend.py`) starts from an earlier experiment's pairs and adds at most
+`max_samples` more.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Literal
 from infra_agent.experiments import constraints, power, rates
 from infra_agent.experiments.arms import SeedSource
 from infra_agent.experiments.companion import companion, unshared_gain
+from infra_agent.experiments.extend import Prior
 from infra_agent.feedback.bench import Comparison, compare_samples
-from infra_agent.store.verdict import Flag, PerformanceEvidence, Verdict
+from infra_agent.store.verdict import Flag, PerformanceEvidence, StopReason, Verdict
 from infra_agent.tasks.harness import Arm, Harness
 from infra_agent.tasks.manifest import TaskManifest
 
@@ -62,6 +65,10 @@ class Measurement:
     """The detectable effect asked for (a speedup, e.g. 1.10)."""
     plan: power.Plan | None = None
     """What the calibration said the budget can resolve."""
+    stopped: StopReason | None = None
+    """Why sampling stopped."""
+    prior: Prior | None = None
+    """The earlier experiment this one extends (its pairs come first), if any."""
 
 
 def _take(harness: Harness, arm: Arm, seed: int, manifest: TaskManifest) -> dict[str, float]:
@@ -105,18 +112,25 @@ def measure(
     bootstrap_seed: int = 0,
     progress: Callable[[str], None] | None = None,
     detect: float | None = None,
+    prior: Prior | None = None,
 ) -> Measurement:
     """Sample both arms until the interval resolves the wanted effect (a rate metric: until the
-    difference is shown) and every constraint is shown either way, or a budget runs out."""
+    difference is shown) and every constraint is shown either way, or a budget runs out. With
+    `prior` (an extension: the same arms), its pairs come first and at most `max_samples` more
+    are taken."""
     budget, metric = manifest.budget, manifest.metric.name
     rate = manifest.metric.events is not None
     wanted = math.inf if rate else wanted_effect(manifest, detect)
+    if prior is not None and prior.wanted is not None:  # an extension asks what its start asked
+        wanted = prior.wanted
     se_goal = power.se_for_effect(wanted, manifest.min_effect)
-    base: dict[str, list[float]] = {}
-    cand: dict[str, list[float]] = {}
+    base = {k: list(v) for k, v in prior.baseline.items()} if prior is not None else {}
+    cand = {k: list(v) for k, v in prior.candidate.items()} if prior is not None else {}
+    reused = prior.pairs if prior is not None else 0
+    cap = budget.max_samples + reused
     plan: power.Plan | None = None
     started = time.monotonic()
-    rounds = 0
+    rounds = reused // 2
     while True:
         s1, s2 = seeds.fresh(), seeds.fresh()
         order = [(baseline, s1), (candidate, s1), (candidate, s2), (baseline, s2)]
@@ -134,8 +148,9 @@ def measure(
         if not rate and plan is None and n >= min(CALIBRATION_PAIRS, max(budget.max_samples, 2)):
             ratios = _ratios(base[metric][:n], cand[metric][:n], manifest.metric.higher_is_better)
             plan = power.plan(
-                power.Noise.of(ratios, spent), wanted=wanted, min_effect=manifest.min_effect,
-                max_pairs=budget.max_samples, seconds_left=budget.measure_budget_s - spent, taken=n,
+                power.Noise.of(ratios, spent, timed=n - reused),
+                wanted=wanted, min_effect=manifest.min_effect, max_pairs=cap,
+                seconds_left=budget.measure_budget_s - spent, taken=n,
             )  # fmt: skip
             if progress is not None:
                 progress(plan.render())
@@ -172,8 +187,14 @@ def measure(
         done = done and not constraints.still_open(base, cand, manifest)  # shown either way first
         if progress is not None:
             progress(f"performance: n={n}/arm, {shown}")
-        if done or n >= budget.max_samples or spent > budget.measure_budget_s:
-            return Measurement(comparison, base, cand, rounds, wanted, plan)
+        stopped = (
+            StopReason.RESOLVED if done
+            else StopReason.MAX_SAMPLES if n >= cap
+            else StopReason.TIME_BUDGET if spent > budget.measure_budget_s
+            else None
+        )  # fmt: skip
+        if stopped is not None:
+            return Measurement(comparison, base, cand, rounds, wanted, plan, stopped, prior)
 
 
 def sign_overrules(
@@ -232,6 +253,7 @@ def pair_ratios(m: Measurement, manifest: TaskManifest) -> list[float]:
 def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
     c, metric = m.comparison, manifest.metric
     rate = metric.events is not None
+    seen = None if rate else _resolution(m, manifest)
     return PerformanceEvidence(
         metric=metric.name,
         unit=metric.unit,
@@ -247,14 +269,15 @@ def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
         noise=c.noise,
         min_effect=manifest.min_effect,
         gain=gain_name(manifest),
-        pair_noise=None if rate else _pair_noise(pair_ratios(m, manifest)),
-        detectable_effect=None
-        if rate
-        else power.detectable_effect(
-            power.se_of_interval(c.ci_low, c.ci_high), manifest.min_effect
-        ),
+        pair_noise=seen.noise if seen is not None else None,
+        detectable_effect=seen.seen if seen is not None else None,
         wanted_effect=m.wanted if math.isfinite(m.wanted) else None,
         calibration=m.plan.render() if m.plan is not None else "",
+        pairs_needed=seen.needed if seen is not None else None,
+        stopped=m.stopped,
+        all_samples={"baseline": m.baseline, "candidate": m.candidate},
+        extended_from=m.prior.experiment_id if m.prior is not None else None,
+        reused_pairs=m.prior.pairs if m.prior is not None else 0,
         method=(
             f"interleaved ABBA rounds on fresh seeds ({m.rounds} rounds); {c.method}"
             + (
@@ -295,36 +318,33 @@ def decide(
     (experiments.rates). Every constraint must be shown satisfied (its interval within the
     limit): one shown broken is a REGRESSED, one not shown satisfied keeps the verdict from
     IMPROVED. The metric's companion is compared beside it and does not decide, but an
-    IMPROVED it does not share is flagged `suspicious` (experiments.companion)."""
+    IMPROVED it does not share is flagged `suspicious` (experiments.companion).
+
+    The reasons are words and the numbers only they carry: the gain, its interval, the pairs
+    and the medians are in the evidence (`evidence`) and stated once beside the verdict."""
     c, metric = m.comparison, manifest.metric
     sp, lo, hi, effect = c.speedup, c.ci_low, c.ci_high, manifest.min_effect
     margin = 1.0 + effect / 2
     shown = beyond_min_effect(sp, lo, hi, effect)
     gain = gain_name(manifest)
-    numbers = (
-        f"{gain} {sp:.3f}x (95% CI {lo:.3f}-{hi:.3f}, n={min(c.n_baseline, c.n_candidate)}/arm); "
-        f"{metric.name} median {c.baseline_median:.4g} -> {c.candidate_median:.4g} {metric.unit}"
-    )
+    beyond = f"beyond the task's minimum effect of {effect:.0%}"
     if metric.events is not None:
         verdict, reasons = _decide_rate(m, manifest)
     elif shown == "better":
-        verdict, reasons = Verdict.IMPROVED, [f"better with confidence: {numbers}"]
+        verdict, reasons = Verdict.IMPROVED, [f"better with confidence, {beyond}"]
     elif shown == "worse":
-        verdict, reasons = Verdict.REGRESSED, [f"worse with confidence: {numbers}"]
+        verdict, reasons = Verdict.REGRESSED, [f"worse with confidence, {beyond}"]
     elif lo <= 1.0 <= hi:
-        verdict, reasons = (
-            Verdict.NO_CHANGE,
-            [f"within noise, the interval includes 1.0: {numbers}"],
-        )
+        verdict, reasons = Verdict.NO_CHANGE, ["within noise: the interval includes 1.0"]
     elif sp > 1.0 + effect or sp < 1.0 / (1.0 + effect):
         verdict = Verdict.NO_CHANGE
         reasons = [
             f"not shown: the interval reaches within half the task's minimum effect of "
-            f"{effect:.0%} ({1 / margin:.3f}-{margin:.3f}); {numbers}"
+            f"{effect:.0%} ({1 / margin:.3f}-{margin:.3f})"
         ]
     else:
         verdict = Verdict.NO_CHANGE
-        reasons = [f"effect below the task's minimum of {effect:.0%}: {numbers}"]
+        reasons = [f"effect below the task's minimum of {effect:.0%}"]
     if shown is not None and metric.events is None:  # IMPROVED or REGRESSED so far
         # The bootstrap interval of medians can be too narrow when noise is heavy-tailed or
         # drifts (a loaded machine); the sign test's interval holds whatever the noise.
@@ -335,7 +355,7 @@ def decide(
             verdict = Verdict.NO_CHANGE
             reasons = [
                 "not shown: the sign test's 95% interval of per-pair ratios "
-                f"({sign[0]:.3f}-{sign[1]:.3f}) includes 1.0; {numbers}"
+                f"({sign[0]:.3f}-{sign[1]:.3f}) includes 1.0"
             ]
     flags: list[Flag] = []
     if {"high_iqr", "drift"} & set(c.noise):
@@ -377,55 +397,37 @@ def _decide_rate(m: Measurement, manifest: TaskManifest) -> tuple[Verdict, list[
     outcome = rates.shown(counts, manifest.min_effect, target)
     low, _ = counts.interval()
     if outcome == "better":
-        return Verdict.IMPROVED, [f"fewer events with confidence: {counts.render()}"]
+        return Verdict.IMPROVED, [f"fewer events with confidence: {counts.render_counts()}"]
     if outcome == "worse":
-        return Verdict.REGRESSED, [f"more events with confidence: {counts.render()}"]
+        return Verdict.REGRESSED, [f"more events with confidence: {counts.render_counts()}"]
     margin = 1.0 + manifest.min_effect / 2
     if low > margin and target is not None:
         why = (
             f"fewer events, but not shown below the task's target of {target:g} "
-            f"{manifest.metric.unit} (the candidate's 95% upper bound is "
-            f"{counts.candidate_upper:.3g}: more requests needed)"
+            f"{manifest.metric.unit}: the candidate's 95% upper bound is above it (more requests "
+            "needed)"
         )
     else:
         why = "the difference is not shown (the interval reaches within half the minimum effect)"
-    return Verdict.NO_CHANGE, [f"{why}: {counts.render()}"]
-
-
-def _pair_noise(ratios: list[float]) -> float | None:
-    """sd of the log per-pair speedups (None with fewer than 2 pairs)."""
-    return statistics.stdev(math.log(r) for r in ratios) if len(ratios) >= 2 else None
+    return Verdict.NO_CHANGE, [f"{why}: {counts.render_counts()}"]
 
 
 def resolution(
     m: Measurement, manifest: TaskManifest, verdict: Verdict
 ) -> tuple[list[Flag], list[str]]:
-    """What the measurement could see, in words; a NO_CHANGE that could not see the effect asked
-    for is flagged `underpowered` and says so first."""
+    """What the measurement could see, in one line (`power.Resolution`); a NO_CHANGE that could
+    not see the effect asked for is flagged `underpowered`."""
+    seen = _resolution(m, manifest)
+    flags = [Flag.UNDERPOWERED] if verdict is Verdict.NO_CHANGE and not seen.resolved else []
+    return flags, [seen.render(no_change=verdict is Verdict.NO_CHANGE)]
+
+
+def _resolution(m: Measurement, manifest: TaskManifest) -> power.Resolution:
     c = m.comparison
-    seen = power.detectable_effect(power.se_of_interval(c.ci_low, c.ci_high), manifest.min_effect)
-    noise = _pair_noise(pair_ratios(m, manifest))
-    said = f"per-pair noise {noise:.1%}, " if noise is not None else ""
-    line = (
-        f"resolution: this measurement detects changes of {seen - 1:.1%} or more "
-        f"(80% power; {said}n={min(c.n_baseline, c.n_candidate)}/arm)"
+    return power.Resolution.of(
+        pair_ratios(m, manifest),
+        c.ci_low,
+        c.ci_high,
+        wanted=m.wanted,
+        min_effect=manifest.min_effect,
     )
-    if not math.isfinite(m.wanted) or seen <= m.wanted * (1 + 1e-9):
-        return [], [line + (f"; asked {m.wanted - 1:.1%}" if math.isfinite(m.wanted) else "")]
-    if verdict is not Verdict.NO_CHANGE:
-        return [], [line + f"; asked {m.wanted - 1:.1%}, and the effect was large enough anyway"]
-    goal = power.se_for_effect(m.wanted, manifest.min_effect)
-    needed = None if noise is None else power.pairs_for(noise, goal)
-    more = (
-        f"about {needed} samples/arm would: raise the budget's max_samples / measure_budget_s, "
-        "or measure on a quieter machine"
-        if needed
-        else f"no sample count can: it is at or below the task's minimum effect of "
-        f"{manifest.min_effect:.0%}"
-    )
-    return [Flag.UNDERPOWERED], [
-        f"underpowered: NO_CHANGE only rules out changes of {seen - 1:.1%} or more; "
-        f"{m.wanted - 1:.1%} was asked for, which this budget cannot resolve at the noise "
-        f"measured ({more})",
-        line,
-    ]

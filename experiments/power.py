@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 Z95 = 1.959964
 """Two-sided 95% normal quantile (the verdict's interval)."""
@@ -79,10 +79,12 @@ class Noise:
     """Wall time one pair of samples took (both arms)."""
 
     @classmethod
-    def of(cls, ratios: list[float], seconds: float) -> Noise:
-        """From per-pair speedups (at least 2) and the seconds they took."""
+    def of(cls, ratios: list[float], seconds: float, timed: int | None = None) -> Noise:
+        """From per-pair speedups (at least 2) and the seconds the last `timed` of them took
+        (default: all; an extension timed only its new pairs)."""
         logs = [math.log(r) for r in ratios]
-        return cls(statistics.stdev(logs), len(ratios), seconds / len(ratios))
+        per_pair = seconds / max(timed if timed is not None else len(ratios), 1)
+        return cls(statistics.stdev(logs), len(ratios), per_pair)
 
     def se(self, pairs: int) -> float:
         """Predicted standard error of the log speedup with `pairs` pairs."""
@@ -159,3 +161,71 @@ def plan(
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def pair_noise(ratios: list[float]) -> float | None:
+    """sd of the log per-pair speedups (None with fewer than 2 pairs)."""
+    return statistics.stdev(math.log(r) for r in ratios) if len(ratios) >= 2 else None
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What one finished measurement could see: from its interval and its per-pair ratios."""
+
+    seen: float
+    """Detectable effect of the interval (80% power)."""
+    noise: float | None
+    """Per-pair noise over every pair (None with fewer than 2)."""
+    wanted: float
+    """The detectable effect asked for (inf: none, a rate metric)."""
+    min_effect: float
+    needed: int | None
+    """Pairs the wanted effect needs when it was not resolved, scaled from the interval (None:
+    resolved, or no sample count reaches it)."""
+
+    @classmethod
+    def of(
+        cls, ratios: list[float], ci_low: float, ci_high: float, *, wanted: float, min_effect: float
+    ) -> Resolution:
+        se = se_of_interval(ci_low, ci_high)
+        found = cls(detectable_effect(se, min_effect), pair_noise(ratios), wanted, min_effect, None)
+        goal = se_for_effect(wanted, min_effect)
+        if found.resolved or goal <= 0:
+            return found
+        # Scaled from the interval itself (se ~ 1/sqrt(pairs)), so that it agrees with what the
+        # interval detects; the per-pair sd overstates it when a few pairs are outliers.
+        return replace(
+            found, needed=max(len(ratios) + 1, math.ceil(len(ratios) * (se / goal) ** 2))
+        )
+
+    @property
+    def resolved(self) -> bool:
+        """Fine enough to see the effect asked for."""
+        return not math.isfinite(self.wanted) or self.seen <= self.wanted * (1 + 1e-9)
+
+    def render(self, *, no_change: bool) -> str:
+        """One line: what it detects at which noise, against what was asked; for an unresolved
+        NO_CHANGE (underpowered) what it rules out and what would resolve it."""
+        said = f"; per-pair noise {self.noise:.1%}" if self.noise is not None else ""
+        sees = f"changes of {self.seen - 1:.1%} or more (80% power{said})"
+        asked = f"{self.wanted - 1:.1%}"
+        if not math.isfinite(self.wanted):
+            return f"resolution: this measurement detects {sees}"
+        if self.resolved:
+            return f"resolution: this measurement detects {sees}; asked {asked}"
+        if not no_change:
+            return (
+                f"resolution: this measurement detects {sees}; asked {asked}, and the effect "
+                "was large enough anyway"
+            )
+        more = (
+            f"about {self.needed} samples/arm would: extend this experiment, raise the budget's "
+            "max_samples / measure_budget_s, or measure on a quieter machine"
+            if self.needed
+            else "no sample count can: it is at or below the task's minimum effect of "
+            f"{self.min_effect:.0%}"
+        )
+        return (
+            f"underpowered: NO_CHANGE only rules out {sees}; {asked} was asked for, which this "
+            f"budget cannot resolve at that noise ({more})"
+        )

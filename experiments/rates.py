@@ -23,11 +23,10 @@ import math
 from dataclasses import dataclass
 
 from infra_agent.feedback.bench.compare import BenchVerdict, Comparison
+from infra_agent.store.verdict import UNBOUNDED
 from infra_agent.tasks.harness import poisson_upper
 
 CONFIDENCE = 0.95
-UNBOUNDED = 1e6
-"""Stands for an improvement factor with no upper bound (no candidate event): JSON has no inf."""
 
 
 def _log_pmf(i: int, n: int, p: float) -> float:
@@ -111,16 +110,19 @@ class RateComparison:
         high = UNBOUNDED if p_low <= 0.0 else min(UNBOUNDED, nc * (1.0 - p_low) / (nb * p_low))
         return low, high
 
-    def render(self) -> str:
-        low, high = self.interval()
-        top = "unbounded" if high >= UNBOUNDED else f"{high:.3g}"
+    def render_counts(self) -> str:
+        """The pooled counts and rates, without the factor (a verdict states that once)."""
         unit = f"per {self.per:g}" if self.per != 10_000 else "per 10k"
         return (
             f"{self.baseline_events} of {self.baseline_trials} -> {self.candidate_events} of "
             f"{self.candidate_trials} ({self.baseline_rate:.3g} -> {self.candidate_rate:.3g} {unit}; "
-            f"candidate below {self.candidate_upper:.3g} {unit} at 95%); fewer by {self.factor:.3g}x "
-            f"(95% CI {low:.3g}-{top})"
+            f"candidate below {self.candidate_upper:.3g} {unit} at 95%)"
         )
+
+    def render(self) -> str:
+        low, high = self.interval()
+        top = "unbounded" if high >= UNBOUNDED else f"{high:.3g}"
+        return f"{self.render_counts()}; fewer by {self.factor:.3g}x (95% CI {low:.3g}-{top})"
 
 
 def pooled(

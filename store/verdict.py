@@ -67,6 +67,21 @@ class CorrectnessEvidence(_Record):
     """Candidate's error against the float64 reference."""
     detail: str | None = None
     """First failing check, in words."""
+    compared: str | None = None
+    """What the check compared, against what (e.g. 'the decode output against the harness's
+    float32 reference'; a likelihood test also its outcome), from the first check that said."""
+
+
+class StopReason(str, Enum):
+    """Why the performance stage stopped sampling."""
+
+    RESOLVED = "resolved"
+    """The interval reached the precision asked for (a rate metric: the difference was shown)
+    and every constraint was shown either way."""
+    MAX_SAMPLES = "max_samples"
+    """The budget's `max_samples` pairs were taken first."""
+    TIME_BUDGET = "time_budget"
+    """The budget's `measure_budget_s` ran out first."""
 
 
 class PerformanceEvidence(_Record):
@@ -105,6 +120,19 @@ class PerformanceEvidence(_Record):
     """The detectable effect asked for (the task's precision, or the caller's `detect`)."""
     calibration: str = ""
     """What the experiment said after its calibration, before the bulk of the samples."""
+    pairs_needed: int | None = None
+    """Pairs (samples/arm) the wanted effect needs, scaled from this interval's width, when it
+    was not resolved (None: resolved, or no sample count reaches it)."""
+    stopped: StopReason | None = None
+    """Why sampling stopped (None in records made before it was kept)."""
+    all_samples: dict[str, dict[str, list[float]]] = Field(default_factory=dict)
+    """Arm ('baseline', 'candidate') -> every sample key the harness returned -> values, in
+    measurement order: what an extension continues from."""
+    extended_from: str | None = None
+    """The experiment whose pairs this one continued (an extension of an unresolved NO_CHANGE
+    on the same arms), else None."""
+    reused_pairs: int = 0
+    """Pairs taken over from `extended_from` (counted in `n_samples`)."""
 
     @field_validator(
         "baseline_median", "candidate_median", "speedup", "ci_low", "ci_high", mode="before"
@@ -142,6 +170,8 @@ class Evidence(_Record):
     """Last lines of the candidate's stderr when it failed."""
     extra: dict[str, object] = Field(default_factory=dict)
     """Task-specific evidence (e.g. accuracy divergence point); rendered as JSON if unknown."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """The task parameters both arms ran with (defaults and overrides resolved)."""
 
 
 class ExperimentResult(_Record):
@@ -156,29 +186,73 @@ class ExperimentResult(_Record):
     evidence: Evidence = Field(default_factory=Evidence)
 
     def render(self) -> str:
-        """A short rendering for a model or a person: the decisive numbers first."""
-        lines = [
-            f"{self.verdict.value}"
-            + (f" [{', '.join(f.value for f in self.flags)}]" if self.flags else "")
-        ]
+        """A short rendering for a model or a person, the decisive numbers first and each once:
+        the verdict with its gain, interval and medians; the reasons (words, and the numbers
+        only they carry: resolution, noise, companion); what the correctness check compared;
+        health in one line when clean. The calibration and every sample stay in the record."""
+        flags = f" [{', '.join(f.value for f in self.flags)}]" if self.flags else ""
         perf = self.evidence.performance
-        if perf is not None:
-            lines.append(
-                f"{perf.gain} {perf.speedup:.3f}x (95% CI {perf.ci_low:.3f}-{perf.ci_high:.3g}, "
-                f"n={perf.n_samples}/arm); {perf.metric} baseline {perf.baseline_median:.4g} {perf.unit}"
-                f" -> candidate {perf.candidate_median:.4g} {perf.unit}"
-            )
-            if perf.calibration:
-                lines.append(perf.calibration)
+        head = f"{self.verdict.value}{flags}"
+        lines = [head + (f": {_headline(perf)}" if perf is not None else "")]
+        lines.extend(f"- {r}" for r in self.reasons)
         corr = self.evidence.correctness
         if corr is not None:
-            acc = f"correctness {'pass' if corr.passed else 'FAIL'} ({corr.checks} checks"
-            if corr.max_abs_err is not None:
-                acc += f", max abs err {corr.max_abs_err:.3g}"
-            if corr.candidate_err_f64 is not None and corr.baseline_err_f64 is not None:
-                acc += f", err vs f64 cand {corr.candidate_err_f64:.3g} / base {corr.baseline_err_f64:.3g}"
-            lines.append(acc + ")")
-        for name, value in self.evidence.health.items():
-            lines.append(f"health {name}: {value}")
-        lines.extend(f"- {r}" for r in self.reasons)
+            lines.append(_correctness_line(corr))
+        if self.evidence.health and Flag.HEALTH_WARNING not in self.flags:
+            lines.append(_clean_health_line(self.evidence.health))
         return "\n".join(lines)
+
+
+UNBOUNDED = 1e6
+"""An improvement factor at or above this is shown as unbounded (a rate metric whose candidate
+saw no event)."""
+
+
+def _headline(perf: PerformanceEvidence) -> str:
+    """The gain, its 95% interval, the pairs it rests on and the metric's medians."""
+    high = "unbounded" if perf.ci_high >= UNBOUNDED else f"{perf.ci_high:.3f}"
+    pairs = f"n={perf.n_samples}/arm"
+    if perf.extended_from is not None:
+        pairs += f", extended: {perf.reused_pairs} of them from {perf.extended_from}"
+    return (
+        f"{perf.gain} {perf.speedup:.3f}x (95% CI {perf.ci_low:.3f}-{high}, {pairs}); "
+        f"{perf.metric} median {perf.baseline_median:.4g} -> {perf.candidate_median:.4g} {perf.unit}"
+    )
+
+
+def _correctness_line(corr: CorrectnessEvidence) -> str:
+    """What was compared, against what and by which rule; the errors when it passed (a failure's
+    numbers are in the reason that names it)."""
+    what = corr.compared or "the candidate's output against the harness's reference"
+    inputs = f"{corr.checks} fresh input{'' if corr.checks == 1 else 's'}"
+    line = f"correctness {'pass' if corr.passed else 'FAIL'} on {inputs}: {what}"
+    if corr.tolerance:
+        line += f" (rule: {corr.tolerance})"
+    if not corr.passed:
+        return line
+    numbers = []
+    if corr.max_abs_err is not None:
+        numbers.append(f"max abs err {corr.max_abs_err:.3g}")
+    if corr.candidate_err_f64 is not None and corr.baseline_err_f64 is not None:
+        numbers.append(
+            f"error vs float64 {corr.candidate_err_f64:.3g} (baseline {corr.baseline_err_f64:.3g})"
+        )
+    return line + "".join(f"; {n}" for n in numbers)
+
+
+def _clean_health_line(health: dict[str, float | int | str | bool]) -> str:
+    """Health when no rule was tripped more often than on baseline, in one line (the output
+    counts and the likelihood judgement when the harness reports them)."""
+    said = []
+    if "candidate_outputs" in health and "candidate_unhealthy" in health:
+        said.append(
+            f"{health['candidate_unhealthy']}/{health['candidate_outputs']} candidate outputs "
+            f"unhealthy (baseline {health.get('baseline_unhealthy', '?')}/"
+            f"{health.get('baseline_outputs', '?')})"
+        )
+    if "likelihood_z" in health and "likelihood_pairs" in health:
+        said.append(
+            "outputs as likely as baseline's under the baseline server "
+            f"(signed-rank z {health['likelihood_z']}, {health['likelihood_pairs']} prompts)"
+        )
+    return "health: clean" + (f": {'; '.join(said)}" if said else " (no rule worse than baseline)")

@@ -109,6 +109,9 @@ class CheckResult:
     tolerance: str | None = None
     detail: str | None = None
     """Why it failed, in words."""
+    compared: str | None = None
+    """What was compared, against what, in words (e.g. 'the decode output against the float32
+    reference attention'; a statistical check also its outcome): the verdict names it."""
     invariants: dict[str, str | None] = field(default_factory=dict)
     """Each invariant the task declares, checked on this pass: None if it held, else how it
     was broken (in words)."""

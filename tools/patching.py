@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from infra_agent.tasks.manifest import Task, TaskManifest
 from infra_agent.tools.base import ToolResult, tool
@@ -168,14 +168,29 @@ def propose_knobs(p: ProposeKnobs, ctx: ToolContext) -> ToolResult:
 
 
 class RunExperiment(BaseModel):
-    patch_id: str = Field(description="A patch_id, as proposing or editing a patch returned it.")
+    patch_id: str = Field(
+        "", description="A patch_id, as proposing or editing a patch returned it."
+    )
+    extend: str | None = Field(
+        None,
+        description="Instead of patch_id: the id of an experiment that ended NO_CHANGE flagged "
+        "underpowered or unresolved (its answer says 'extendable'), to continue it with more "
+        "pairs on the same patch.",
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RunExperiment:
+        if bool(self.patch_id) == bool(self.extend):
+            raise ValueError("give either patch_id (a new experiment) or extend (an experiment id)")
+        return self
 
 
 @tool(
     "run_experiment",
     "Verify a patch against baseline: correctness, then interleaved timing with a 95% CI, then "
     "health. Returns the verdict (IMPROVED / NO_CHANGE / REGRESSED / INCORRECT / FAILED / "
-    "REJECTED) and the numbers. Costs one experiment from the budget.",
+    "REJECTED) and the numbers. Costs one experiment from the budget. With extend=<experiment "
+    "id> instead, continues an unresolved NO_CHANGE with more pairs on the same patch.",
     RunExperiment,
     deferred=True,
 )

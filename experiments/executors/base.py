@@ -47,6 +47,8 @@ class ExperimentRequest(BaseModel):
     resources: Resources = Field(default_factory=Resources)
     timeout_s: float = 900.0
     """Wall-clock limit for the whole experiment, queueing excluded."""
+    extend: ExperimentRecord | None = None
+    """An unresolved NO_CHANGE of the same patch this experiment continues (experiments.extend)."""
 
 
 class ExecutionOutcome(BaseModel):
@@ -146,7 +148,7 @@ def execute_request(
         task = find_task(request.task)
         record = run_experiment(
             task, request.patch, sandbox=request.sandbox, params=dict(request.params) or None,
-            run_id=request.run_id, seed=request.seed,
+            run_id=request.run_id, seed=request.seed, extend=request.extend,
         )  # fmt: skip
     except Exception as exc:  # an executor must hand back a record, whatever happened
         wall = time.perf_counter() - start

@@ -83,7 +83,9 @@ def test_a_starved_baseline_is_flagged_with_the_disagreement_in_numbers(manifest
     verdict, reasons, flags, metrics = _decide(_scaled(base, 1 / 1.6, 1 / 1.01), cand, manifest)
     assert verdict is Verdict.IMPROVED and Flag.SUSPICIOUS in flags, reasons
     (why,) = [r for r in reasons if r.startswith("suspicious: ")]
-    speedup = next(float(r.split("speedup ")[1].split("x")[0]) for r in reasons[:1])
+    starved = _scaled(base, 1 / 1.6, 1 / 1.01)["output_throughput"]
+    speedup = compare_samples(starved, cand["output_throughput"], higher_is_better=True,
+                              paired=True, equivalence=manifest.min_effect).speedup  # fmt: skip
     per_cpu = metrics["output_tokens_per_cpu_s_speedup"]
     assert f"output_throughput {speedup:.2f}x but output_tokens_per_cpu_s {per_cpu:.2f}x" in why
     assert speedup / per_cpu > UNSHARED_LIMIT and "needs a human look" in why

@@ -118,6 +118,8 @@ class TaskHarness(Harness):
             err_vs_f64=float((out.double() - ref64).abs().max()),
             tolerance=f"atol={atol:g} rtol={rtol:g} (float32)",
             detail=None if ok else f"max abs err {float(abs_err.max()):.3g} above tolerance",
+            compared="the decode step's attention output against plain softmax attention in "
+            "float32 (the harness's reference), and its error against the same in float64",
         )
 
     def check(self, arm: Arm, seed: int) -> CheckResult:

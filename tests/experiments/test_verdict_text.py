@@ -1,0 +1,176 @@
+"""One honest verdict text (issue 34 item 5): the samples of a real sglang-cpu-tiny experiment
+(tests/experiments/data) replayed through the measurement and the verdict rule, rendered: each
+number once, one interval, the final noise and resolution (not the calibration's), what the
+correctness check compared, health in one line when clean and the tripped rules when not. No
+server: the serving check runs on a stand-in for its servers."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra_agent.experiments.arms import SeedSource, effective_params
+from infra_agent.experiments.cascade import Experiment, _correctness, _Stop
+from infra_agent.experiments.measure import Measurement, decide, evidence, measure
+from infra_agent.feedback.health import HealthReport, compare_health
+from infra_agent.serving.accuracy import compare_likelihood
+from infra_agent.store.verdict import Evidence, ExperimentResult, Flag, StopReason, Verdict
+from infra_agent.tasks.harness import Arm, CheckResult, Harness
+from infra_agent.tasks.manifest import TaskManifest
+from infra_agent.tasks.registry import find_task
+
+RECORDED = Path(__file__).parent / "data" / "sglang_cpu_tiny_batch16.json"
+Sample = dict[str, float]
+
+
+def _samples(arm: str) -> list[Sample]:
+    data = json.loads(RECORDED.read_text())[arm]
+    return [dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)]
+
+
+class Replay(Harness):
+    """Hands out recorded samples in measurement order: the candidate arm its own list, the
+    baseline arm its own (an A/A experiment when both come from one recorded arm)."""
+
+    def __init__(self, manifest: TaskManifest, arms: dict[str, list[Sample]]) -> None:
+        super().__init__(manifest, {})
+        self.left = {name: iter(samples) for name, samples in arms.items()}
+
+    def check(self, arm: Arm, seed: int) -> CheckResult:
+        return CheckResult(passed=True)
+
+    def sample(self, arm: Arm, seed: int) -> dict[str, float]:
+        return next(self.left[arm.name])
+
+
+def _arms() -> tuple[Arm, Arm]:
+    return tuple(Arm(n, sandbox=None, knobs={}, params={}) for n in ("baseline", "candidate"))  # type: ignore[arg-type,return-value]
+
+
+@pytest.fixture
+def manifest() -> TaskManifest:
+    """sglang-cpu-tiny with a 12-pair budget: the recorded noise of a loaded machine cannot
+    resolve the task's precision in 12 pairs."""
+    m = find_task("sglang-cpu-tiny").manifest
+    return m.model_copy(update={"budget": m.budget.model_copy(update={"max_samples": 12})})
+
+
+def _underpowered(manifest: TaskManifest) -> tuple[Measurement, ExperimentResult]:
+    """The recorded baseline's time-adjacent samples as an A/A experiment: NO_CHANGE, underpowered."""
+    recorded = _samples("baseline")
+    harness = Replay(manifest, {"baseline": recorded[0::2], "candidate": recorded[1::2]})
+    m = measure(harness, *_arms(), manifest, SeedSource(), deadline=math.inf)
+    verdict, reasons, flags, metrics = decide(m, manifest)
+    result = ExperimentResult(
+        task=manifest.name, patch_id="p" * 64, verdict=verdict, reasons=reasons, flags=flags,
+        evidence=Evidence(performance=evidence(m, manifest), metrics=metrics),
+    )  # fmt: skip
+    return m, result
+
+
+def test_each_number_once_and_the_final_noise_not_the_calibration(manifest: TaskManifest) -> None:
+    m, result = _underpowered(manifest)
+    perf = result.evidence.performance
+    assert perf is not None and m.plan is not None
+    assert result.verdict is Verdict.NO_CHANGE and Flag.UNDERPOWERED in result.flags, result.reasons
+    assert perf.stopped is StopReason.MAX_SAMPLES and perf.n_samples == 12
+    text = result.render()
+    numbers = Counter(re.findall(r"\d+\.\d+%?", text))
+    assert [n for n, k in numbers.items() if k > 1] == [], text
+    # one interval, first, with the gain, the pairs and the medians
+    assert text.count("95% CI") == 1 and text.count("n=12/arm") == 1
+    assert text.splitlines()[0].startswith(
+        f"NO_CHANGE [noisy, underpowered]: speedup {perf.speedup:.3f}x "
+        f"(95% CI {perf.ci_low:.3f}-{perf.ci_high:.3f}, n=12/arm); output_throughput median"
+    ), text
+    # one noise figure and one resolution: the final ones, over all 12 pairs
+    assert perf.pair_noise is not None and perf.detectable_effect is not None
+    assert text.count("per-pair noise") == 1 and f"per-pair noise {perf.pair_noise:.1%}" in text
+    assert (
+        text.count("detects") == 0 and text.count(f"{perf.detectable_effect - 1:.1%} or more") == 1
+    )
+    calibrated = m.plan.noise.pair_sd
+    assert f"{calibrated:.1%}" != f"{perf.pair_noise:.1%}"  # the 4-pair calibration differs...
+    assert f"{calibrated:.1%}" not in text and "calibration" not in text  # ...and is not said
+    assert perf.calibration.startswith("calibration: per-pair noise")  # but kept in the record
+    assert perf.pairs_needed is not None and f"about {perf.pairs_needed} samples/arm" in text
+
+
+def test_the_serving_check_says_what_it_compared(manifest: TaskManifest) -> None:
+    """ServingHarness.check on a stand-in for its servers: the likelihood judgement of the
+    workload's own outputs under the baseline server is named, and no 'max abs err' is made up
+    from it."""
+    from infra_agent.serving.harness import ServingHarness
+
+    class StandIn(ServingHarness):
+        deployment_path = find_task("sglang-cpu-tiny").root / "deployment.toml"
+
+        def measured(self, arm: Arm, seed: int) -> Any:
+            arm.state.setdefault("runs", {})[seed] = []
+
+        def judge(self, seeds: list[int], limit: int, rng: random.Random) -> Any:
+            noise = random.Random(7)
+            base = [-5.85 + noise.gauss(0, 0.27) for _ in range(32)]
+            return compare_likelihood(base, [b + noise.gauss(0, 0.05) for b in base])
+
+    harness = StandIn(manifest, effective_params(manifest, None))
+    base, cand = _arms()
+    harness.arms = {"baseline": base, "candidate": cand}
+    checks = {"baseline": [harness.check(base, 11)], "candidate": [harness.check(cand, 11)]}
+    corr = _correctness(checks, passed=True)
+    line = ExperimentResult(task="t", patch_id="p", verdict=Verdict.NO_CHANGE, reasons=[],
+                            evidence=Evidence(correctness=corr)).render().splitlines()[-1]  # fmt: skip
+    assert line.startswith("correctness pass on 1 fresh input: the token ids each server returned"), line  # fmt: skip
+    assert "log-prob under the baseline server" in line and "signed-rank test" in line, line
+    assert "max abs err" not in line
+
+
+def _health(outputs: int, loops: int) -> dict[str, float | int | str | bool]:
+    per_rule = {"repetition_loop": loops} if loops else {}
+    return HealthReport(outputs=outputs, unhealthy=loops, per_rule=per_rule).as_health()
+
+
+class Guarded(Replay):
+    """Health as a serving harness reports it: output counts per rule, compared by the guard."""
+
+    loops = 0
+
+    def health(self, arm: Arm, seed: int) -> dict[str, float | int | str | bool]:
+        return _health(256, self.loops if arm.name == "candidate" else 0)
+
+    def health_problems(self, baseline: dict[str, Any], candidate: dict[str, Any]) -> list[str]:
+        return compare_health(baseline, candidate)
+
+
+@pytest.mark.parametrize("loops", [0, 40])
+def test_health_is_one_line_when_clean_and_names_the_rule_when_not(pytask, make_patch, loops: int) -> None:  # fmt: skip
+    task = pytask()
+    patch = make_patch(task, "kernel.py", (task.workspace / "kernel.py").read_text() + "\n")
+    run = Experiment(task, patch, backend="local", params={}, progress=None, bootstrap_seed=0)
+    harness = Guarded(task.manifest, {})
+    harness.loops = loops
+    verdict = Verdict.NO_CHANGE
+    try:
+        run.health(harness, *_arms())
+    except _Stop as stop:
+        verdict, run.reasons = stop.verdict, stop.reasons
+    text = ExperimentResult(task=task.name, patch_id=patch.hash, verdict=verdict,
+                            reasons=run.reasons, flags=run.flags, evidence=run.evidence).render()  # fmt: skip
+    health = [line for line in text.splitlines()[1:] if "health" in line]
+    if not loops:
+        assert health == ["health: clean: 0/256 candidate outputs unhealthy (baseline 0/256)"], text
+        assert len(run.evidence.health) == 14  # the record keeps every value
+    else:
+        assert verdict is Verdict.INCORRECT and Flag.HEALTH_WARNING in run.flags
+        assert "health: clean" not in text
+        assert health == [
+            "- health check: health rule repetition_loop: candidate tripped it in 40/256 "
+            "outputs vs baseline 0/256"
+        ], text
