@@ -144,6 +144,8 @@ def test_scripted_eval_over_two_tasks_dense_and_sparse_and_the_html_report(tmp_p
 
 @pytest.mark.slow
 def test_search_eval_over_the_seed_suite_with_two_attempts(tmp_path: Path) -> None:
+    """Over 60 s (100 s at load 6-8): two attempts on every task of the seed suite, the only
+    test of an eval over the whole suite (n/a tasks, per-task cells, the search on each)."""
     db = tmp_path / "runs.db"
     report = _eval(db, "--suite", "seed", "--policy", "search", "--attempts", "2", "--budget", "2", timeout=1500)  # fmt: skip
     attempts = report["attempts"]
@@ -189,6 +191,8 @@ def _attempt_states(db: Path) -> list[tuple[str, str | None]]:
 def test_an_eval_killed_mid_attempt_resumes_without_repeating_finished_attempts(
     tmp_path: Path,
 ) -> None:
+    """About 60 s (66 s at load 6-8): an eval process is killed inside an attempt's experiment
+    and resumed, so it runs that attempt's experiments twice and the others once."""
     task = quick_decode_task(tmp_path)
     script = _script(tmp_path / "script.json")
     db = tmp_path / "runs.db"
