@@ -69,6 +69,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
 
 def test_workloads_on_the_real_server(server: Server) -> None:
+    """About 60 s (66 s at load 6-8) with the module's server start, which the next tests reuse."""
     if netns.unavailable() is None:  # patched SGLang code would run without a network
         assert server.network.mode == "isolated", server.network.render()
     result = server.call(
@@ -154,7 +155,8 @@ def test_broken_flag_fails_with_the_log_tail(tmp_path: Path) -> None:
 def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatch) -> None:
     """A knob experiment through the cascade: CIs from repetitions, the calibration statement and
     the resolution in the verdict, output tokens per CPU-second beside throughput, and the other
-    arm's server stopped (no CPU used) through every sample."""
+    arm's server stopped (no CPU used) through every sample. Over 60 s (127 s at load 6-8): two
+    server starts and 4 samples per arm, the only knob experiment on real servers here."""
     from infra_agent.experiments import run_experiment
 
     idle: list[tuple[bool, float]] = []  # (the idle server stopped, its CPU seconds used)
@@ -200,6 +202,8 @@ def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatc
 
 
 def test_degenerate_sampler_patch_is_not_improved() -> None:
+    """Over 60 s (95 s at load 6-8): a source patch to SGLang through the overlay, two server
+    starts; health, not the speed, must decide it."""
     from infra_agent.experiments import run_experiment
 
     # The degenerate sampler's tokens (a 4-token cycle) are judged by the check, which runs the
