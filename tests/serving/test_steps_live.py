@@ -9,13 +9,10 @@ Needs the SGLang environment (`python -m infra_agent.serving.env --ensure`); one
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from infra_agent.serving.env import find_sglang_env
-from infra_agent.store import open_store
-from infra_agent.tasks.registry import find_task
 from infra_agent.tools.context import ToolContext
 from infra_agent.tools.registry import default_registry
 
@@ -30,10 +27,12 @@ pytestmark = [
 ]
 
 
-def test_server_steps_shows_the_baselines_queue_behind_the_cap_of_4(tmp_path: Path) -> None:
-    ctx = ToolContext(
-        task=find_task("sglang-cpu-tiny"), store=open_store(tmp_path / "runs.db"), run_id="r"
-    )
+def test_server_steps_shows_the_baselines_queue_behind_the_cap_of_4(
+    tiny_looks: ToolContext,
+) -> None:
+    """Over 60 s on a 2-core machine: it starts the look server (conftest.py's `tiny_looks`)
+    that the server_profile test then reuses."""
+    ctx = tiny_looks
     args = {"num_prompts": 16, "input_len": 48, "output_len": 12}
     result = default_registry().call("server_steps", json.dumps(args), ctx)
     print(result.content)

@@ -33,11 +33,11 @@ pytestmark = [
 
 
 def test_server_profile_shows_the_schedulers_loop_and_forward_and_the_tokenizer(
-    tmp_path: Path,
+    tiny_looks: ToolContext,
 ) -> None:
-    ctx = ToolContext(
-        task=find_task("sglang-cpu-tiny"), store=open_store(tmp_path / "runs.db"), run_id="r"
-    )
+    """On the look server test_steps_live.py started (conftest.py's `tiny_looks`; alone, this
+    test starts it: 60-140 s on a 2-core machine)."""
+    ctx = tiny_looks
     result = default_registry().call("server_profile", json.dumps({"num_prompts": 128}), ctx)
     print(result.content)
     assert result.error is None, result.content
