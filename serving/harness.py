@@ -339,6 +339,7 @@ class ServingHarness(Harness):
             **found,
             "server_network": server.network.render(),
             "server_filesystem": server.filesystem.render(),
+            "server_confinement": server.confinement.render() if server.confinement else "none",
         }
 
     @staticmethod

@@ -8,6 +8,7 @@ Server starts dominate the time (20-60 s each on an idle 2-core machine): one mo
 server, one failed start, and two per experiment.
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,12 @@ def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatc
     assert perf.detectable_effect is not None and perf.detectable_effect > 1.0
     assert any(r.startswith("resolution: this measurement detects") for r in result.reasons)
     assert result.evidence.metrics["output_tokens_per_cpu_s_speedup"] > 0
+    # The evidence states the confinement each server really had (not the arm sandbox's).
+    if fileview.unavailable() is None and os.geteuid() == 0:
+        for arm in ("baseline", "candidate"):
+            confined = str(result.evidence.health[f"{arm}_server_confinement"])
+            assert confined.startswith("bwrap (") and "pidns:bwrap" in confined, confined
+            assert "cgroup:freezer" in confined and "user:0" not in confined, confined
     assert any("output_tokens_per_cpu_s" in r for r in result.reasons)
     # The idle arm's server was stopped and took no CPU while the other arm was measured: a few
     # clock ticks (10 ms each) read across the stop (more than two seen at load 5: the stop reaches a
