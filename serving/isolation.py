@@ -155,8 +155,8 @@ def confine(
         wrappers = 0
     if mode != "bwrap" and replaced:
         c.missing.append(f"replaced:{len(replaced)} originals of changed modules stay readable")
-    if c.run_uid != 0:
-        _adopt(workdir, c.run_uid)
+    if uid is not None and c.run_uid == uid:
+        _adopt(workdir, uid)
     group = cgroups.Cgroup.create(name, memory_mb=spec.memory_mb, max_processes=MAX_PROCESSES)
     rl_force, rl_missing = limits.describe(spec, uid=c.run_uid)
     in_force, missing = [*c.in_force, *rl_force], [*c.missing, *rl_missing]
