@@ -6,15 +6,14 @@ server: the serving check runs on a stand-in for its servers."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
+from recorded_samples import Replay, aa_pairs, arms
 
 from infra_agent.experiments.arms import SeedSource, effective_params
 from infra_agent.experiments.cascade import Experiment, _correctness, _Stop
@@ -22,36 +21,9 @@ from infra_agent.experiments.measure import Measurement, decide, evidence, measu
 from infra_agent.feedback.health import HealthReport, compare_health
 from infra_agent.serving.accuracy import compare_likelihood
 from infra_agent.store.verdict import Evidence, ExperimentResult, Flag, StopReason, Verdict
-from infra_agent.tasks.harness import Arm, CheckResult, Harness
+from infra_agent.tasks.harness import Arm
 from infra_agent.tasks.manifest import TaskManifest
 from infra_agent.tasks.registry import find_task
-
-RECORDED = Path(__file__).parent / "data" / "sglang_cpu_tiny_batch16.json"
-Sample = dict[str, float]
-
-
-def _samples(arm: str) -> list[Sample]:
-    data = json.loads(RECORDED.read_text())[arm]
-    return [dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)]
-
-
-class Replay(Harness):
-    """Hands out recorded samples in measurement order: the candidate arm its own list, the
-    baseline arm its own (an A/A experiment when both come from one recorded arm)."""
-
-    def __init__(self, manifest: TaskManifest, arms: dict[str, list[Sample]]) -> None:
-        super().__init__(manifest, {})
-        self.left = {name: iter(samples) for name, samples in arms.items()}
-
-    def check(self, arm: Arm, seed: int) -> CheckResult:
-        return CheckResult(passed=True)
-
-    def sample(self, arm: Arm, seed: int) -> dict[str, float]:
-        return next(self.left[arm.name])
-
-
-def _arms() -> tuple[Arm, Arm]:
-    return tuple(Arm(n, sandbox=None, knobs={}, params={}) for n in ("baseline", "candidate"))  # type: ignore[arg-type,return-value]
 
 
 @pytest.fixture
@@ -64,9 +36,7 @@ def manifest() -> TaskManifest:
 
 def _underpowered(manifest: TaskManifest) -> tuple[Measurement, ExperimentResult]:
     """The recorded baseline's time-adjacent samples as an A/A experiment: NO_CHANGE, underpowered."""
-    recorded = _samples("baseline")
-    harness = Replay(manifest, {"baseline": recorded[0::2], "candidate": recorded[1::2]})
-    m = measure(harness, *_arms(), manifest, SeedSource(), deadline=math.inf)
+    m = measure(Replay(manifest, aa_pairs()), *arms(), manifest, SeedSource(), deadline=math.inf)
     verdict, reasons, flags, metrics = decide(m, manifest)
     result = ExperimentResult(
         task=manifest.name, patch_id="p" * 64, verdict=verdict, reasons=reasons, flags=flags,
@@ -121,7 +91,7 @@ def test_the_serving_check_says_what_it_compared(manifest: TaskManifest) -> None
             return compare_likelihood(base, [b + noise.gauss(0, 0.05) for b in base])
 
     harness = StandIn(manifest, effective_params(manifest, None))
-    base, cand = _arms()
+    base, cand = arms()
     harness.arms = {"baseline": base, "candidate": cand}
     checks = {"baseline": [harness.check(base, 11)], "candidate": [harness.check(cand, 11)]}
     corr = _correctness(checks, passed=True)
@@ -158,7 +128,7 @@ def test_health_is_one_line_when_clean_and_names_the_rule_when_not(pytask, make_
     harness.loops = loops
     verdict = Verdict.NO_CHANGE
     try:
-        run.health(harness, *_arms())
+        run.health(harness, *arms())
     except _Stop as stop:
         verdict, run.reasons = stop.verdict, stop.reasons
     text = ExperimentResult(task=task.name, patch_id=patch.hash, verdict=verdict,
