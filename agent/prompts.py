@@ -58,7 +58,9 @@ def system_prompt(tools: ToolRegistry) -> str:
         "correctness on fresh inputs, interleaved timing with a 95% confidence interval, "
         "health.",
         "Only an IMPROVED verdict counts. INCORRECT, REJECTED and FAILED patches must be fixed "
-        "or dropped; NO_CHANGE means the idea did not matter here.",
+        "or dropped; NO_CHANGE means the idea did not matter here, unless its answer says "
+        "'extendable' (underpowered or unresolved): run_experiment(extend=<its experiment id>) "
+        "then adds pairs on the same patch.",
         "Experiments are the scarce budget; do not re-run a patch that was already measured.",
         "The answers to each reply end with the budget line: what is used of every budget, "
         "with a warning past 75% and 90% of any of them. The run stops at the first one used up.",
