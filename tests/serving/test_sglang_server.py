@@ -186,7 +186,8 @@ def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatc
     # Stated before measuring, and in the verdict: the noise and what the budget can detect.
     assert perf.calibration.startswith("calibration: per-pair noise") and perf.pair_noise
     assert perf.detectable_effect is not None and perf.detectable_effect > 1.0
-    assert any(r.startswith("resolution: this measurement detects") for r in result.reasons)
+    said = ("resolution: this measurement detects", "underpowered: NO_CHANGE only rules out")
+    assert sum(r.startswith(said) for r in result.reasons) == 1, result.reasons  # said once
     assert result.evidence.metrics["output_tokens_per_cpu_s_speedup"] > 0
     # The evidence states the confinement each server really had (not the arm sandbox's).
     if fileview.unavailable() is None and os.geteuid() == 0:
