@@ -93,7 +93,7 @@ def _constraint_outcome(c: Constraint, metrics: dict[str, float]) -> CriterionOu
     met: Status = "met" if high <= c.max_ratio else "broken" if low > c.max_ratio else "not shown"
     if met != "met":  # the verdict's reasons state its numbers (experiments.constraints.check)
         return CriterionOutcome(met, f"{head}: {met}")
-    return CriterionOutcome(met, f"{head}: {met} (ratio {ratio:.3f}, 95% CI {low:.3f}-{high:.3f})")
+    return CriterionOutcome(met, f"{head}: {met} (ratio {ratio:.3f}, at most {high:.3f} at 95%)")
 
 
 def _declares_criteria(manifest: TaskManifest) -> bool:

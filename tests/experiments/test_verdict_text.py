@@ -18,8 +18,10 @@ from recorded_samples import Replay, aa_pairs, arms
 from infra_agent.experiments.arms import SeedSource, effective_params
 from infra_agent.experiments.cascade import Experiment, _correctness, _Stop
 from infra_agent.experiments.measure import Measurement, decide, evidence, measure
+from infra_agent.experiments.verdict_text import verdict_text
 from infra_agent.feedback.health import HealthReport, compare_health
 from infra_agent.serving.accuracy import compare_likelihood
+from infra_agent.store.records import ExperimentRecord
 from infra_agent.store.verdict import Evidence, ExperimentResult, Flag, StopReason, Verdict
 from infra_agent.tasks.harness import Arm
 from infra_agent.tasks.manifest import TaskManifest
@@ -51,13 +53,15 @@ def test_each_number_once_and_the_final_noise_not_the_calibration(manifest: Task
     assert perf is not None and m.plan is not None
     assert result.verdict is Verdict.NO_CHANGE and Flag.UNDERPOWERED in result.flags, result.reasons
     assert perf.stopped is StopReason.MAX_SAMPLES and perf.n_samples == 12
-    text = result.render()
+    record = ExperimentRecord(task=manifest.name, patch_id=result.patch_id, result=result)
+    text = verdict_text(record, manifest)  # what the model reads
     numbers = Counter(re.findall(r"\d+\.\d+%?", text))
     assert [n for n, k in numbers.items() if k > 1] == [], text
+    assert "task criteria:\n- constraint ttft_p99_ms" in text and "extendable: extend=" in text
     # one interval, first, with the gain, the pairs and the medians
     assert text.count("95% CI") == 1 and text.count("n=12/arm") == 1
     assert text.splitlines()[0].startswith(
-        f"NO_CHANGE [noisy, underpowered]: speedup {perf.speedup:.3f}x "
+        f"experiment {record.id} on patch pppppppppppp: NO_CHANGE [noisy, underpowered]: speedup {perf.speedup:.3f}x "
         f"(95% CI {perf.ci_low:.3f}-{perf.ci_high:.3f}, n=12/arm); output_throughput median"
     ), text
     # one noise figure and one resolution: the final ones, over all 12 pairs
