@@ -42,3 +42,19 @@ class Replay(Harness):
 
     def sample(self, arm: Arm, seed: int) -> dict[str, float]:
         return next(self.left[arm.name])
+
+
+def script_timing(task_root: Path) -> None:
+    """Make a copy of the test task (tests/experiments/pytask) report scripted latencies instead
+    of its clock: each arm alternates 1.0 and 1.3 ms, out of step with the other, so the pair
+    ratios alternate 1.3 and 1/1.3 whatever the machine's load. The candidate's code still runs
+    and is checked on every sample; the verdict is a NO_CHANGE that no budget resolves."""
+    harness = task_root / "harness.py"
+    timed = '        return {"latency_ms": min(times) * 1e3}\n'
+    text = harness.read_text()
+    assert timed in text, "the test task's harness changed: update script_timing"
+    scripted = (
+        '        k = arm.state["scripted"] = arm.state.get("scripted", 0) + 1\n'
+        '        return {"latency_ms": 1.3 if (k % 2 == 0) == (arm.name == "baseline") else 1.0}\n'
+    )
+    harness.write_text(text.replace(timed, scripted))

@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+from recorded_samples import script_timing
+
 from infra_agent.agent.configuration import AgentContext, RunConfig
 from infra_agent.agent.graph import experiment
 from infra_agent.agent.runlog import RunLog
@@ -39,7 +41,8 @@ def _answer(ctx: AgentContext, state: AgentState, call: ToolCall) -> tuple[Agent
 
 
 def test_an_underpowered_verdict_is_extended_once_on_its_own_patch(tmp_path: Path) -> None:
-    task = load_task(shutil.copytree(PYTASK, tmp_path / "pytask"))
+    script_timing(shutil.copytree(PYTASK, tmp_path / "pytask"))  # no verdict hangs on the load
+    task = load_task(tmp_path / "pytask")
     store = open_store(tmp_path / "runs.db")
     run = RunRecord(task=task.name, objective="latency", policy="scripted")
     store.put_run(run)

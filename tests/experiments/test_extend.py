@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from recorded_samples import Replay, aa_pairs, arms
+from recorded_samples import Replay, aa_pairs, arms, script_timing
 
 from infra_agent.errors import UserError
 from infra_agent.experiments import run_experiment
@@ -109,10 +109,12 @@ def test_only_an_unresolved_no_change_is_extendable() -> None:
 
 
 def test_the_cascade_extends_on_the_same_arms_only(pytask, make_patch, tmp_path) -> None:
-    """The test task, candidate = baseline (one blank line): asked to see 5.1% against a minimum
-    effect of 5% no budget can, so NO_CHANGE underpowered; extended once on the same arms, and
-    refused with other parameters, twice, or with a resolution of its own."""
+    """The test task with scripted latencies (no verdict hangs on the machine's load), asked to
+    see 5.1% against a minimum effect of 5%, which no budget can: NO_CHANGE underpowered;
+    extended once on the same arms, and refused with other parameters, twice, or with a
+    resolution of its own."""
     task = pytask()
+    script_timing(task.root)
     patch = make_patch(task, "kernel.py", (task.workspace / "kernel.py").read_text() + "\n")
     store = open_store(tmp_path / "runs.db")
     first = run_experiment(task, patch, store=store, run_id="run-1", detect=0.051)
