@@ -29,6 +29,8 @@ from infra_agent.feedback.gil.pyspy import PySpyUnavailable, find_py_spy
 FRAME = re.compile(r"^(?P<name>.+) \((?P<file>.+):(?P<line>\d+)\)$")
 NESTED = re.compile(r"(?:\.<locals>\.<(?:lambda|listcomp|dictcomp|setcomp|genexpr)>)+$")
 """A lambda or comprehension inside a function: its code is part of that function's body."""
+HOT_LINES = 3
+"""Lines kept per function (`FunctionTime.hot_lines`)."""
 WORKER_PREFIX = "_infra_"
 """The experiment worker's own files beside a task's code in a sandbox copy start so
 (experiments/worker.py): never the task's code, so never a profile's answer (a pd-kv-reuse-race
@@ -47,6 +49,9 @@ class FunctionTime(BaseModel):
     self_share: float
     """Self samples / all active samples of the profile."""
     total_share: float
+    hot_lines: list[tuple[int, float]] = Field(default_factory=list)
+    """Its hottest lines by self time: (line number, share of all active samples), at most
+    `HOT_LINES`, hottest first."""
 
     @property
     def where(self) -> str:
@@ -67,22 +72,30 @@ class FunctionProfile(BaseModel):
         roots = [str(p.resolve()) + "/" for p in within]
         selfs: Counter[tuple[str, str]] = Counter()
         totals: Counter[tuple[str, str]] = Counter()
+        lines: dict[tuple[str, str], Counter[int]] = {}
         for stack, count in self.stacks.items():
             frames = [_frame(f, roots) for f in stack.split(";")[1:]]
             mine = [f for f in frames if f is not None]
             if not mine:
                 continue
-            selfs[mine[-1]] += count
-            for key in set(mine):
+            name, file, line = mine[-1]
+            selfs[(name, file)] += count
+            lines.setdefault((name, file), Counter())[line] += count
+            for key in {(n, f) for n, f, _ in mine}:
                 totals[key] += count
+        total = max(self.samples, 1)
         rows = [
             FunctionTime(
                 function=name,
                 file=file,
                 self_samples=selfs[(name, file)],
                 total_samples=n,
-                self_share=selfs[(name, file)] / max(self.samples, 1),
-                total_share=n / max(self.samples, 1),
+                self_share=selfs[(name, file)] / total,
+                total_share=n / total,
+                hot_lines=[
+                    (line, k / total)
+                    for line, k in lines.get((name, file), Counter()).most_common(HOT_LINES)
+                ],
             )  # fmt: skip
             for (name, file), n in totals.items()
         ]
@@ -94,10 +107,9 @@ class FunctionProfile(BaseModel):
         roots = [str(p.resolve()) + "/" for p in within]
         totals: Counter[str] = Counter()
         for stack, count in self.stacks.items():
-            frames = {_frame(f, roots) for f in stack.split(";")[1:]}
-            for key in frames - {None}:
-                assert key is not None
-                totals[f"{key[1]}:{key[0]}"] += count
+            frames = {found[:2] for f in stack.split(";")[1:] if (found := _frame(f, roots))}
+            for name, file in frames:
+                totals[f"{file}:{name}"] += count
         return dict(totals)
 
     def depths(self, within: list[Path]) -> dict[str, float]:
@@ -108,7 +120,7 @@ class FunctionProfile(BaseModel):
         seen: Counter[str] = Counter()
         for stack, count in self.stacks.items():
             mine = [f for f in (_frame(f, roots) for f in stack.split(";")[1:]) if f is not None]
-            for depth, (name, file) in enumerate(mine):
+            for depth, (name, file, _) in enumerate(mine):
                 weighted[f"{file}:{name}"] += depth * count
                 seen[f"{file}:{name}"] += count
         return {where: weighted[where] / seen[where] for where in seen}
@@ -120,7 +132,8 @@ class FunctionProfile(BaseModel):
         return "\n".join([head, *lines])
 
 
-def _frame(text: str, roots: list[str]) -> tuple[str, str] | None:
+def _frame(text: str, roots: list[str]) -> tuple[str, str, int] | None:
+    """(function, file relative to its root's parent, line); None for a frame outside `roots`."""
     match = FRAME.match(text)
     if match is None:
         return None
@@ -131,7 +144,7 @@ def _frame(text: str, roots: list[str]) -> tuple[str, str] | None:
         if path.startswith(root):
             # Relative to the folder's parent: 'sglang/srt/...' for root '.../sglang/'.
             parent = str(Path(root).parent) + "/"
-            return NESTED.sub("", match["name"]), path[len(parent) :]
+            return NESTED.sub("", match["name"]), path[len(parent) :], int(match["line"])
     return None
 
 

@@ -14,13 +14,14 @@ diagnosis (`serving.diagnosis`) and the `server_profile` tool both run through h
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from infra_agent.errors import UserError
 from infra_agent.feedback.gil import GilReport, ThreadGil, trace_pid
@@ -143,6 +144,13 @@ class ProcessProfile(BaseModel):
     gil: GilReport | None = None
     errors: list[str] = Field(default_factory=list)
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def share_error(self) -> float:
+        """The 95% sampling error of a share (at its widest, a 50% share), were the samples
+        independent: 1.96 * sqrt(0.25 / samples); 1.0 without samples."""
+        return 1.96 * math.sqrt(0.25 / self.samples) if self.samples else 1.0
+
     @classmethod
     def of(cls, trace: ProcessTrace, dirs: list[Path]) -> ProcessProfile:
         profile = trace.profile
@@ -167,18 +175,24 @@ class ProcessProfile(BaseModel):
         lines = [f"{head}: {self.samples} active samples in {self.duration_s:.1f} s"]
         if 0 < self.samples < FEW_SAMPLES:
             lines[0] += " (few: the shares are rough; a longer workload sharpens them)"
+        if self.samples:
+            lines[0] += f"; shares +-{100 * self.share_error:.0f} points (95%)"
         if not self.top_self and not self.errors:
             lines.append("  (no SGLang frames sampled)")
-        lines += [
-            _cut(f"  self {r.self_share:4.0%} (total {r.total_share:4.0%}) {r.where}")
-            for r in self.top_self[:TOP]
-        ]
+        for r in self.top_self[:TOP]:  # names whole: several functions may share a prefix
+            hot = ", ".join(f"{n} {share:.0%}" for n, share in r.hot_lines)
+            lines.append(
+                f"  self {r.self_share:3.0%} total {r.total_share:3.0%} {r.where}"
+                + (f" (lines {hot})" if hot else "")
+            )
         shown = {r.where for r in self.top_self[:TOP]}
         rest = [
             f"{_short(r)} {r.total_share:.0%}" for r in self.top_total[:TOP] if r.where not in shown
         ]
+        while rest and len("  by total: " + ", ".join(rest)) > 2 * WIDTH:
+            rest.pop()  # whole entries, not a name cut short
         if rest:
-            lines.append(_cut("  by total: " + ", ".join(rest), 2 * WIDTH))
+            lines.append("  by total: " + ", ".join(rest))
         if self.gil is not None:
             lines += _gil_lines(self.gil)
         lines += [_cut(f"  error: {e}") for e in self.errors]

@@ -5,14 +5,16 @@ baseline), kept for later looks at it as `serving_workload`'s is, it runs the ex
 published workload against it (or fewer requests / in flight, when asked) and,
 while it runs, attaches py-spy to the chosen SGLang processes (`serving.tracing`, the path the
 serving diagnosis uses): per process, the hottest SGLang functions by self and by total time
-with their shares of the active samples, and per thread its GIL states (holds / waits /
+with their shares of the active samples and their hottest lines, names whole, and per thread its GIL states (holds / waits /
 runs without it / idle) with who held the GIL while a thread waited. The typed
-`serving.tracing.ServerProfile` is the data, with the look's record. A look is one sample, not a
+`serving.tracing.ServerProfile` is the data, with the look's record. A workload too short for
+`MIN_SAMPLES` active samples is sent again, longer, and each process states its sampling error. A look is one sample, not a
 verdict, and counts against the run's looks budget.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -23,6 +25,10 @@ from infra_agent.tools.context import ToolContext
 from infra_agent.tools.serving import KNOBS, LOOK, PATCH_ID, task_server
 
 Process = Literal["scheduler", "tokenizer", "detokenizer", "all"]
+MIN_SAMPLES = 300
+"""Active samples a profile should hold (a share within +-6 points at 95%): a workload that
+gives fewer is sent again, `MAX_REPEAT` times over at most, with fresh prompts."""
+MAX_REPEAT = 16
 
 
 class ServerProfileParams(BaseModel):
@@ -67,9 +73,16 @@ def server_profile(p: ServerProfileParams, ctx: ToolContext) -> ToolResult:
     with task_server(
         ctx, p.patch_id, knobs=p.knobs, num_prompts=p.num_prompts, max_concurrency=p.max_concurrency
     ) as run:
-        report = profile_server(
-            run.server, run.sessions, run.load, roles, label=run.label, gil_s=p.gil_seconds or None
-        )
+        gil_s = p.gil_seconds or None
+        report = profile_server(run.server, run.sessions, run.load, roles, label=run.label, gil_s=gil_s)  # fmt: skip
+        busiest = max((process.samples for process in report.processes), default=0)
+        if 0 < busiest < MIN_SAMPLES:  # too short a window: the workload again, longer
+            repeat = min(MAX_REPEAT, math.ceil(1.3 * MIN_SAMPLES / busiest))
+            n = len(run.sessions)
+            sessions = run.harness.sessions(n * repeat, seed=2)
+            load = run.load.model_copy(update={"max_concurrency": run.load.max_concurrency or n})
+            label = f"{run.label}, sent {repeat}x over (fresh prompts, <= {n} in flight) for {MIN_SAMPLES}+ samples"  # fmt: skip
+            report = profile_server(run.server, sessions, load, roles, label=label, gil_s=gil_s)
     return ToolResult(
         content=f"{report.render()}\n{run.look.render()}",
         data={**report.model_dump(mode="json"), "look": run.look.model_dump(mode="json")},

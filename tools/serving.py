@@ -68,6 +68,8 @@ class TaskRun:
     """The patch ('baseline', or its id and what it changes) and the workload sent, in words."""
     look: Look
     """The look: its patch, its server (reused or started) and its place in the looks budget."""
+    harness: ServingHarness
+    """The task's harness with the call's overrides (more sessions of the same shape)."""
 
 
 def task_harness(ctx: ToolContext, **overrides: Any) -> ServingHarness:
@@ -102,7 +104,7 @@ def task_server(
     label = f"{look.patch} on {harness.workload(effective).summary.split(';')[0]}"
     with kept.running() as server:
         sessions = harness.sessions(int(harness.params["num_prompts"]), seed=1)
-        yield TaskRun(server, sessions, harness.load(1), effective, label, look)
+        yield TaskRun(server, sessions, harness.load(1), effective, label, look, harness)
 
 
 @instrument(

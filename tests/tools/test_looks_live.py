@@ -6,10 +6,10 @@ answer says it is not a verdict, the looks budget refuses a third look in one li
 the context (the run's end) stops the server.
 
 Needs the SGLang environment (`python -m infra_agent.serving.env --ensure`). One server start
-(30-90 s on a loaded 2-core machine) and two small workloads: about 2 minutes, above the
-60 s a default-tier test should take, because a patched server must really start once for a
-look to be shown to run the patch (the stand-in test in test_workload_tools.py covers the
-workload a look sends).
+(30-90 s on a loaded 2-core machine) and two small workloads (the profile's 32 requests sent
+again, a few times over, for 300 samples): about 1.5-2.5 minutes, above the 60 s a default-tier
+test should take, because a patched server must really start once for a look to be shown to run
+the patch (the stand-in test in test_workload_tools.py covers the workload a look sends).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_a_look_profiles_a_source_patch_reuses_its_server_and_keeps_to_its_budge
         assert edited.data is not None, edited.error
         base = edited.data["patch_id"]
     try:
-        args = {"patch_id": base, "processes": ["scheduler"], "gil_seconds": 0, "num_prompts": 128}
+        args = {"patch_id": base, "processes": ["scheduler"], "gil_seconds": 0, "num_prompts": 32}
         profile = reg.call("server_profile", json.dumps(args), ctx)
         print(profile.content)
         assert profile.error is None and profile.data is not None, profile.content
@@ -82,6 +82,16 @@ def test_a_look_profiles_a_source_patch_reuses_its_server_and_keeps_to_its_budge
             f"{r['file']}:{r['function']}" for r in scheduler["top_self"] + scheduler["top_total"]
         }
         assert f"{BACKEND}:_infra_agent_look_marker" in hot, hot  # the patched code ran
+        # Enough samples to decide (the workload is sent again when short), the sampling error
+        # stated, names whole with their hottest lines (the marker's are its own, 11-17).
+        assert scheduler["samples"] >= 300 and scheduler["share_error"] < 0.06
+        assert "over (fresh prompts, <= 32 in flight) for 300+ samples" in profile.content
+        assert "shares +-" in profile.content and " points (95%)" in profile.content
+        (marker,) = [
+            r for r in scheduler["top_self"] if r["function"] == "_infra_agent_look_marker"
+        ]
+        assert marker["hot_lines"] and all(11 <= n <= 17 for n, _ in marker["hot_lines"])
+        assert f"{BACKEND}:_infra_agent_look_marker (lines " in profile.content
         look = profile.data["look"]
         assert (look["patch_id"], look["number"], look["limit"]) == (base, 1, 2)
         assert look["reused"] is False and look["start_s"] > 0
