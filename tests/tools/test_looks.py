@@ -48,3 +48,69 @@ def test_the_budget_line_names_the_looks_budget_and_says_a_spent_one_ends_no_run
     assert "Looks spent are refused; the run goes on." in line
     assert "The run stops" not in line  # no budget that ends the run is near its end
     assert "looks" not in Usage().budget_line(Budget(looks=0))  # a run that offers no look
+
+
+def test_the_graph_counts_looks_in_its_state_and_the_budget_line_shows_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three looks in one reply against a looks budget of 2: two run (on one kept stand-in
+    server), the third is refused, the reply's budget line reads 'looks 2/2' and says the run
+    goes on; the count lives in the graph's state, so the next reply's look is refused too."""
+    from types import SimpleNamespace
+
+    from infra_agent.agent.configuration import AgentContext, RunConfig
+    from infra_agent.agent.graph import tools
+    from infra_agent.agent.runlog import RunLog
+    from infra_agent.agent.state import AgentState
+    from infra_agent.serving.fileview import FileView
+    from infra_agent.serving.netns import Network
+    from infra_agent.serving.workload import WorkloadResult
+    from infra_agent.store.records import RunRecord, ToolCall
+
+    class StandIn:
+        network = Network(mode="host", reason="stand-in")
+        filesystem = FileView(mode="host", reason="stand-in")
+
+        def call(self, fn: Any, sessions: Any, load: Any) -> WorkloadResult:
+            return WorkloadResult(records=[], duration_s=1.0, load=load)
+
+    class Kept:
+        start_s = 2.0
+
+        def running(self) -> Any:
+            from contextlib import nullcontext
+
+            return nullcontext(StandIn())
+
+        def alive(self) -> bool:
+            return True
+
+        def close(self) -> None:
+            return None
+
+    starts: list[Any] = []
+    monkeypatch.setattr(looks, "start_look_server", lambda *a: starts.append(a) or Kept())
+    task = find_task("sglang-slow-decode")
+    store = open_store(tmp_path / "runs.db")
+    run = RunRecord(task=task.name, objective="throughput", policy="scripted")
+    store.put_run(run)
+    ctx = AgentContext(
+        config=RunConfig(task=task.name, policy="scripted", budget=Budget(looks=2)),
+        task=task, store=store, policy=SimpleNamespace(name="scripted", model=None),  # type: ignore[arg-type]
+        tools=default_registry("dense", task), tool_context=ToolContext(task=task, store=store, run_id=run.id),
+        log=RunLog(store, run.id), run_experiment=lambda *a, **kw: None,  # type: ignore[arg-type,return-value]
+    )  # fmt: skip
+    calls = [ToolCall(id=str(i), name="serving_workload", arguments="{}") for i in range(3)]
+    update = tools(AgentState(run_id=run.id, pending=calls), SimpleNamespace(context=ctx))  # type: ignore[arg-type]
+    first, second, third = [m.content for m in update["messages"] if m.role == "tool"]
+    assert "look 1/2 at baseline (one run on one server, not a verdict" in first
+    assert "look 2/2 at baseline" in second and "server reused" in second
+    assert third.startswith("error: serving_workload: looks budget spent (2/2)")
+    assert ", looks 2/2]" in third and "Looks spent are refused; the run goes on." in third
+    assert update["usage"].looks == 2 and len(starts) == 1
+    again = AgentState(run_id=run.id, usage=update["usage"], pending=calls[:1])
+    later = tools(again, SimpleNamespace(context=ctx))  # type: ignore[arg-type]
+    [refused] = [m.content for m in later["messages"] if m.role == "tool"]
+    assert refused.startswith("error: serving_workload: looks budget spent (2/2)")
+    ctx.tool_context.close()
+    store.close()
