@@ -127,21 +127,22 @@ def register(app: typer.Typer) -> None:
         from infra_agent.tasks.patch import Patch, load_patch
         from infra_agent.tasks.registry import find_task
 
+        if extend is not None and (patch is not None or task is not None):
+            raise UserError("--extend takes the task and patch of the experiment it extends")
+        if extend is None and (task is None or patch is None):
+            raise UserError("give --task and --patch (or --extend EXPERIMENT_ID)")
         settings = current().settings()
         store = current().store()
         earlier = None
         if extend is not None:
-            if patch is not None or task is not None:
-                raise UserError("--extend takes the task and patch of the experiment it extends")
             known = store.get_experiment(extend)
             earlier = extendable(store, known.run_id if known else None, extend)
             stored = store.get_patch(earlier.patch_id)
             if stored is None:
                 raise UserError(f"the patch of {extend} is missing from the run store")
             task, loaded = earlier.task, Patch.from_record(stored)
-        elif task is None or patch is None:
-            raise UserError("give --task and --patch (or --extend EXPERIMENT_ID)")
         else:
+            assert task is not None and patch is not None
             loaded = load_patch(
                 patch, max_bytes=settings.sandbox.max_patch_bytes, author=author,
                 rationale=rationale,
