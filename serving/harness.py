@@ -105,8 +105,8 @@ class ServingHarness(Harness):
         self.arms: dict[str, Arm] = {}
         self.active: str | None = None
         """The arm whose server runs (the others' are paused)."""
-        self.scored: dict[tuple[str, int, int], float] = {}
-        """(arm, seed, session) -> mean log-probability per output token under the baseline."""
+        self.scored: dict[tuple[str, tuple[int, int]], float] = {}
+        """(arm, (seed, session)) -> mean log-probability per output token under the baseline."""
         self.gate = GateConfig(
             prompts=int(self.params["gate_prompts"]), output_len=int(self.params["gate_output_len"])
         )
@@ -266,12 +266,14 @@ class ServingHarness(Harness):
         of `seeds` both arms answered, every output scored by the baseline server (once: a
         session's score is kept for later tests)."""
         base, cand = self.arms["baseline"], self.arms["candidate"]
-        by_arm = {arm.name: _by_session(arm.state["runs"], seeds) for arm in (base, cand)}
+        by_arm: dict[str, dict[tuple[int, int], list[RequestRecord]]] = {
+            arm.name: _by_session(arm.state["runs"], seeds) for arm in (base, cand)
+        }
         shared = sorted(set(by_arm["baseline"]) & set(by_arm["candidate"]))
         chosen = sorted(rng.sample(shared, min(limit, len(shared))))
         todo = [
             (name, key) for name in ("baseline", "candidate") for key in chosen
-            if (name, *key) not in self.scored
+            if (name, key) not in self.scored
         ]  # fmt: skip
         items = [
             (r.prompt_ids, r.output_ids or [])
@@ -282,10 +284,10 @@ class ServingHarness(Harness):
         scores = iter(self.server(base).call(score_tokens, items) if items else [])
         for name, key in todo:
             tokens = [lp for r in by_arm[name][key] if r.prompt_ids for lp in next(scores)]
-            self.scored[(name, *key)] = sum(tokens) / len(tokens) if tokens else math.nan
+            self.scored[(name, key)] = sum(tokens) / len(tokens) if tokens else math.nan
         kept = [
-            (self.scored[("baseline", *key)], self.scored[("candidate", *key)]) for key in chosen
-            if not any(math.isnan(self.scored[(name, *key)]) for name in ("baseline", "candidate"))
+            (self.scored[("baseline", key)], self.scored[("candidate", key)]) for key in chosen
+            if not any(math.isnan(self.scored[(name, key)]) for name in ("baseline", "candidate"))
         ]  # fmt: skip
         return compare_likelihood(
             [b for b, _ in kept], [c for _, c in kept], alpha=float(self.params["judge_alpha"])
