@@ -19,6 +19,7 @@ from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import is_editable
 from infra_agent.tasks.tree import WorkspaceTree, workspace_tree
 from infra_agent.tools.base import ToolRegistry
+from infra_agent.tools.looks import LOOK_TOOLS
 from infra_agent.tools.patching import task_overview
 
 TREE_ENTRIES = 60
@@ -53,6 +54,12 @@ def system_prompt(tools: ToolRegistry) -> str:
         rules.append(f"Read the code ({reading}) before guessing.")
     if "lookup_skeletons" in offered:
         rules.append("lookup_skeletons finds known optimization patterns and how to test whether one applies.")  # fmt: skip
+    if looks := [n for n in offered if n in LOOK_TOOLS]:
+        rules.append(
+            f"{', '.join(looks)} take any patch_id: look at a patch on its own server before you "
+            "spend an experiment on it, and again after a win. A look is one sample, not a "
+            "verdict; looks have a budget of their own."
+        )
     rules += [
         f"{patching} returns a patch_id; run_experiment(patch_id) verifies it against baseline: "
         "correctness on fresh inputs, interleaved timing with a 95% confidence interval, "

@@ -205,7 +205,7 @@ class ServerProfile(BaseModel):
 
     version: int = 1
     label: str
-    """Which server: 'baseline' or the knob patch's assignments."""
+    """Which server: 'baseline', or the patch looked at and what it changes (`tools.looks`)."""
     workload: str
     """One line: requests, output tokens, seconds."""
     duration_s: float

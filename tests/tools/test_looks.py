@@ -114,3 +114,15 @@ def test_the_graph_counts_looks_in_its_state_and_the_budget_line_shows_them(
     assert refused.startswith("error: serving_workload: looks budget spent (2/2)")
     ctx.tool_context.close()
     store.close()
+
+
+def test_the_system_prompt_tells_of_looks_only_where_the_run_offers_them() -> None:
+    from infra_agent.agent.prompts import system_prompt
+
+    serving = find_task("sglang-slow-decode")
+    dense = system_prompt(default_registry("dense", serving))
+    assert "server_profile, server_steps, serving_workload take any patch_id" in dense
+    assert "not a verdict; looks have a budget of their own" in dense
+    assert "take any patch_id" not in system_prompt(default_registry("sparse", serving))
+    kernel = find_task("decode-split-norm")
+    assert "take any patch_id" not in system_prompt(default_registry("dense", kernel))
