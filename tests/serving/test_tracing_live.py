@@ -41,7 +41,7 @@ def test_server_profile_shows_the_schedulers_loop_and_forward_and_the_tokenizer(
     result = default_registry().call("server_profile", json.dumps({"num_prompts": 128}), ctx)
     print(result.content)
     assert result.error is None, result.content
-    assert result.content.startswith("baseline: 128 requests, "), result.content
+    assert result.content.startswith("baseline on 128 requests of "), result.content
     data = result.data
     assert data is not None
     scheduler, tokenizer = data["processes"]
