@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         budget: str = typer.Option(
             None,
             "--budget",
-            help="Experiments ('8') or 'experiments=8,wall=30m,tokens=200k,turns=40,cost=2'.",
+            help="Experiments ('8') or 'experiments=8,wall=30m,tokens=200k,turns=40,cost=2,looks=16'.",
         ),
         sandbox: str = typer.Option(
             None, "--sandbox", help="local | docker (default: settings sandbox.backend)."
