@@ -12,8 +12,8 @@ optimize: setup
 	.venv/bin/infra-agent optimize --target throughput
 
 test: setup
-	# two workers; a test file, the SGLang-server tests and the docker-backend tests each run
-	# as one group (tests/conftest.py); the 15 slowest tests are listed at the end
+	# two workers; a test file and the docker-backend tests each run as one group, the files
+	# with SGLang servers first (tests/conftest.py); the 15 slowest tests are listed at the end
 	.venv/bin/python -m pytest -q -n 2 --dist loadgroup
 
 lint:

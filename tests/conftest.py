@@ -4,9 +4,10 @@ suite's tiers and grouping:
 - a test marked `long` runs only with INFRA_AGENT_LONG_TESTS=1 (CI does not set it; README,
   "Tests", lists what the long tier covers);
 - under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) each test file is one group, so
-  a module-scoped fixture (a server, a browser) is made once; the tests that start real SGLang
-  servers form one group, so two never start at once on a 2-core machine; and the tests on the
-  docker backend form one, so the session's private dockerd starts once.
+  a module-scoped fixture (a server, a browser) is made once, and the tests on the docker
+  backend form one, so the session's private dockerd starts once;
+- the files that start real SGLang servers run first (the longest groups first: a 10-minute
+  file handed out last would leave the other worker idle).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ runs; see README, "Tests")."""
 
 
 def xdist_group(item: pytest.Item) -> str:
-    """The group an xdist worker runs as a whole: "sglang" for tests that start real SGLang
-    servers, "docker" for tests on the docker backend or marked `docker` (those that start
-    engines of their own and count the engine folders left), else the test's file."""
-    if item.get_closest_marker("sglang") is not None:
-        return "sglang"
+    """The group an xdist worker runs as a whole: "docker" for tests on the docker backend or
+    marked `docker` (those that start engines of their own and count the engine folders left),
+    "tiny-looks" for those sharing tests/serving/conftest.py's look server, else the test's
+    file."""
+    if "tiny_looks" in getattr(item, "fixturenames", ()):
+        return "tiny-looks"
     callspec = getattr(item, "callspec", None)
     on_docker = callspec is not None and callspec.params.get("backend") == "docker"
     if on_docker or item.get_closest_marker("docker") is not None:
@@ -43,6 +45,8 @@ def xdist_group(item: pytest.Item) -> str:
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_long = pytest.mark.skip(reason="long tier: set INFRA_AGENT_LONG_TESTS=1 to run it")
+    serving = {item.path for item in items if item.get_closest_marker("sglang") is not None}
+    items.sort(key=lambda item: item.path not in serving)  # stable: files stay whole, in order
     for item in items:
         if item.get_closest_marker("long") is not None and not LONG_TESTS:
             item.add_marker(skip_long)
