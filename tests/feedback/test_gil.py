@@ -417,3 +417,36 @@ def test_exact_holders_replace_inferred_ones() -> None:
     assert [(e.holder, round(e.share, 2)) for e in ev] == [("MainThread", 0.8), ("nobody", 0.2)]
     assert ev[0].python_stack[0] == "dispatch (dispatch.py)"
     assert "over the trace 'MainThread' held it 80%" in report.render()
+
+
+def test_a_nonblocking_dump_caught_mid_update_is_skipped_but_mostly_failing_dumps_raise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from infra_agent.feedback.gil import pyspy
+
+    calls: list[int] = []
+
+    def flaky(pid: int, *, native: bool, nonblocking: bool) -> list[pyspy.ThreadSample]:
+        calls.append(pid)
+        if len(calls) % 3 == 2:  # every third dump catches a thread mid-update
+            raise pyspy.PySpyUnavailable("py-spy cannot sample pid 1: Failed to get stack traces")
+        return []
+
+    monkeypatch.setattr(pyspy, "dump_once", flaky)
+    snapshots, _ = pyspy.sample_pid(
+        os.getpid(), duration_s=60, interval_s=0, max_snapshots=6, nonblocking=True
+    )
+    assert len(snapshots) == 6 and len(calls) == 9  # three torn reads skipped
+    # A pausing dump that fails is not skipped: it is the target refusing, not a torn read.
+    calls.clear()
+    with pytest.raises(pyspy.PySpyUnavailable):
+        pyspy.sample_pid(os.getpid(), duration_s=60, interval_s=0, max_snapshots=6)
+
+    def broken(pid: int, *, native: bool, nonblocking: bool) -> list[pyspy.ThreadSample]:
+        raise pyspy.PySpyUnavailable("py-spy cannot sample pid 1: Permission denied")
+
+    monkeypatch.setattr(pyspy, "dump_once", broken)
+    with pytest.raises(pyspy.PySpyUnavailable, match="Permission denied"):
+        pyspy.sample_pid(os.getpid(), duration_s=60, interval_s=0, nonblocking=True)
