@@ -168,14 +168,25 @@ class Experiment:
                 self.arms.start_workers(list(arms))
             except ArmStartError as exc:
                 raise _failure(exc.arm, exc.error) from exc
-        for arm in arms:
-            try:
-                harness.prepare(arm)
-            except Exception as exc:
-                raise _failure(arm.name, exc) from exc
+        try:
+            for arm in arms:
+                try:
+                    harness.prepare(arm)
+                except Exception as exc:
+                    raise _failure(arm.name, exc) from exc
+        finally:
+            self._code_confinement(harness, arms[1])
         if self.manifest.kind == "python" and self.evidence.sandbox is not None:
             methods = sorted({w.watch.method for w in self.arms.workers})
             self.evidence.sandbox.isolation.append(f"proc-watch:{'+'.join(methods)}")
+
+    def _code_confinement(self, harness: Harness, cand: Arm) -> None:
+        """Where the harness runs the candidate's code outside its sandbox (a serving task's
+        patched server), the sandbox evidence states what confined that code instead."""
+        described = getattr(harness, "code_confinement", None)
+        found = described(cand) if callable(described) else None
+        if found is not None and self.evidence.sandbox is not None:
+            self.evidence.sandbox.isolation, self.evidence.sandbox.missing = found
 
     def correctness(self, harness: Harness, base: Arm, cand: Arm) -> None:
         checks = max(1, self.manifest.budget.correctness_checks)

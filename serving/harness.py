@@ -40,7 +40,9 @@ SGLang code reaches neither the network nor the host's services; `serving/netns.
 request goes through `Server.call`; the evidence's health table names the server's network
 (`server_network`: isolated, or host with the reason) and file view (`server_filesystem`:
 confined under bubblewrap, or host with the reason; `serving/fileview.py`). The arm's sandbox
-provides its patched workspace copy. Params (task.toml [params]): num_prompts, input_len,
+provides its patched workspace copy, and only that: the experiment's sandbox evidence states the
+candidate server's confinement (`code_confinement`: 'server:bwrap', what was in force, what was
+missing), which is what the patch ran under. Params (task.toml [params]): num_prompts, input_len,
 output_len, max_concurrency (0: all at once), request_rate (0: all at once), api, temperature,
 warmup_prompts (0: none), judge_prompts, judge_check_prompts, judge_alpha (the likelihood
 test's false-alarm rate), gate_prompts and gate_output_len (the prompt set of accuracy tasks'
@@ -156,9 +158,14 @@ class ServingHarness(Harness):
         )
         arm.state["overlay"] = overlay
         self.activate(None)  # the other arm's server must not slow this start
-        arm.state["server"] = Server.start(
-            self.deployment, workdir, knobs=args, overlay=overlay, model_cache=workdir / "models"
-        )
+        models = workdir / "models"
+        try:
+            arm.state["server"] = Server.start(
+                self.deployment, workdir, knobs=args, overlay=overlay, model_cache=models
+            )
+        except ServerFailed as exc:  # its code ran (and failed) under this confinement
+            arm.state["confinement"] = getattr(exc, "confinement", None)
+            raise
         arm.state["runs"] = {}  # seed -> the records of its measured run
         self.arms[arm.name] = arm
         self.active = arm.name
@@ -343,6 +350,15 @@ class ServingHarness(Harness):
             "server_filesystem": server.filesystem.render(),
             "server_confinement": server.confinement.render() if server.confinement else "none",
         }
+
+    def code_confinement(self, arm: Arm) -> tuple[list[str], list[str]] | None:
+        """What confined the arm's code (the experiment's sandbox evidence): its server's
+        confinement; a server that did not start says so."""
+        server: Server | None = arm.state.get("server")
+        record = server.confinement if server is not None else arm.state.get("confinement")
+        if record is None:
+            return [], ["server confinement unknown: no server was started"]
+        return record.as_evidence()
 
     @staticmethod
     def score(records: list[RequestRecord]) -> HealthReport:

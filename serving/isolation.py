@@ -69,6 +69,14 @@ class ServerConfinement(BaseModel):
         text = f"{self.mode} ({', '.join(self.in_force)})"
         return text + (f"; missing: {', '.join(self.missing)}" if self.missing else "")
 
+    def as_evidence(self) -> tuple[list[str], list[str]]:
+        """(isolation in force, missing) for the experiment's sandbox evidence: the patch of a
+        serving task runs in its server, so this, not the arm's sandbox (which only holds the
+        workspace copy the server's overlay is built from), is what confined it."""
+        return [f"server:{self.mode}", *self.in_force, "workspace:arm-sandbox(files only)"], list(
+            self.missing
+        )
+
 
 @dataclass
 class Jail:

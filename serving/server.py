@@ -274,6 +274,7 @@ class Server:
                 return server
             except ServerFailed as exc:
                 server.stop()
+                exc.confinement = jail.record  # type: ignore[attr-defined]  # for the evidence
                 # The port was free when picked, but the server binds it only after its imports
                 # (minutes on a busy machine): another process may have taken it meanwhile.
                 taken = "address already in use" in exc.log_tail + str(exc)

@@ -160,6 +160,12 @@ def test_a_patched_server_reaches_nothing_outside_it(
         assert found["original_bytecode"], found
         assert all(b in (0, "PermissionError") for b in found["original_bytecode"]), found
         assert found["task_folder"] is False and found["run_store"] is False
+        # The evidence states what confined the patch: the server's confinement (its start
+        # failed, and still ran the patch under it), not the arm sandbox's, which held the files.
+        box = result.evidence.sandbox
+        assert box is not None and box.isolation[0] == "server:bwrap", box
+        assert "pidns:bwrap" in box.isolation, box
+        assert "workspace:arm-sandbox(files only)" in box.isolation, box
         # ... and the victim really was left alone.
         assert (proctree.stat_fields(victim.pid) or ["?"])[0] not in "Tt"
         assert os.getpriority(os.PRIO_PROCESS, victim.pid) == nice

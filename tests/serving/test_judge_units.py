@@ -98,3 +98,36 @@ def test_the_client_counts_and_a_claim_that_disagrees_is_incorrect() -> None:
     silent[1].output_ids = None
     with pytest.raises(IncorrectOutput, match="carried no token ids"):
         verify_counts(silent, sessions)
+
+
+def test_the_sandbox_evidence_names_what_confined_the_server() -> None:
+    """A serving patch runs in its server: the experiment's sandbox evidence states the server's
+    confinement (also for a start that failed), not the arm sandbox's, and says when no server
+    was started."""
+    from infra_agent.experiments.arms import effective_params
+    from infra_agent.serving.harness import ServingHarness
+    from infra_agent.serving.isolation import ServerConfinement
+    from infra_agent.tasks.harness import Arm
+    from infra_agent.tasks.registry import find_task
+
+    task = find_task("sglang-cpu-tiny")
+
+    class Harness(ServingHarness):
+        deployment_path = task.root / "deployment.toml"
+
+    harness = Harness(task.manifest, effective_params(task.manifest, None))
+    record = ServerConfinement(
+        mode="bwrap", uid=231117, pid_namespace=True,
+        in_force=["pidns:bwrap", "user:231117", "cgroup:freezer"], missing=["netns (no ip)"],
+    )  # fmt: skip
+    failed = Arm(name="candidate", sandbox=None, knobs={}, params={})  # type: ignore[arg-type]
+    failed.state["confinement"] = record  # what prepare keeps from a failed start
+    isolation, missing = harness.code_confinement(failed) or ([], [])
+    assert isolation[0] == "server:bwrap" and "pidns:bwrap" in isolation, isolation
+    assert "user:231117" in isolation and "workspace:arm-sandbox(files only)" in isolation
+    assert missing == ["netns (no ip)"]
+    none = Arm(name="candidate", sandbox=None, knobs={}, params={})  # type: ignore[arg-type]
+    assert harness.code_confinement(none) == (
+        [],
+        ["server confinement unknown: no server was started"],
+    )
