@@ -55,21 +55,6 @@ def parse_budget(text: str | None) -> dict[str, Any]:
     return out
 
 
-def parse_params(items: list[str]) -> dict[str, Any]:
-    import json
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"--param: '{item}' is not NAME=VALUE")
-        try:
-            out[key] = json.loads(raw)
-        except ValueError:
-            out[key] = raw
-    return out
-
-
 def register(app: typer.Typer) -> None:
     app.add_typer(skeletons_app, name="skeletons")
 
@@ -122,6 +107,7 @@ def register(app: typer.Typer) -> None:
         from infra_agent.agent.state import Budget
         from infra_agent.agent.view import LiveView, render_outcome
         from infra_agent.context import current
+        from infra_agent.experiments.arms import effective_params, parse_params
         from infra_agent.output import emit, err_console
 
         settings = current().settings()
@@ -163,6 +149,8 @@ def register(app: typer.Typer) -> None:
                     f"(metric {m.metric.name}); {why}"
                 )
             run_budget = Budget(**parse_budget(budget))
+            overrides = parse_params(param)
+            typed = effective_params(m, overrides)  # unknown names refused before a run starts
             config = RunConfig(
                 task=task or settings.tasks.default,
                 task_root=str(the_task.root),
@@ -171,7 +159,7 @@ def register(app: typer.Typer) -> None:
                 policy_reason=reason,
                 budget=run_budget,
                 sandbox=sandbox or settings.sandbox.backend,
-                params=parse_params(param),
+                params={name: typed[name] for name in overrides},
                 script=str(script.resolve()) if script else None,
                 search_strategy=strategy,  # type: ignore[arg-type]
                 search_batch=batch,

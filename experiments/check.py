@@ -191,7 +191,7 @@ def register(tasks_app: typer.Typer) -> None:
     ) -> None:
         """Measure a task's symptom, its reference fix and its wrong fix (exit 1 if any is off)."""
         from infra_agent.context import current
-        from infra_agent.experiments.cli import parse_params
+        from infra_agent.experiments.arms import parse_params
         from infra_agent.output import emit, err_console
         from infra_agent.tasks.registry import find_task
 

@@ -69,16 +69,6 @@ class ExperimentReport(BaseModel):
         )
 
 
-def parse_params(items: list[str]) -> dict[str, str]:
-    params: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UserError(f"--param {item!r}: expected NAME=VALUE")
-        params[name.strip()] = value.strip()
-    return params
-
-
 class Interrupted(UserError):
     """The experiment was stopped by Ctrl-C or a signal; its sandboxes were cleaned up."""
 
@@ -120,6 +110,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Verify a patch against its task's baseline and print the verdict with its evidence."""
         from infra_agent.context import current
+        from infra_agent.experiments.arms import parse_params
         from infra_agent.experiments.cascade import run_experiment
         from infra_agent.experiments.extend import extendable
         from infra_agent.experiments.verdict_text import verdict_text

@@ -12,9 +12,9 @@ from infra_agent.experiments.arms import (
     arm_set,
     effective_params,
     load_harness,
+    parse_params,
     sandbox_spec,
 )
-from infra_agent.experiments.cli import parse_params
 from infra_agent.sandboxes import create_sandbox, ensure_backend
 from infra_agent.tasks.diagnose import Diagnosis, generic_diagnosis
 from infra_agent.tasks.patch import effective_knobs

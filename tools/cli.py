@@ -105,7 +105,7 @@ def run_command(
     """Run one of the agent's instruments on a task's workspace, exactly as the model calls it:
     print the text the model reads, or with --json the typed record."""
     from infra_agent.context import current
-    from infra_agent.experiments.cli import parse_params
+    from infra_agent.experiments.arms import parse_params
     from infra_agent.feedback.cli import store_feedback
     from infra_agent.tasks.registry import find_task
     from infra_agent.tools.context import ToolContext

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infra_agent.tools.looks import LookServers
+from infra_agent.tools.kept_servers import KeptServers
 
 if TYPE_CHECKING:
     from infra_agent.store import RunStore
     from infra_agent.tasks.manifest import Task
     from infra_agent.tasks.patch import Patch
+    from infra_agent.tools.looks import LookServer
 
 
 @dataclass
@@ -33,7 +34,7 @@ class ToolContext:
     the graph state's usage)."""
     looks_limit: int | None = None
     """The run's looks budget (None: no limit, as for a person's `feedback run`)."""
-    look_servers: LookServers = field(default_factory=LookServers)
+    look_servers: KeptServers[LookServer] = field(default_factory=KeptServers)
     """The servers looks ran on, kept for later looks at the same patch (`tools.looks`)."""
 
     def close(self) -> None:

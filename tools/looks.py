@@ -8,10 +8,9 @@ before it spends an experiment on it, and again after a win. Every look server l
 scheduler step (`serving.steps`: one log line per step, for `server_steps`), so one server per
 patch serves all three instruments.
 
-The servers are kept for the run, one per patch and knob set (the last `KEPT_SERVERS`; an older
-one is stopped), paused between looks (an idle SGLang scheduler polls without sleeping; paused it
-takes no CPU from experiments), and stopped when the run ends (`LookServers.close`, from
-`ToolContext.close`). A second look at the same patch costs its workload, not a start.
+The servers are kept for the run, one per patch and knob set (the last `tools.kept_servers.KEPT_SERVERS`;
+an older one is stopped), paused between looks (an idle SGLang scheduler polls without sleeping; paused it
+takes no CPU from experiments), and stopped when the run ends (`ToolContext.close`). A second look at the same patch costs its workload, not a start.
 
 A look is one run of the workload on one server: not a verdict (run_experiment repeats,
 interleaves, checks accuracy and health), and its rendering says so. Looks count against a
@@ -24,7 +23,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -41,8 +40,6 @@ if TYPE_CHECKING:
 
 LOOK_TOOLS = frozenset({"serving_workload", "server_steps", "server_profile"})
 """The instruments that look (their runs count against the run's looks budget)."""
-KEPT_SERVERS = 3
-"""Look servers kept at once (each holds a model in memory); the least recently used goes."""
 NOT_A_VERDICT = "one run on one server, not a verdict: run_experiment judges a patch"
 
 
@@ -122,7 +119,7 @@ def start_look_server(ctx: ToolContext, patch: Patch | None, knobs: dict[str, An
     from infra_agent.serving.server import ServerFailed
     from infra_agent.serving.steps import STEP_KNOBS, instrumented
     from infra_agent.tools.sandboxed import open_sandbox
-    from infra_agent.tools.serving import task_harness
+    from infra_agent.tools.workload import task_harness
 
     harness = task_harness(ctx)
     harness.deployment = instrumented(harness.deployment)
@@ -149,35 +146,9 @@ def start_look_server(ctx: ToolContext, patch: Patch | None, knobs: dict[str, An
     return LookServer(harness, arm, arms, time.monotonic() - started)
 
 
-@dataclass
-class LookServers:
-    """The run's look servers by patch and knobs, most recently used last."""
-
-    keep: int = KEPT_SERVERS
-    servers: dict[str, LookServer] = field(default_factory=dict)
-
-    def get(
-        self, ctx: ToolContext, patch: Patch | None, knobs: dict[str, Any]
-    ) -> tuple[LookServer, bool]:
-        """The server for `patch` with `knobs`, started now or kept from an earlier look (then
-        True); a kept one that died is started again."""
-        key = json.dumps([patch.hash if patch else None, knobs], sort_keys=True, default=str)
-        found = self.servers.pop(key, None)
-        if found is not None and not found.alive():
-            found.close()
-            found = None
-        if found is None:
-            while len(self.servers) >= self.keep:  # make room before a start, not after
-                self.servers.pop(next(iter(self.servers))).close()
-            self.servers[key] = start_look_server(ctx, patch, knobs)
-            return self.servers[key], False
-        self.servers[key] = found
-        return found, True
-
-    def close(self) -> None:
-        """Stop every look server (the run ended)."""
-        while self.servers:
-            self.servers.pop(next(iter(self.servers))).close()
+def look_key(patch: Patch | None, knobs: dict[str, Any]) -> str:
+    """The key a look server is kept under: the patch and the knobs it was started with."""
+    return json.dumps([patch.hash if patch else None, knobs], sort_keys=True, default=str)
 
 
 def take_look(

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from infra_agent.errors import UserError
 from infra_agent.tools.base import ToolResult, instrument
 from infra_agent.tools.context import ToolContext
 
@@ -72,19 +71,6 @@ class TaskRun:
     """The task's harness with the call's overrides (more sessions of the same shape)."""
 
 
-def task_harness(ctx: ToolContext, **overrides: Any) -> ServingHarness:
-    """The task's serving harness with the run's parameters and the call's workload overrides
-    (None: the task's own value) on top: its `load` and `sessions` are what the tools send."""
-    from infra_agent.serving.harness import ServingHarness
-    from infra_agent.tools.workload import harness_of
-
-    harness = harness_of(ctx.task, ctx.params)
-    if not isinstance(harness, ServingHarness):
-        raise UserError(f"task {ctx.task.name} is not a serving task (no server to start)")
-    harness.params.update({k: v for k, v in overrides.items() if v is not None})
-    return harness
-
-
 @contextmanager
 def task_server(
     ctx: ToolContext, patch_id: str | None, *, knobs: dict[str, Any] | None = None, **overrides: Any
@@ -92,11 +78,14 @@ def task_server(
     """A look (`tools.looks`): the task's server with the patch (source, knobs, or both with
     `knobs`), kept for later looks at it, and the task's workload (with `overrides`) to send it.
     Counts against the run's looks budget."""
-    from infra_agent.tools.looks import Look, describe_patch, take_look
+    from infra_agent.tools.looks import Look, describe_patch, look_key, start_look_server, take_look
+    from infra_agent.tools.workload import task_harness
 
     harness = task_harness(ctx, **overrides)
     patch, effective, number = take_look(ctx, patch_id, knobs)
-    kept, reused = ctx.look_servers.get(ctx, patch, effective)
+    kept, reused = ctx.look_servers.get(
+        look_key(patch, effective), lambda: start_look_server(ctx, patch, effective)
+    )
     look = Look(
         patch_id=patch_id, patch=describe_patch(patch_id, patch), knobs=dict(knobs or {}),
         number=number, limit=ctx.looks_limit, reused=reused, start_s=round(kept.start_s, 1),

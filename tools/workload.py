@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from infra_agent.errors import UserError
 from infra_agent.tasks.workload import Workload
 from infra_agent.tools.context import ToolContext
 
 if TYPE_CHECKING:
+    from infra_agent.serving.harness import ServingHarness
     from infra_agent.tasks.harness import Harness
     from infra_agent.tasks.manifest import Task
     from infra_agent.tasks.patch import Patch
@@ -33,3 +35,15 @@ def harness_of(task: Task, params: dict[str, Any]) -> Harness:
     from infra_agent.experiments.arms import effective_params, load_harness
 
     return load_harness(task, effective_params(task.manifest, params))
+
+
+def task_harness(ctx: ToolContext, **overrides: Any) -> ServingHarness:
+    """The task's serving harness with the run's parameters and the call's workload overrides
+    (None: the task's own value) on top: its `load` and `sessions` are what the tools send."""
+    from infra_agent.serving.harness import ServingHarness
+
+    harness = harness_of(ctx.task, ctx.params)
+    if not isinstance(harness, ServingHarness):
+        raise UserError(f"task {ctx.task.name} is not a serving task (no server to start)")
+    harness.params.update({k: v for k, v in overrides.items() if v is not None})
+    return harness
