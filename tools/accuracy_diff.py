@@ -1,7 +1,10 @@
 """`accuracy_diff`: two (or three, with a float64 reference) expressions evaluated in sandboxed
 workspace copies to tensors or dicts of named tensors; `feedback.accuracy.compare_paths` finds
 where they part ways and says whether the candidate would pass the experiment's accuracy rule.
-With no setup or expressions: the experiment's own workload and its float64 reference."""
+With no setup or expressions: the experiment's own workload and its float64 reference. With
+`captured`: the calls a `capture` recorded on the live server, replayed in each arm (`tools.replay`),
+their outputs (and tensor arguments after the call) compared. On a serving task every arm imports
+the real SGLang package (its workspace copy's overlay)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from infra_agent.errors import UserError
 from infra_agent.tasks.workload import Workload
 from infra_agent.tools.base import ToolResult, instrument
 from infra_agent.tools.context import ToolContext
@@ -18,7 +22,6 @@ from infra_agent.tools.sandboxed import (
     PRELUDE,
     ArmParams,
     Arms,
-    open_sandbox,
     resolve_arms,
     run_script,
     script,
@@ -50,6 +53,12 @@ class AccuracyDiff(ArmParams):
         description="Optional float64 reference expression. Default with the experiment's call: "
         "the workload's float64 reference.",
     )
+    captured: str | None = Field(
+        None,
+        description="A capture id (the capture tool's): run the captured calls of the real "
+        "function in the baseline and the candidate (patch_id) and compare every output; give no "
+        "setup or expressions.",
+    )
 
 
 @functools.cache
@@ -63,7 +72,15 @@ def record_type() -> type[AccuracyReport]:
         arms: Arms
 
         def render(self, max_probes: int = 8) -> str:
-            return f"accuracy_diff {self.arms.render()}\n{super().render(max_probes)}"
+            head = f"accuracy_diff {self.arms.render()}"
+            if self.arms.captured:  # a replay: the decisive number over all calls first
+                worst = max((p.diff.max_abs for p in self.probes), default=0.0)
+                calls = len({p.name.split(".", 1)[0] for p in self.probes})
+                head += (
+                    f": max abs err {worst:.3g} over {calls} calls ({len(self.probes)} tensors: "
+                    "outputs, and arguments after each call)"
+                )
+            return f"{head}\n{super().render(max_probes)}"
 
     return AccuracyDiffRecord
 
@@ -77,9 +94,19 @@ def record_type() -> type[AccuracyReport]:
     AccuracyDiff,
 )
 def accuracy_diff(p: AccuracyDiff, ctx: ToolContext) -> ToolResult:
+    from infra_agent.tools.replay import serving_version
+
+    version = serving_version(ctx)
+    if p.captured:
+        return _replay(p, ctx, version)
+    return _expressions(p, ctx, version)
+
+
+def _expressions(p: AccuracyDiff, ctx: ToolContext, version: str | None) -> ToolResult:
     import torch
 
     from infra_agent.feedback.accuracy import compare_paths
+    from infra_agent.tools.replay import arm_box
 
     arms, patch = resolve_arms(
         ctx, p.setup, p.baseline, p.candidate, p.patch_id, p.reference, want_reference=True
@@ -93,13 +120,41 @@ def accuracy_diff(p: AccuracyDiff, ctx: ToolContext) -> ToolResult:
                 ({"candidate": arms.candidate}, patch)]  # fmt: skip
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     for wanted, arm_patch in runs:
-        with open_sandbox(ctx, arm_patch) as box:
-            out = run_script(box, script(_ACCURACY, SETUP=arms.setup, EXPRS=wanted), 120)
+        box, python, prelude = arm_box(ctx, arm_patch, version, None)
+        with box:
+            code = script(_ACCURACY, SETUP=prelude + arms.setup, EXPRS=wanted)
+            out = run_script(box, code, 600 if version else 120, python=python)
         tensors.update(torch.load(io.BytesIO(out), weights_only=True))  # tensors only
     rule = _rule(ctx, arms.workload, tensors["baseline"])
     report = compare_paths(
         tensors["baseline"], tensors["candidate"], reference=tensors.get("reference"), rule=rule
     )
+    return ToolResult.of(record_type().model_validate({**dict(report), "arms": arms}))
+
+
+def _replay(p: AccuracyDiff, ctx: ToolContext, version: str | None) -> ToolResult:
+    """The captured calls run in the baseline and in the candidate; every output compared
+    against the dtype's assert_close tolerance (no task rule is about one function)."""
+    import torch
+
+    from infra_agent.feedback.accuracy import ToleranceRule, compare_paths, default_tolerance
+    from infra_agent.tools.replay import REPLAY_OUTPUTS, arm_box, replay_arms
+
+    if p.reference:
+        raise UserError("captured replays compare baseline and candidate; give no reference")
+    arms, patch, capture = replay_arms(p, ctx, version)
+    assert capture is not None
+    tensors: dict[str, dict[str, torch.Tensor]] = {}
+    for label, arm_patch in (("baseline", None), ("candidate", patch)):
+        box, python, prelude = arm_box(ctx, arm_patch, version, capture)
+        with box:
+            out = run_script(box, script(prelude + REPLAY_OUTPUTS), 600, python=python)
+        tensors[label] = torch.load(io.BytesIO(out), weights_only=True)  # tensors only
+    rtol, atol = default_tolerance(*{t.dtype for t in tensors["baseline"].values()})
+    rule = ToleranceRule(
+        atol=atol, rtol=rtol, source="torch.testing.assert_close defaults for the outputs' dtype"
+    )
+    report = compare_paths(tensors["baseline"], tensors["candidate"], rule=rule)
     return ToolResult.of(record_type().model_validate({**dict(report), "arms": arms}))
 
 

@@ -1,12 +1,13 @@
 """`microbench`: two expressions, each in its own sandboxed workspace process (the candidate's in a
 patched copy when a patch is named), timed by the real bench engine (`feedback.bench.run_bench`:
 warm-up, calibration, interleaved samples, adaptive stopping); speedup with a 95% CI. With no
-setup or expressions: the experiment's own workload (the harness's `workload()`)."""
+setup or expressions: the experiment's own workload (the harness's `workload()`). With `captured`:
+the calls a `capture` recorded on the live server, replayed in each arm (`tools.replay`). On a
+serving task every arm imports the real SGLang package (its workspace copy's overlay)."""
 
 from __future__ import annotations
 
 import functools
-import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
@@ -16,7 +17,7 @@ from pydantic import Field
 from infra_agent.feedback.bench import BenchResult
 from infra_agent.tools.base import ToolResult, instrument
 from infra_agent.tools.context import ToolContext
-from infra_agent.tools.sandboxed import ArmParams, Arms, open_sandbox, resolve_arms, script
+from infra_agent.tools.sandboxed import ArmParams, Arms, script
 
 _BENCH_WORKER = """\
 import sys, time
@@ -49,6 +50,11 @@ class Microbench(ArmParams):
         "wall",
         description="'wall' (what run_experiment's harness clock sees) or 'cpu' (the arm's "
         "thread CPU time: far less noisy on a busy machine, for single-threaded CPU-bound code).",
+    )
+    captured: str | None = Field(
+        None,
+        description="A capture id (the capture tool's): time the captured calls of the real "
+        "function, baseline vs candidate (patch_id); give no setup or expressions.",
     )
 
 
@@ -89,26 +95,28 @@ class MicrobenchRecord(BenchResult):
 )
 def microbench(p: Microbench, ctx: ToolContext) -> ToolResult:
     from infra_agent.feedback.bench import PipeTarget, run_bench
+    from infra_agent.tools.replay import arm_box, replay_arms, serving_version
 
-    arms, patch = resolve_arms(ctx, p.setup, p.baseline, p.candidate, p.patch_id)
+    version = serving_version(ctx)
+    arms, patch, capture = replay_arms(p, ctx, version)
     timer = "sandbox:" + ("thread_time_ns" if p.clock == "cpu" else "perf_counter_ns")
     with ExitStack() as stack:
         targets = []
-        for label, code, arm_patch in (
-            ("baseline", arms.baseline, None),
-            ("candidate", arms.candidate, patch),
-        ):
-            box = open_sandbox(ctx, arm_patch)
+        for label, arm_patch in (("baseline", None), ("candidate", patch)):
+            box, python, prelude = arm_box(ctx, arm_patch, version, capture)
             stack.callback(box.cleanup)
-            worker = script(_BENCH_WORKER, SETUP=arms.setup, EXPR=code, LABEL=label, CLOCK=p.clock)
+            code = arms.baseline if label == "baseline" else arms.candidate
+            setup = prelude + arms.setup
+            worker = script(_BENCH_WORKER, SETUP=setup, EXPR=code, LABEL=label, CLOCK=p.clock)
             box.write_file("_infra_agent_bench.py", worker.encode())
-            proc = box.spawn([sys.executable, "_infra_agent_bench.py"])
+            proc = box.spawn([python, "_infra_agent_bench.py"])
             targets.append(
                 PipeTarget(
                     proc.stdin,
                     proc.stdout,
                     name=f"the {label} arm",
                     timer=timer,
+                    startup_timeout_s=600.0 if version else 120.0,  # importing SGLang is slow
                     describe_exit=functools.partial(_stderr_tail, proc.stderr_path),
                 )
             )

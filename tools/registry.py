@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from infra_agent.tools.accuracy_diff import accuracy_diff
 from infra_agent.tools.base import Tool, ToolRegistry
+from infra_agent.tools.capture import capture
 from infra_agent.tools.editing import edit_file
 from infra_agent.tools.gil import gil_trace
 from infra_agent.tools.microbench import microbench
@@ -42,6 +43,7 @@ AGENT_TOOLS: list[Tool] = [  # type: ignore[type-arg]
     serving_workload,
     server_steps,
     server_profile,
+    capture,
     propose_patch,
     edit_file,
     propose_knobs,

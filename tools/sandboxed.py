@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
@@ -50,15 +51,20 @@ def compile_check(code: str, mode: str, what: str) -> None:
         raise UserError(f"{what} is not valid Python ({exc.msg}, line {exc.lineno})") from exc
 
 
-def open_sandbox(ctx: ToolContext, patch: Patch | None) -> Sandbox:
-    """A sandboxed copy of the workspace (with `patch` applied); the caller cleans it up."""
+def open_sandbox(
+    ctx: ToolContext, patch: Patch | None, readonly: list[Path] | None = None
+) -> Sandbox:
+    """A sandboxed copy of the workspace (with `patch` applied; `readonly`: host folders it also
+    sees, e.g. the SGLang environment a replay imports); the caller cleans it up."""
     from infra_agent.experiments.arms import sandbox_spec
     from infra_agent.sandboxes import create_sandbox
     from infra_agent.tasks.patch import apply_patch
     from infra_agent.tasks.tree import workspace_folder
 
+    spec = sandbox_spec(ctx.task)
+    spec.readonly_paths += readonly or []
     with workspace_folder(ctx.task, patch.files if patch else ()) as folder:
-        box = create_sandbox(ctx.sandbox, folder, sandbox_spec(ctx.task))
+        box = create_sandbox(ctx.sandbox, folder, spec)
     try:
         if patch is not None:
             apply_patch(patch, ctx.task, box.root)
@@ -68,11 +74,15 @@ def open_sandbox(ctx: ToolContext, patch: Patch | None) -> Sandbox:
     return box
 
 
-def run_script(box: Sandbox, code: str, timeout_s: float, extra: list[str] | None = None) -> Any:
-    """Run the script `code` in `box`; return its result file's bytes (a tuple with the `extra`
-    files' bytes when asked). Raises UserError with the script's error when it fails."""
+def run_script(
+    box: Sandbox, code: str, timeout_s: float, extra: list[str] | None = None,
+    python: str = sys.executable,
+) -> Any:  # fmt: skip
+    """Run the script `code` in `box` (under `python`: SGLang's for a replay); return its result
+    file's bytes (a tuple with the `extra` files' bytes when asked). Raises UserError with the
+    script's error when it fails."""
     box.write_file(SCRIPT_FILE, code.encode())
-    result = box.exec([sys.executable, SCRIPT_FILE], timeout_s=timeout_s)
+    result = box.exec([python, SCRIPT_FILE], timeout_s=timeout_s)
     if result.timed_out:
         raise UserError(f"the instrument script ran past {timeout_s:.0f} s and was killed")
     if result.returncode != 0:
@@ -129,9 +139,13 @@ class Arms(BaseModel):
     """The candidate ran in a workspace copy with this patch (the baseline never does)."""
     workload: Workload | None = None
     """The experiment's workload, when the setup or an expression came from it."""
+    captured: str | None = None
+    """A replay of captured calls (`tools.replay`): the function, calls and shapes, in words."""
 
     def render(self) -> str:
         where = f"candidate with patch {self.patch_id[:12]}" if self.patch_id else "no patch"
+        if self.captured:
+            return f"{self.captured}: baseline vs candidate ({where})"
         text = (
             f"baseline `{_short(self.baseline)}` vs candidate `{_short(self.candidate)}` ({where})"
         )
