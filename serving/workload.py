@@ -55,6 +55,12 @@ class LoadSpec(BaseModel):
     """Abort a stream when the online health guard trips."""
     model: str = "default"
     """Model name sent to the OpenAI API."""
+    return_logprob: bool = False
+    """Ask for the log-probability of every output token (as RL and evaluation clients do)."""
+    top_logprobs_num: int = 0
+    """With return_logprob: also the top-N alternatives at each position."""
+    return_text_in_logprobs: bool = False
+    """With return_logprob (native API): each logprob entry carries its token's text."""
 
 
 class RequestRecord(BaseModel):
@@ -115,8 +121,14 @@ def _payload(
         }
         body: dict[str, Any] = {"sampling_params": sampling, "stream": True}
         body["text" if text is not None else "input_ids"] = text if text is not None else prompt_ids
+        if load.return_logprob:
+            body |= {
+                "return_logprob": True,
+                "top_logprobs_num": load.top_logprobs_num,
+                "return_text_in_logprobs": load.return_text_in_logprobs,
+            }
         return body
-    return {
+    body = {
         "model": load.model,
         "prompt": text if text is not None else prompt_ids,
         "max_tokens": output_len,
@@ -128,6 +140,9 @@ def _payload(
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
     }
+    if load.return_logprob:
+        body["logprobs"] = load.top_logprobs_num
+    return body
 
 
 async def _send(
