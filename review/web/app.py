@@ -14,7 +14,6 @@ filesystem path, with the security headers of every other response (see `guards`
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 from collections.abc import Callable
@@ -24,24 +23,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from fastapi import FastAPI, Form, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException
 
-from infra_agent.errors import StoreError, UserError
-from infra_agent.review.apply import Resumer, after_decision, apply_approved
+from infra_agent.errors import StoreError
+from infra_agent.review.apply import Resumer
 from infra_agent.review.queue import (
     MAX_COMMENT_CHARS,
-    ReviewConflict,
-    StaleProposal,
-    decide,
-    list_queue,
-    read_proposals,
 )
-from infra_agent.review.reverify import reverify
 from infra_agent.review.risk import RiskPolicy
 from infra_agent.review.web.auth import SESSION_COOKIE, ReviewerAuth, Session
 from infra_agent.review.web.gate import Gate, session_of
@@ -49,19 +42,19 @@ from infra_agent.review.web.guards import (
     Address,
     Refused,
     check_login_source,
-    pathless,
+    failure,
     safe_redirect,
     shown,
 )
 from infra_agent.review.web.listener import http_server
-from infra_agent.review.web.views import diff_css, fmt, latest_result, proposal_view, raw_json
+from infra_agent.review.web.routes import actions, reading
+from infra_agent.review.web.views import fmt, proposal_view, raw_json
 from infra_agent.store import RunStore, open_store
-from infra_agent.store.records import DecisionAction, ProposalStatus, RiskLevel
+from infra_agent.store.records import ProposalStatus, RiskLevel
 from infra_agent.store.records import now as utc_now
 
 ASSETS = Path(__file__).parents[1]
 """review/: holds templates/ and static/ (package data of infra_agent.review)."""
-log = logging.getLogger("infra_agent.review")
 
 
 @dataclass
@@ -108,11 +101,79 @@ class ReviewServer:
         threading.Thread(target=run, name=f"review-{what}-{proposal_id}", daemon=True).start()
 
 
-def failure(exc: Exception) -> str:
-    """An error's message as a page shows it: short and without filesystem paths (the server's
-    log keeps it whole)."""
-    log.warning("review: %s", exc)
-    return shown(pathless(str(exc)), 600)
+@dataclass
+class Pages:
+    """How every handler answers: a template page with the session's flashes, a refusal page,
+    a proposal's page, and the check every POST passes first (session and CSRF token)."""
+
+    server: ReviewServer
+    templates: Jinja2Templates
+
+    def page(
+        self,
+        request: Request,
+        name: str,
+        status: int = 200,
+        session: Session | None = None,
+        **context: Any,
+    ) -> HTMLResponse:
+        flashes = []
+        if session is not None:
+            flashes, session.flashes = session.flashes, []
+        return self.templates.TemplateResponse(
+            request, name, {"session": session, "flashes": flashes, **context}, status_code=status
+        )
+
+    def refusal(self, request: Request, status: int, message: str) -> HTMLResponse:
+        return self.page(request, "refused.html", status=status, message=shown(message, 600))
+
+    def proposal(
+        self,
+        request: Request,
+        session: Session,
+        proposal_id: str,
+        status: int = 200,
+        error: str | None = None,
+    ) -> HTMLResponse:
+        store = self.server.store
+        try:
+            proposal = store.get_proposal(proposal_id)
+        except StoreError:
+            raise Refused(
+                500,
+                f"proposal '{shown(proposal_id)}' cannot be read: its row in the run store does "
+                "not parse (written by another version, or damaged)",
+            ) from None
+        if proposal is None:
+            raise Refused(404, f"proposal '{shown(proposal_id)}' not found")
+        view, job = proposal_view(store, proposal), self.server.jobs.get(proposal_id)
+        return self.page(
+            request, "proposal.html", status=status, session=session, view=view, job=job,
+            error=error,
+        )  # fmt: skip
+
+    def posted(self, request: Request, csrf_token: str) -> Session:
+        """The session of a POST whose CSRF token is the session's (else 403)."""
+        session = session_of(request)
+        if not self.server.auth.csrf_ok(session, csrf_token):
+            raise Refused(403, "missing or wrong CSRF token: reload the page and try again")
+        return session
+
+    def login(self, request: Request, token: str) -> Response:
+        """Exchange the token for a session cookie and drop it from the URL (the gate checked
+        Host and Origin)."""
+        auth = self.server.auth
+        check_login_source(request.headers, self.server.address)
+        reviewer = auth.reviewer_for_token(token)
+        if reviewer is None:
+            raise Refused(401, "invalid token: open the URL printed when the server started")
+        rest = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "token"])
+        target = safe_redirect(request.url.path) + (f"?{rest}" if rest else "")
+        redirect = RedirectResponse(target if target != "/" else "/proposals", status_code=303)
+        redirect.set_cookie(
+            SESSION_COOKIE, auth.start_session(reviewer), httponly=True, samesite="strict", path="/"
+        )
+        return redirect
 
 
 def create_app(server: ReviewServer) -> FastAPI:
@@ -126,49 +187,22 @@ def create_app(server: ReviewServer) -> FastAPI:
         max_comment=MAX_COMMENT_CHARS,
     )
     app.mount("/static", StaticFiles(directory=str(ASSETS / "static")), name="static")
-    css = diff_css()
+    pages = Pages(server, templates)
+    app.add_middleware(
+        Gate, address=server.address, auth=server.auth, render=pages.refusal, login=pages.login
+    )
+    errors(app, pages)
+    app.include_router(reading(pages))
+    app.include_router(actions(pages))
+    return app
 
-    def page(
-        request: Request,
-        name: str,
-        status: int = 200,
-        session: Session | None = None,
-        **context: Any,
-    ) -> HTMLResponse:
-        flashes = []
-        if session is not None:
-            flashes, session.flashes = session.flashes, []
-        return templates.TemplateResponse(
-            request, name, {"session": session, "flashes": flashes, **context}, status_code=status
-        )
 
-    def refusal(request: Request, status: int, message: str) -> HTMLResponse:
-        return page(request, "refused.html", status=status, message=shown(message, 600))
-
-    def login(request: Request, token: str) -> Response:
-        """Exchange the token for a session cookie and drop it from the URL (the gate checked
-        Host and Origin)."""
-        check_login_source(request.headers, server.address)
-        reviewer = server.auth.reviewer_for_token(token)
-        if reviewer is None:
-            raise Refused(401, "invalid token: open the URL printed when the server started")
-        rest = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "token"])
-        target = safe_redirect(request.url.path) + (f"?{rest}" if rest else "")
-        redirect = RedirectResponse(target if target != "/" else "/proposals", status_code=303)
-        redirect.set_cookie(
-            SESSION_COOKIE,
-            server.auth.start_session(reviewer),
-            httponly=True,
-            samesite="strict",
-            path="/",
-        )
-        return redirect
-
-    app.add_middleware(Gate, address=server.address, auth=server.auth, render=refusal, login=login)
+def errors(app: FastAPI, pages: Pages) -> None:
+    """Every error is the refusal page: short, no path, the status it deserves."""
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> HTMLResponse:
-        return refusal(request, exc.status, str(exc))
+        return pages.refusal(request, exc.status, str(exc))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> HTMLResponse:
@@ -177,188 +211,13 @@ def create_app(server: ReviewServer) -> FastAPI:
             404: f"no page at {where}",
             405: f"{request.method} is not allowed on {where}",
         }.get(exc.status_code, f"{exc.status_code}: {exc.detail}")
-        return refusal(request, exc.status_code, message)
+        return pages.refusal(request, exc.status_code, message)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> HTMLResponse:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())) or "request"
-        return refusal(request, 400, f"bad request: {where}: {first.get('msg', 'invalid')}")
-
-    @app.get("/")
-    def index(request: Request) -> RedirectResponse:
-        return RedirectResponse("/proposals", status_code=303)
-
-    @app.get("/assets/diff.css")
-    def diff_stylesheet() -> Response:
-        return Response(css, media_type="text/css")
-
-    @app.get("/proposals", response_class=HTMLResponse)
-    def queue_page(
-        request: Request, status: str = "pending", task: str = "", risk: str = ""
-    ) -> HTMLResponse:
-        session = session_of(request)
-        try:
-            status_filter = ProposalStatus(status) if status and status != "all" else None
-            risk_filter = RiskLevel(risk) if risk else None
-        except ValueError as exc:
-            raise Refused(400, f"bad filter: {exc}") from None
-        queue = list_queue(server.store, status=status_filter, task=task or None, risk=risk_filter)
-        rows = [(p, latest_result(server.store, p)) for p in queue.proposals]
-        tasks = sorted({p.task for p in read_proposals(server.store).proposals})
-        return page(
-            request, "queue.html", session=session, rows=rows, unreadable=queue.unreadable,
-            tasks=tasks, filters={"status": status or "all", "task": task, "risk": risk},
-        )  # fmt: skip
-
-    def proposal_page(
-        request: Request,
-        session: Session,
-        proposal_id: str,
-        status: int = 200,
-        error: str | None = None,
-    ) -> HTMLResponse:
-        try:
-            proposal = server.store.get_proposal(proposal_id)
-        except StoreError:
-            raise Refused(
-                500,
-                f"proposal '{shown(proposal_id)}' cannot be read: its row in the run store does "
-                "not parse (written by another version, or damaged)",
-            ) from None
-        if proposal is None:
-            raise Refused(404, f"proposal '{shown(proposal_id)}' not found")
-        view = proposal_view(server.store, proposal)
-        job = server.jobs.get(proposal_id)
-        return page(
-            request,
-            "proposal.html",
-            status=status,
-            session=session,
-            view=view,
-            job=job,
-            error=error,
-        )
-
-    @app.get("/proposals/{proposal_id}", response_class=HTMLResponse)
-    def show(request: Request, proposal_id: str) -> HTMLResponse:
-        return proposal_page(request, session_of(request), proposal_id)
-
-    def _post(request: Request, csrf_token: str) -> Session:
-        session = session_of(request)
-        if not server.auth.csrf_ok(session, csrf_token):
-            raise Refused(403, "missing or wrong CSRF token: reload the page and try again")
-        return session
-
-    @app.post("/logout", response_model=None)
-    def logout(request: Request, csrf_token: str = Form("")) -> Response:
-        _post(request, csrf_token)
-        server.auth.end_session(request.cookies.get(SESSION_COOKIE))
-        response = page(request, "signed_out.html")
-        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
-        return response
-
-    @app.post("/proposals/{proposal_id}/decide", response_model=None)
-    def decide_action(
-        request: Request,
-        proposal_id: str,
-        action: str = Form(""),
-        patch_hash: str = Form(""),
-        comment: str = Form(""),
-        csrf_token: str = Form(""),
-    ) -> Response:
-        session = _post(request, csrf_token)
-        try:
-            decided = decide(
-                server.store,
-                proposal_id,
-                reviewer=session.reviewer,
-                action=action,
-                patch_hash=patch_hash,
-                comment=comment.strip(),
-            )
-        except (ReviewConflict, StaleProposal) as exc:
-            return proposal_page(request, session, proposal_id, status=409, error=failure(exc))
-        except UserError as exc:
-            return proposal_page(request, session, proposal_id, status=400, error=failure(exc))
-        session.flashes.append(
-            (
-                "ok",
-                f"{DecisionAction(action).value.replace('_', ' ')} recorded for patch {decided.patch_hash[:12]}",
-            )
-        )
-        try:
-            after = after_decision(
-                server.store, server.store_path, proposal_id, reviewer=session.reviewer,
-                repo=server.repo, args_file=server.args_file, data_dir=server.data_dir,
-                run_async=lambda work: server.background(proposal_id, "resume", work),
-                resume=server.resume,
-            )  # fmt: skip
-        except UserError as exc:
-            session.flashes.append(
-                ("error", f"decision recorded, but applying failed: {failure(exc)}")
-            )
-        else:
-            if after.status == ProposalStatus.APPLIED:
-                session.flashes.append(("ok", f"applied to {after.applied_to}"))
-        return RedirectResponse(f"/proposals/{proposal_id}", status_code=303)
-
-    @app.post("/proposals/{proposal_id}/apply", response_model=None)
-    def apply_action(request: Request, proposal_id: str, csrf_token: str = Form("")) -> Response:
-        session = _post(request, csrf_token)
-        try:
-            done = apply_approved(
-                server.store,
-                proposal_id,
-                reviewer=session.reviewer,
-                repo=server.repo,
-                args_file=server.args_file,
-                data_dir=server.data_dir,
-            )
-        except UserError as exc:
-            return proposal_page(request, session, proposal_id, status=409, error=failure(exc))
-        session.flashes.append(("ok", f"applied to {done.applied_to}"))
-        return RedirectResponse(f"/proposals/{proposal_id}", status_code=303)
-
-    @app.post("/proposals/{proposal_id}/reverify", response_model=None)
-    def reverify_action(request: Request, proposal_id: str, csrf_token: str = Form("")) -> Response:
-        session = _post(request, csrf_token)
-        proposal = server.store.get_proposal(proposal_id)
-        if proposal is None:
-            raise Refused(404, f"proposal '{shown(proposal_id)}' not found")
-        if proposal.status != ProposalStatus.PENDING:
-            return proposal_page(
-                request,
-                session,
-                proposal_id,
-                status=409,
-                error=f"proposal is {proposal.status.value}; only pending proposals are re-verified",
-            )
-        running = server.jobs.get(proposal_id)
-        if running is not None and running.state == "running":
-            return proposal_page(
-                request,
-                session,
-                proposal_id,
-                status=409,
-                error=f"a {running.what} is already running for this proposal",
-            )
-
-        def work() -> str:
-            done = reverify(
-                server.store,
-                proposal_id,
-                reviewer=session.reviewer,
-                sandbox=server.sandbox,
-                policy=server.policy,
-            )
-            return f"new evidence from {done.experiment_ids[-1]}"
-
-        server.background(proposal_id, "re-verification", work)
-        session.flashes.append(("ok", "re-verification started"))
-        return RedirectResponse(f"/proposals/{proposal_id}", status_code=303)
-
-    return app
+        return pages.refusal(request, 400, f"bad request: {where}: {first.get('msg', 'invalid')}")
 
 
 def serve(server: ReviewServer, sock: socket.socket) -> None:

@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import secrets
 from dataclasses import dataclass
@@ -166,3 +167,13 @@ def safe_redirect(path: str) -> str:
     """`path` as a redirect target that stays on this server (`//host` and `/\\host` lose their
     extra slashes)."""
     return "/" + path.lstrip("/\\")
+
+
+log = logging.getLogger("infra_agent.review")
+
+
+def failure(exc: Exception) -> str:
+    """An error's message as a page shows it: short and without filesystem paths (the server's
+    log keeps it whole)."""
+    log.warning("review: %s", exc)
+    return shown(pathless(str(exc)), 600)
