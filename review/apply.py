@@ -43,12 +43,8 @@ from infra_agent.private import (
     private_file,
     write_private,
 )
-from infra_agent.review.queue import (
-    changed_patch,
-    get_proposal,
-    resolve_task,
-    stored_patch,
-)
+from infra_agent.review.queue import get_proposal
+from infra_agent.review.staleness import changed_patch, resolve_task, stored_patch
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
     DecisionAction,

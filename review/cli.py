@@ -16,16 +16,10 @@ from infra_agent.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit, status_console
 from infra_agent.review.apply import after_decision, apply_approved
-from infra_agent.review.queue import (
-    decide,
-    get_proposal,
-    list_queue,
-    proven_gain,
-    resolve_task,
-    staleness,
-)
+from infra_agent.review.queue import decide, get_proposal, list_queue, proven_gain
 from infra_agent.review.reverify import reverify
 from infra_agent.review.risk import load_policy
+from infra_agent.review.staleness import resolve_task, staleness
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
     DecisionRecord,

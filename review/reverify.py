@@ -13,14 +13,12 @@ from infra_agent.experiments import run_experiment, task_fingerprint
 from infra_agent.review.queue import (
     ReviewConflict,
     already_decided,
-    changed_patch,
     configured_policy,
     expected_gain,
     get_proposal,
-    resolve_task,
-    stored_patch,
 )
 from infra_agent.review.risk import RiskPolicy, assess
+from infra_agent.review.staleness import changed_patch, resolve_task, stored_patch
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import (
     DecisionAction,

@@ -18,7 +18,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer
 
 from infra_agent.errors import StoreError
-from infra_agent.review.queue import resolve_task, staleness
+from infra_agent.review.staleness import resolve_task, staleness
 from infra_agent.review.web.plots import growth_svg, samples_svg
 from infra_agent.review.web.trajectory import StepView, step_views
 from infra_agent.store.base import RunStore

@@ -10,8 +10,9 @@ import pytest
 
 from infra_agent.errors import UserError
 from infra_agent.review.apply import apply_approved
-from infra_agent.review.queue import StaleProposal, decide, staleness, submit_proposal
+from infra_agent.review.queue import StaleProposal, decide, submit_proposal
 from infra_agent.review.reverify import reverify
+from infra_agent.review.staleness import staleness
 from infra_agent.store.records import DecisionAction, ProposalStatus
 from infra_agent.tasks.manifest import load_task
 from infra_agent.tasks.patch import Patch, parse_diff
