@@ -151,9 +151,12 @@ def run_attempt(
     settings: Settings,
     evals: EvalStore,
     progress: Progress,
+    on_state: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Run (or continue) one attempt's run, read its result, re-verify its best win, and record
-    the attempt after each step. A failed run is recorded; KeyboardInterrupt goes up."""
+    the attempt after each step. A failed run is recorded; KeyboardInterrupt goes up.
+    `on_state` sees the graph's state after each step (a Ray node sends finished experiments
+    to its driver from there)."""
     from infra_agent.agent.runner import resume_run, start_run
 
     store_path = settings.store.path()
@@ -165,7 +168,7 @@ def run_attempt(
         outcome = None
         if attempt.run_id is not None:
             try:
-                outcome = resume_run(attempt.run_id, mine)
+                outcome = resume_run(attempt.run_id, mine, on_state=on_state)
             except UserError as exc:
                 if "already finished" not in str(exc):
                     attempt.abandoned_runs.append(attempt.run_id)
@@ -176,7 +179,7 @@ def run_attempt(
                 attempt.run_id, attempt.status = run.id, "running"
                 evals.put_attempt(attempt)
 
-            outcome = start_run(config, mine, on_run=on_run)
+            outcome = start_run(config, mine, on_run=on_run, on_state=on_state)
     except UserError as exc:  # the policy cannot work on this task (search: no knobs)
         attempt.status, attempt.reason = "not_applicable", str(exc)
         evals.put_attempt(attempt)

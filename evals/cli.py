@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -32,8 +34,13 @@ def evaluate(
     budget: str = typer.Option(None, "--budget", help="Each attempt's budget, as for optimize."),
     script: Path = typer.Option(None, "--script", help="Replies for --policy scripted."),
     sandbox: str = typer.Option(None, "--sandbox", help="local | docker."),
-    executor: str = typer.Option(None, "--executor", help="local | ray: a turn's experiments."),
-    parallel: int = typer.Option(1, "--parallel", help="Experiments at once on the executor."),
+    executor: str = typer.Option(
+        None, "--executor", help="ray: each attempt a Ray task on a cluster (default: here)."
+    ),
+    address: str = typer.Option(
+        None, "--address", help="The Ray cluster for --executor ray (default: a private Ray)."
+    ),
+    parallel: int = typer.Option(1, "--parallel", help="Experiments of a turn at once."),
     parallel_attempts: int = typer.Option(
         1, "--parallel-attempts", help="Attempts at once, each in its own process and CPU set."
     ),
@@ -58,6 +65,15 @@ def evaluate(
 
     settings = current().settings()
     out = status_console(as_json)
+    if executor not in (None, "local", "ray"):
+        raise UserError(f"--executor: '{executor}' is not local or ray")
+    if address and executor != "ray":
+        raise UserError("--address is for --executor ray")
+    if executor == "ray" and (parallel_attempts > 1 or parallel > 1):
+        raise UserError("--parallel-attempts and --parallel are for local runs; on Ray the "
+                        "cluster places attempts by the resources each asks for")  # fmt: skip
+    if executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise UserError("--executor ray needs Ray: pip install 'infra-agent[ray]'")
     if resume:
         if suite or script or budget or model or no_reverify:
             raise UserError("--resume continues an eval with its own suite and settings")
@@ -67,8 +83,6 @@ def evaluate(
             raise UserError(f"--policy: '{policy}' is not search, scripted or llm")
         if feedback not in ("dense", "sparse"):
             raise UserError(f"--feedback: '{feedback}' is not dense or sparse")
-        if executor not in (None, "local", "ray"):
-            raise UserError(f"--executor: '{executor}' is not local or ray")
         if model and policy != "llm":
             raise UserError(f"--model: profiles are for --policy llm, not {policy}")
         if len(set(model)) != len(model):
@@ -88,7 +102,7 @@ def evaluate(
             budget=Budget(**parse_budget(budget)),
             sandbox=sandbox or settings.sandbox.backend,
             script=str(script.resolve()) if script else None,
-            executor=executor,  # type: ignore[arg-type]
+            executor="local" if executor == "local" else None,  # ray: the attempts, not a turn
             parallel=parallel,
             feedback=feedback,  # type: ignore[arg-type]
         )
@@ -109,13 +123,38 @@ def evaluate(
     try:
         if parallel_attempts < 1:
             raise UserError("--parallel-attempts: at least 1")
-        run_eval(eval_id, settings, progress=out.print, parallel_attempts=parallel_attempts)
+        if executor == "ray":
+            _run_on_ray(eval_id, settings, address, out)
+        else:
+            run_eval(eval_id, settings, progress=out.print, parallel_attempts=parallel_attempts)
     except KeyboardInterrupt:
+        ray = f" --executor ray{f' --address {address}' if address else ''}"
+        on = ray if executor == "ray" else ""
         out.print(
-            f"interrupted; resume with: infra-agent --db {settings.store.path()} eval --resume {eval_id}"
+            f"interrupted; resume with: infra-agent --db {settings.store.path()} eval --resume "
+            f"{eval_id}{on}"
         )
         sys.exit(130)
     _report([eval_id], as_json=as_json, html_file=None)
+
+
+def _run_on_ray(eval_id: str, settings: Any, address: str | None, out: Any) -> None:
+    """The eval on Ray, with the live table of attempts where the console is a terminal."""
+    from rich.live import Live
+
+    from infra_agent.evals.board import Board
+    from infra_agent.evals.runner import ClusterOptions, run_eval
+
+    if not out.is_terminal:
+        run_eval(eval_id, settings, progress=out.print, cluster=ClusterOptions(address))
+        return
+    with Live(Board().render(), console=out, auto_refresh=False, transient=False) as live:
+
+        def on_board(board: Board) -> None:
+            live.update(board.render(), refresh=True)
+
+        options = ClusterOptions(address, on_board)
+        run_eval(eval_id, settings, progress=live.console.print, cluster=options)
 
 
 def _report(eval_ids: list[str], *, as_json: bool, html_file: Path | None) -> None:

@@ -16,9 +16,33 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from infra_agent.private import private_sqlite
-from infra_agent.store.records import new_id, now
+from infra_agent.store.records import Hardware, new_id, now
 
 AttemptStatus = Literal["pending", "running", "finished", "failed", "not_applicable"]
+TryOutcome = Literal["queued", "running", "finished", "lost", "failed", "cancelled"]
+
+
+class Placement(BaseModel):
+    """One try of an attempt on a Ray cluster (`eval --executor ray`): where it ran, on what,
+    from which experiment it started and how it ended. A lost node gives a second try."""
+
+    node_id: str = ""
+    """Ray's node id (empty while queued)."""
+    node: str = ""
+    """The node as a person reads it: host name and IP address."""
+    hardware: Hardware | None = None
+    """What the node's machine reported (CPU model, cores, memory, GPUs)."""
+    ray_resources: dict[str, float] = Field(default_factory=dict)
+    """What the node offers Ray (CPU, GPU, memory in bytes, custom resources)."""
+    requested: dict[str, float] = Field(default_factory=dict)
+    """What this attempt asked for (num_cpus, num_gpus, memory in bytes)."""
+    from_experiments: int = 0
+    """Finished experiments of the run this try continued from (0: a fresh run)."""
+    outcome: TryOutcome = "queued"
+    detail: str = ""
+    """Why it ended, when not finished (the node lost, the error)."""
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
 
 
 class FirstWin(BaseModel):
@@ -141,6 +165,9 @@ class AttemptRecord(BaseModel):
     """Runs of this attempt killed before their first checkpoint (started again)."""
     reason: str = ""
     result: AttemptResult | None = None
+    placements: list[Placement] = Field(default_factory=list)
+    """Its tries on a Ray cluster, in order (empty when it ran locally); more than one: retried
+    after a node was lost."""
     updated_at: datetime = Field(default_factory=now)
 
     @staticmethod

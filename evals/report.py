@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.evals.metrics import FAST_P, Cell, EvalSummary
+from infra_agent.evals.placements import nodes_html, retried_lines
 
 
 def _fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
@@ -109,6 +110,8 @@ def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
             f"solved nor in fast_p; tools offered: {', '.join(tools)}"
         )
         for line in set_aside_lines(s):
+            console.print(f"  {line}", markup=False)
+        for line in retried_lines(s):
             console.print(f"  {line}", markup=False)
         said: set[tuple[str, str]] = set()  # one line per task and reason, not per attempt
         for a in s.attempts:
@@ -242,6 +245,7 @@ solved nor in fast_p (flagged suspicious: a person decides; not held: not IMPROV
 re-measured).</p>
 <table id="metrics"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
 {f"<h2>Wins set aside</h2><ul id='set-aside'>{aside}</ul>" if aside else ""}
+{nodes_html(summaries)}
 {figures}
 </body></html>
 """

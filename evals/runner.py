@@ -10,20 +10,35 @@ After a run finishes, its best win is re-measured once on fresh seeds (`evals.re
 the eval was made with `--no-reverify`; the attempt is finished only after that, so a resumed
 eval re-measures a win whose re-measurement was cut short and never one that was recorded.
 `--parallel-attempts N` runs N attempts at once, each in its own process on its own CPU set
-(`evals.parallel`); one attempt's steps are in `evals.attempt`.
+(`evals.parallel`); `--executor ray` runs each attempt as a Ray task on a cluster, the driver
+writing the store (`evals.cluster`); one attempt's steps are in `evals.attempt`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infra_agent.agent.configuration import RunConfig
 from infra_agent.config import Settings
 from infra_agent.errors import UserError
 from infra_agent.evals.attempt import Progress, run_attempt
+from infra_agent.evals.cluster import run_on_cluster
 from infra_agent.evals.parallel import run_parallel
 from infra_agent.evals.records import AttemptRecord, EvalRecord, EvalStore
 from infra_agent.store import open_store
+
+
+@dataclass
+class ClusterOptions:
+    """Attempts as Ray tasks (`eval --executor ray`)."""
+
+    address: str | None = None
+    """The cluster (`ray start --head` prints it); None: a private Ray on this machine."""
+    on_board: Callable[[Any], None] | None = None
+    """Called with the live table (`evals.board.Board`) after each poll."""
 
 
 def create_eval(
@@ -80,9 +95,11 @@ def run_eval(
     settings: Settings,
     progress: Progress = lambda text: None,
     parallel_attempts: int = 1,
+    cluster: ClusterOptions | None = None,
 ) -> EvalRecord:
     """Run (or continue) every unfinished attempt of an eval: in order, or up to
-    `parallel_attempts` at once, each in its own process on its own CPU set (evals.parallel)."""
+    `parallel_attempts` at once, each in its own process on its own CPU set (evals.parallel),
+    or each as a Ray task on a cluster (`cluster`, evals.cluster)."""
     store_path = settings.store.path()
     evals = EvalStore(store_path)
     try:
@@ -95,9 +112,12 @@ def run_eval(
         done = len(evals.attempts(eval_id)) - len(todo)
         total = done + len(todo)
         try:
-            if parallel_attempts > 1:
+            if cluster is not None:
+                ids = [a.id for a in todo]
+                run_on_cluster(eval_id, ids, settings, progress, cluster.address, cluster.on_board)
+            elif parallel_attempts > 1:
                 run_parallel(eval_id, [a.id for a in todo], settings, parallel_attempts, progress)
-            for attempt in todo if parallel_attempts <= 1 else []:
+            for attempt in todo if parallel_attempts <= 1 and cluster is None else []:
                 done += 1
                 who = f"{attempt.profile}: " if attempt.profile else ""
                 progress(f"[{done}/{total}] {who}{attempt.task} attempt {attempt.index + 1}")

@@ -43,6 +43,30 @@ def _execute_remote(request_json: str, attempts_dir: str | None) -> str:
     return execute_request(request, gpus=gpus).model_dump_json()
 
 
+def connect_ray(
+    address: str | None, num_cpus: int | None = None, temp_dir: Path | None = None
+) -> bool:
+    """Join the cluster at `address`, or start a private loopback-only Ray here (`num_cpus`,
+    default this machine's). False when this process was already connected (leave it so)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address is None:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only private cluster
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count(),
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            _temp_dir=str(temp_dir) if temp_dir else None,
+            resources={NODE_RESOURCE: 1},
+            log_to_driver=False,
+        )
+    else:
+        ray.init(address=address, log_to_driver=False)
+    return True
+
+
 @dataclass
 class _Pending:
     request: ExperimentRequest
@@ -66,22 +90,7 @@ class RayExecutor:
     _attempts_dir: Path | None = None
 
     def __post_init__(self) -> None:
-        import ray
-
-        if not ray.is_initialized():
-            if self.address is None:
-                os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only private cluster
-                ray.init(
-                    num_cpus=self.num_cpus or os.cpu_count(),
-                    include_dashboard=False,
-                    _node_ip_address="127.0.0.1",
-                    _temp_dir=str(self.temp_dir) if self.temp_dir else None,
-                    resources={NODE_RESOURCE: 1},
-                    log_to_driver=False,
-                )
-            else:
-                ray.init(address=self.address, log_to_driver=False)
-            self._started_ray = True
+        self._started_ray = connect_ray(self.address, self.num_cpus, self.temp_dir)
         if self.temp_dir is not None:
             self._attempts_dir = self.temp_dir / "infra-agent-attempts"
 
