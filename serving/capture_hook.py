@@ -59,10 +59,54 @@ class Stored:
         self.shape, self.dtype = shape, dtype
 
 
+class Unpicklable:
+    """An attribute of a kept module that cannot be pickled (a process group, a lock...)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"<not captured: {self.kind}>"
+
+
+_MODULES: dict[int, Any] = {}
+"""id(live module) -> its picklable copy (made once: a module's state does not change in serving)."""
+
+
+def module_copy(module: Any) -> Any:
+    """A copy of an nn.Module that pickles: the same class (so a replay calls that arm's code),
+    parameters, buffers and submodules (copied so too), plain attributes; an attribute that does
+    not pickle becomes `Unpicklable`, and a method bound to the module is bound to the copy."""
+    import pickle
+    import types
+
+    found = _MODULES.get(id(module))
+    if found is not None:
+        return found
+    copy = object.__new__(type(module))
+    _MODULES[id(module)] = copy
+    state: dict[str, Any] = {}
+    for key, value in module.__dict__.items():
+        if key == "_modules":
+            state[key] = {k: None if m is None else module_copy(m) for k, m in value.items()}
+        elif key in ("_parameters", "_buffers"):
+            state[key] = dict(value)
+        elif isinstance(value, types.MethodType) and value.__self__ is module:
+            state[key] = types.MethodType(value.__func__, copy)
+        else:
+            try:
+                pickle.dumps(value)
+                state[key] = value
+            except Exception:  # noqa: BLE001 - anything that does not pickle is left out
+                state[key] = Unpicklable(f"{type(value).__module__}.{type(value).__qualname__}")
+    copy.__dict__.update(state)
+    return copy
+
+
 def detached(value: Any, budget: list[int], max_tensor_bytes: int) -> Any:
     """`value` with every tensor detached, on the CPU and cloned (or a `Stored` placeholder when
     it is over `max_tensor_bytes` or the call's remaining `budget[0]` bytes); modules and other
-    objects as they are (pickled by torch.save with their state)."""
+    objects as they are (pickled by torch.save with their state), modules as `module_copy`."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -76,6 +120,8 @@ def detached(value: Any, budget: list[int], max_tensor_bytes: int) -> Any:
         return items if isinstance(value, list) else tuple(items)
     if isinstance(value, dict):
         return {k: detached(v, budget, max_tensor_bytes) for k, v in value.items()}
+    if isinstance(value, torch.nn.Module):
+        return module_copy(value)
     return value
 
 

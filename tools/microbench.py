@@ -101,7 +101,7 @@ def microbench(p: Microbench, ctx: ToolContext) -> ToolResult:
     arms, patch, capture = replay_arms(p, ctx, version)
     timer = "sandbox:" + ("thread_time_ns" if p.clock == "cpu" else "perf_counter_ns")
     with ExitStack() as stack:
-        targets = []
+        procs = []
         for label, arm_patch in (("baseline", None), ("candidate", patch)):
             box, python, prelude = arm_box(ctx, arm_patch, version, capture)
             stack.callback(box.cleanup)
@@ -109,17 +109,18 @@ def microbench(p: Microbench, ctx: ToolContext) -> ToolResult:
             setup = prelude + arms.setup
             worker = script(_BENCH_WORKER, SETUP=setup, EXPR=code, LABEL=label, CLOCK=p.clock)
             box.write_file("_infra_agent_bench.py", worker.encode())
-            proc = box.spawn([python, "_infra_agent_bench.py"])
-            targets.append(
-                PipeTarget(
-                    proc.stdin,
-                    proc.stdout,
-                    name=f"the {label} arm",
-                    timer=timer,
-                    startup_timeout_s=600.0 if version else 120.0,  # importing SGLang is slow
-                    describe_exit=functools.partial(_stderr_tail, proc.stderr_path),
-                )
+            procs.append((label, box.spawn([python, "_infra_agent_bench.py"])))
+        targets = [  # both arms load (import SGLang: a minute on a busy machine) at once
+            PipeTarget(
+                proc.stdin,
+                proc.stdout,
+                name=f"the {label} arm",
+                timer=timer,
+                startup_timeout_s=600.0 if version else 120.0,
+                describe_exit=functools.partial(_stderr_tail, proc.stderr_path),
             )
+            for label, proc in procs
+        ]
         result = run_bench(targets[0], targets[1], budget_s=p.seconds)
     return ToolResult.of(
         MicrobenchRecord(**dict(result), arms=arms, min_effect=ctx.task.manifest.min_effect)

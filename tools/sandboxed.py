@@ -145,7 +145,10 @@ class Arms(BaseModel):
     def render(self) -> str:
         where = f"candidate with patch {self.patch_id[:12]}" if self.patch_id else "no patch"
         if self.captured:
-            return f"{self.captured}: baseline vs candidate ({where})"
+            return (
+                f"{self.captured}: baseline vs candidate ({where}); a call here runs every "
+                "captured call once"
+            )
         text = (
             f"baseline `{_short(self.baseline)}` vs candidate `{_short(self.candidate)}` ({where})"
         )

@@ -26,6 +26,7 @@ def _module(source: str) -> dict[str, object]:
 
 
 SOURCE = """
+import threading
 import torch
 
 def scale(x, factor=2.0):
@@ -37,8 +38,14 @@ class Norm(torch.nn.Module):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.full((4,), 3.0))
 
-    def forward(self, x, residual=None):
+        self.group = threading.Lock()   # like a process group: does not pickle
+        self._impl = self.impl           # a method bound to the module (CustomOp's dispatch)
+
+    def impl(self, x):
         return x * self.weight[0]
+
+    def forward(self, x, residual=None):
+        return self._impl(x)
 """
 
 
@@ -66,7 +73,7 @@ def test_kept_calls_are_the_first_half_and_a_spread_over_all_calls_with_exact_co
     assert len(list(tmp_path.glob("call-*.pt"))) == len(calls)  # dropped calls' files removed
 
 
-def test_a_method_keeps_its_module_and_tensors_over_the_limits_as_shape_and_dtype(
+def test_a_method_keeps_a_picklable_copy_of_its_module_and_big_tensors_as_shape_and_dtype(
     tmp_path: Path,
 ) -> None:
     ns = _module(SOURCE)
@@ -83,7 +90,11 @@ def test_a_method_keeps_its_module_and_tensors_over_the_limits_as_shape_and_dtyp
     assert first.stored_only == 1 and second.stored_only == 1
     assert signature(first) == "arg0: Norm, arg1: float32[4], residual: float32[64]"
     saved = torch.load(tmp_path / first.file, weights_only=False)
-    assert saved["args"][0].weight.tolist() == [3.0] * 4  # the object's state travels
+    module = saved["args"][0]
+    assert module.weight.tolist() == [3.0] * 4  # the object's state travels
+    assert isinstance(module.group, capture_hook.Unpicklable)  # what cannot travel is named
+    assert repr(module.group) == "<not captured: _thread.lock>"
+    assert module(torch.ones(4)).tolist() == [3.0] * 4  # its bound method is bound to the copy
     assert isinstance(saved["kwargs"]["residual"], capture_hook.Stored)
     assert saved["kwargs"]["residual"].shape == [64]
     saved = torch.load(tmp_path / second.file, weights_only=False)
