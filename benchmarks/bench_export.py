@@ -52,9 +52,10 @@ from infra_agent.store.verdict import (
     PerformanceEvidence,
     Verdict,
 )
+from infra_agent.trajectories.arrow import read_rows, to_table
 from infra_agent.trajectories.build import ReviewIndex, build_trajectory, load_runs
 from infra_agent.trajectories.export import BATCH_ROWS, export_dataset
-from infra_agent.trajectories.formats import FORMATS, ExportFormat, read_rows, to_table
+from infra_agent.trajectories.formats import FORMATS, ExportFormat
 from infra_agent.trajectories.writers import ParquetSink, atomic_file, check_table
 
 VERDICTS = [

@@ -7,7 +7,7 @@ with experiment evidence and verdicts, proposals with review decisions, rewards,
 environment); each format is a function from that record to a row (`formats.FORMATS`), and
 `export.export_dataset(store, fmt, out, parquet=, flt=, redactor=, weights=, jobs=)` writes the
 rows as one JSONL or Parquet file with the same columns and values, redacted, validated, atomically.
-`formats.read_rows(path)` reads either file back. `rewards`: named reward components with weights
+`arrow.read_rows(path)` reads either file back. `rewards`: named reward components with weights
 (the table of definitions is in that module's docstring). Redaction lives beside the store
 (`infra_agent.redact`).
 CLI: `infra-agent export --format openai-sft|rl|atif --out PATH [--parquet] [filters]`.

@@ -3,7 +3,7 @@
 One path for every format: runs are read in the store's creation order (created_at, then id) in
 batches; each run becomes its canonical `Trajectory` (`build`), the filters read it, and the
 format makes its row (`formats`). A batch's rows become one table of the format's Arrow schema
-(`formats.to_table`: the types checked), every string in it is redacted (`Redactor.table`) and
+(`arrow.to_table`: the types checked), every string in it is redacted (`Redactor.table`) and
 the rest checked (`writers.check_table`); Parquet writes that table, JSONL its rows read back,
 so both files hold the same columns and values. The file is written atomically: on any error
 nothing appears at the output path.
@@ -33,17 +33,10 @@ from infra_agent.store import open_store
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import RunRecord
 from infra_agent.store.verdict import Verdict
+from infra_agent.trajectories.arrow import json_text, table_rows, to_table
 from infra_agent.trajectories.atif import Trajectory, VerdictCounts
 from infra_agent.trajectories.build import ReviewIndex, build_trajectory, load_runs
-from infra_agent.trajectories.formats import (
-    FORMATS,
-    ExportFormat,
-    OpenAIChatRow,
-    json_text,
-    strict_openai_row,
-    table_rows,
-    to_table,
-)
+from infra_agent.trajectories.formats import FORMATS, ExportFormat, OpenAIChatRow, strict_openai_row
 from infra_agent.trajectories.rewards import RewardWeights
 from infra_agent.trajectories.writers import ParquetSink, atomic_file, check_table
 

@@ -14,9 +14,10 @@ from infra_agent.cli import app
 from infra_agent.errors import UserError
 from infra_agent.store import open_store
 from infra_agent.trajectories import export as export_module
+from infra_agent.trajectories.arrow import read_rows
 from infra_agent.trajectories.atif import Trajectory
 from infra_agent.trajectories.export import ExportFilter, export_dataset
-from infra_agent.trajectories.formats import ExportFormat, RlRow, SftRow, read_rows
+from infra_agent.trajectories.formats import ExportFormat, RlRow, SftRow
 
 FORMATS = [(fmt, parquet) for fmt in ExportFormat for parquet in (False, True)]
 
@@ -258,8 +259,9 @@ def test_invalid_row_is_refused_before_writing(
 def test_column_checks_catch_nulls_and_bad_values(
     fmt: ExportFormat, column: str, bad: Any, fx: Fixture
 ) -> None:
+    from infra_agent.trajectories.arrow import to_table
     from infra_agent.trajectories.build import build_trajectory, load_run
-    from infra_agent.trajectories.formats import FORMATS, to_table
+    from infra_agent.trajectories.formats import FORMATS
     from infra_agent.trajectories.writers import check_table
 
     store = open_store(fx.db, readonly=True)

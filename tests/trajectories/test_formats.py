@@ -18,16 +18,11 @@ from infra_agent.redact import Redactor
 from infra_agent.store import open_store
 from infra_agent.store.records import ExperimentRecord, RunRecord, StepRecord, ToolCall
 from infra_agent.store.verdict import ExperimentResult, Verdict
+from infra_agent.trajectories.arrow import read_rows
 from infra_agent.trajectories.atif import Trajectory
 from infra_agent.trajectories.build import build_trajectory, load_run
 from infra_agent.trajectories.export import export_dataset
-from infra_agent.trajectories.formats import (
-    FORMATS,
-    ExportFormat,
-    chat_messages,
-    read_rows,
-    tool_specs,
-)
+from infra_agent.trajectories.formats import FORMATS, ExportFormat, chat_messages, tool_specs
 from infra_agent.trajectories.writers import ParquetSink
 
 

@@ -12,8 +12,9 @@ from trajectory_store import ENV_SECRET, SECRET_ENV, SECRETS
 
 from infra_agent.store import open_store
 from infra_agent.store.records import STORE_SCHEMA_VERSION, StepRecord
+from infra_agent.trajectories.arrow import read_rows
 from infra_agent.trajectories.export import export_dataset
-from infra_agent.trajectories.formats import ExportFormat, read_rows
+from infra_agent.trajectories.formats import ExportFormat
 
 LEGACY = Path(__file__).parent / "data" / "schema2.db"
 """A store written by infra-agent's schema-2 code (which also kept export columns and a
