@@ -9,10 +9,34 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals tests send to a child to stop it cleanly (SIGKILL cannot be ignored)."""
+
+
+NO_SGLANG_ENV = "SGLang environment not created (python -m infra_agent.serving.env --ensure)"
+
+
+def needs_sglang_env() -> pytest.MarkDecorator:
+    """Skips a test (or file) where SGLang's own environment is not set up."""
+    from infra_agent.serving.env import find_sglang_env
+
+    return pytest.mark.skipif(find_sglang_env() is None, reason=NO_SGLANG_ENV)
+
+
+def sglang_server_marks(timeout_s: int = 2400) -> list[pytest.MarkDecorator]:
+    """`pytestmark` of a file whose tests start real SGLang servers: slow, `sglang` (such files
+    run first, tests/conftest.py), skipped without SGLang's environment, and a timeout of
+    `timeout_s` (server starts take 20-60 s on an idle 2-core machine, minutes on a shared one)."""
+    return [
+        pytest.mark.timeout(timeout_s),
+        pytest.mark.slow,
+        pytest.mark.sglang,
+        needs_sglang_env(),
+    ]
 
 
 def stoppable() -> None:

@@ -4,9 +4,9 @@ everything unchanged reached through links (with its bytecode caches)."""
 from pathlib import Path
 
 import pytest
+from support import needs_sglang_env
 
 from infra_agent.errors import UserError
-from infra_agent.serving.env import find_sglang_env
 from infra_agent.serving.overlay import (
     build_overlay,
     changed_modules,
@@ -14,10 +14,7 @@ from infra_agent.serving.overlay import (
     served_view,
 )
 
-pytestmark = pytest.mark.skipif(
-    find_sglang_env() is None,
-    reason="SGLang environment not created (python -m infra_agent.serving.env --ensure)",
-)
+pytestmark = needs_sglang_env()
 REL = "sglang/srt/layers/sampler.py"
 
 

@@ -12,13 +12,13 @@ import os
 from pathlib import Path
 
 import pytest
+from support import sglang_server_marks
 
 from infra_agent.errors import UserError
 from infra_agent.serving import fileview, netns
 from infra_agent.serving.accuracy import compare_likelihood, score_tokens
 from infra_agent.serving.datasets import coding_agent_sessions, random_sessions
 from infra_agent.serving.deployment import load_deployment
-from infra_agent.serving.env import find_sglang_env
 from infra_agent.serving.harness import ServingHarness
 from infra_agent.serving.knobs import check_flags
 from infra_agent.serving.metrics import summarize
@@ -30,16 +30,7 @@ from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import knob_patch, load_patch
 from infra_agent.tasks.registry import find_task
 
-pytestmark = [
-    # Server starts take 20-60 s on an idle 2-core machine but minutes on a shared one.
-    pytest.mark.timeout(2400),
-    pytest.mark.slow,
-    pytest.mark.sglang,
-    pytest.mark.skipif(
-        find_sglang_env() is None,
-        reason="SGLang environment not created (python -m infra_agent.serving.env --ensure)",
-    ),
-]
+pytestmark = sglang_server_marks()
 TASK = find_task("sglang-cpu-tiny")
 SMALL = {
     "num_prompts": 48,

@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
+from support import sglang_server_marks
 
-from infra_agent.serving.env import find_sglang_env
 from infra_agent.tools.context import ToolContext
 from infra_agent.tools.registry import default_registry
 
-pytestmark = [
-    pytest.mark.timeout(1200),
-    pytest.mark.slow,
-    pytest.mark.sglang,
-    pytest.mark.skipif(
-        find_sglang_env() is None,
-        reason="SGLang environment not created (python -m infra_agent.serving.env --ensure)",
-    ),
-]
+pytestmark = sglang_server_marks(timeout_s=1200)
 
 
 def test_server_steps_shows_the_baselines_queue_behind_the_cap_of_4(

@@ -14,22 +14,14 @@ import json
 from pathlib import Path
 
 import pytest
+from support import sglang_server_marks
 
-from infra_agent.serving.env import find_sglang_env
 from infra_agent.store import open_store
 from infra_agent.tasks.registry import find_task
 from infra_agent.tools.context import ToolContext
 from infra_agent.tools.registry import default_registry
 
-pytestmark = [
-    pytest.mark.timeout(1200),
-    pytest.mark.slow,
-    pytest.mark.sglang,
-    pytest.mark.skipif(
-        find_sglang_env() is None,
-        reason="SGLang environment not created (python -m infra_agent.serving.env --ensure)",
-    ),
-]
+pytestmark = sglang_server_marks(timeout_s=1200)
 
 
 def test_server_profile_shows_the_schedulers_loop_and_forward_and_the_tokenizer(

@@ -6,16 +6,14 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from support import needs_sglang_env
 
-from infra_agent.serving.env import SGLANG_VERSION, find_sglang_env
+from infra_agent.serving.env import SGLANG_VERSION
 from infra_agent.tasks.patch import load_patch, parse_files
 from infra_agent.tasks.registry import list_tasks
 from infra_agent.tasks.tree import fault_sites, preview_apply, uninjected_patch, workspace_tree
 
-pytestmark = pytest.mark.skipif(
-    find_sglang_env() is None,
-    reason="SGLang environment not created (python -m infra_agent.serving.env --ensure)",
-)
+pytestmark = needs_sglang_env()
 INJECTED = [t for t in list_tasks(search_path=[]) if t.inject_patch is not None]
 
 

@@ -7,15 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import sglang_server_marks
 from typer.testing import CliRunner
 
-from infra_agent.serving.env import find_sglang_env
-
 pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.sglang,
-    pytest.mark.timeout(2400),  # three experiments, each starting real servers, on 2 cores
-    pytest.mark.skipif(find_sglang_env() is None, reason="the SGLang environment is not set up"),
+    *sglang_server_marks(),  # three experiments, each starting real servers, on 2 cores
     # Three serving experiments (8+ minutes on 2 cores), and its reference fix came out NO_CHANGE
     # once on a loaded machine: a long end-to-end check, not a CI test (as
     # benchmarks/check_injected_tasks.py, which measures every injected task).

@@ -8,18 +8,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support import needs_sglang_env
 
-from infra_agent.serving.env import find_sglang_env
 from infra_agent.store import open_store
 from infra_agent.tasks.manifest import load_task
 from infra_agent.tasks.registry import find_task
 from infra_agent.tools.context import ToolContext
 from infra_agent.tools.registry import default_registry
 
-pytestmark = pytest.mark.skipif(
-    find_sglang_env() is None,
-    reason="SGLang environment not created (python -m infra_agent.serving.env --ensure)",
-)
+pytestmark = needs_sglang_env()
 SAMPLER = "sglang/srt/layers/sampler.py"
 
 

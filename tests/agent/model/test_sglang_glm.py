@@ -82,6 +82,9 @@ def _probe() -> dict[str, Any]:
 
 
 def test_sglang_takes_the_glm_request_and_renders_its_reasoning() -> None:
+    """Up to ~65 s on a loaded 2-core machine (38-63 s in suite runs): one subprocess in SGLang's
+    own environment imports SGLang's request model, parsers and chat rendering (no server), the
+    only way to check our request against the version we pin."""
     result = _probe()
     assert result["unknown_parsers"] == []
     preserved, interleaved = result["bodies"]
@@ -117,7 +120,9 @@ def test_a_glm_sglang_run_against_a_real_sglang_server(tmp_path: Path) -> None:
     later turns share the conversation's prefix, so SGLang's radix cache serves part of their
     prompt and the steps record it as cached prompt tokens. (Measured here: 3 replies of 48
     tokens, all reasoning; 1, 1707 and 1921 of 4551, 4765 and 2576 prompt tokens cached; the
-    third is the last reply the used-up turn budget leaves, offered only finish.)"""
+    third is the last reply the used-up turn budget leaves, offered only finish.) Its own server
+    (~60 s at load 8): GLM's parser flags, a GLM-like chat template and the cache report are
+    start-up flags no other test's server has."""
     from infra_agent.serving.env import find_sglang_env
 
     if find_sglang_env() is None:
