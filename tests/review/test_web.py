@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -23,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import tomllib
+from recorded_samples import replay_timing
 from support import stoppable
 
 from infra_agent.review.queue import review_outcome, submit_proposal
@@ -107,9 +109,14 @@ def _start_agent_run(root: Path) -> AgentRun:
     from infra_agent.config import load_settings
     from infra_agent.tasks.registry import find_task
 
-    # The bundled task with its own measuring budget: the verdict must be IMPROVED even on a
-    # loaded machine, so the run reaches the review interrupt.
-    task_root = find_task("example-matmul").root
+    # The run reaches the review interrupt only if its experiment is IMPROVED, and it measures
+    # while this module's other tests drive Chromium and the server (in this process): measured
+    # here, the verdict once came out otherwise ("agent run did not stop for review"). So a copy
+    # of the bundled task reports a recorded real experiment of this fix (3.4x) in place of its
+    # clock; the arms still run and check the patched code on every sample.
+    task_root = root / "example-matmul"
+    shutil.copytree(find_task("example-matmul").root, task_root)
+    replay_timing(task_root, "matmul-reference")
     diff = (task_root / "reference.patch").read_text()
     script = [
         {"content": "The projection builds an m x k x n temporary; a BLAS product should be far faster.",
