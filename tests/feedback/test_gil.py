@@ -147,13 +147,19 @@ time.sleep(120)
 """
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("sampler", ["record", "dump"])
 def test_a_thread_retaking_the_gil_inside_a_c_extension_is_waiting(
     tmp_path: Path, py_spy: None, sampler: str
 ) -> None:
     """After hashing a big buffer without the GIL, `_hashlib` retakes it from the spinner: py-spy
     shows a timed condition wait called from the extension (it drops take_gil's frames). That is
-    a GIL wait, blamed on the spinner, not idle time."""
+    a GIL wait, blamed on the spinner, not idle time.
+
+    Long tier: it asserts sampled shares of a thread that is in two states by turns (waiting
+    0.33-0.4, running ~0.6; a dump at load 20 got 12 samples, one read idle). In CI the rule
+    itself is test_classification_rules (the extension's condition wait is a GIL wait) and the
+    blame test_blame_counts_the_holder_in_the_same_snapshot, on fixed stacks."""
     script = tmp_path / "hasher.py"
     script.write_text(HASHER)
     report = trace_command(
