@@ -24,6 +24,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PREFIX = "infra-agent-"
@@ -244,3 +245,21 @@ def _sweep(parent: Path) -> None:
         match = _NAME.match(entry.name)
         if match and not Path(f"/proc/{match.group(1)}").exists():
             Cgroup({V2: entry}, []).remove()
+
+
+def container_procs_file(container: Any) -> Path | None:
+    """The cgroup.procs file listing the container's processes (cgroup v1 pids/memory or v2)."""
+    container.reload()
+    pid = container.attrs["State"]["Pid"]
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in ("pids", "memory", ""):
+            if controller in controllers.split(",") or controllers == controller == "":
+                folder = Path("/sys/fs/cgroup") / controller / path.lstrip("/")
+                if (folder / "cgroup.procs").exists():
+                    return folder / "cgroup.procs"
+    return None

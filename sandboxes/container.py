@@ -29,7 +29,14 @@ from typing import Any
 
 from infra_agent.sandboxes import cleanup, confinement, processes
 from infra_agent.sandboxes.base import ExecResult, Sandbox, SandboxProcess, SandboxSpec
-from infra_agent.sandboxes.docker_engine import LABEL, OWNER_LABEL, default_image
+from infra_agent.sandboxes.cgroups import container_procs_file
+from infra_agent.sandboxes.docker_engine import (
+    LABEL,
+    OWNER_LABEL,
+    default_image,
+    owner,
+    remove_orphans,
+)
 from infra_agent.sandboxes.docker_streams import (
     DemuxReader,
     ExecHandle,
@@ -78,13 +85,13 @@ class DockerSandbox(Sandbox):
         self._client = docker.from_env(timeout=60)
         self.uid = confinement.allocate_uid() or os.geteuid()
         self.user = f"{self.uid}:{self.uid}"
-        _remove_orphans(self._client)
+        remove_orphans(self._client)
         self._copy = PrivateCopy(workspace.resolve(), owner_uid=self.uid)
         cleanup.register(self)
         try:
             self._hidden = self._hide(spec.hidden_paths)
             self._container = self._client.containers.run(**self._container_config())
-            self._procs_file = _cgroup_procs_file(self._container)
+            self._procs_file = container_procs_file(self._container)
         except BaseException:
             self.cleanup()
             raise
@@ -261,7 +268,7 @@ class DockerSandbox(Sandbox):
             command=["/bin/busybox", "sleep", "2147483647"],
             detach=True,
             init=True,
-            labels={LABEL: self.id, OWNER_LABEL: _owner()},
+            labels={LABEL: self.id, OWNER_LABEL: owner()},
             network_mode="host" if s.network else "none",
             read_only=True,
             tmpfs=tmpfs,
@@ -361,50 +368,3 @@ class DockerSandbox(Sandbox):
         except Exception:
             return 0
         return 0
-
-
-def _cgroup_procs_file(container: Any) -> Path | None:
-    """The cgroup.procs file listing the container's processes (cgroup v1 pids/memory or v2)."""
-    container.reload()
-    pid = container.attrs["State"]["Pid"]
-    try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        for controller in ("pids", "memory", ""):
-            if controller in controllers.split(",") or controllers == controller == "":
-                folder = Path("/sys/fs/cgroup") / controller / path.lstrip("/")
-                if (folder / "cgroup.procs").exists():
-                    return folder / "cgroup.procs"
-    return None
-
-
-def _owner() -> str:
-    """'<boot id>/<pid>' of this process: a container whose owner is gone is an orphan."""
-    return f"{_boot_id()}/{os.getpid()}"
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
-
-
-def _remove_orphans(client: Any) -> int:
-    """Remove sandbox containers whose owning process (on this machine) died without cleanup,
-    e.g. by SIGKILL, which no handler can see."""
-    removed = 0
-    boot = _boot_id()
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
-        owner = container.labels.get(OWNER_LABEL, "")
-        owner_boot, _, pid = owner.partition("/")
-        if owner_boot == boot and pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            try:
-                container.remove(force=True)
-                removed += 1
-            except Exception:  # another process removed it first
-                pass
-    return removed

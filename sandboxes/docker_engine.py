@@ -22,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infra_agent.config import SandboxSettings
 from infra_agent.errors import UserError
@@ -287,3 +288,32 @@ def _tail(path: Path, lines: int = 3) -> str:
     except OSError:
         return "no log"
     return " / ".join(line[-200:] for line in text[-lines:])
+
+
+def owner() -> str:
+    """'<boot id>/<pid>' of this process: a container whose owner is gone is an orphan."""
+    return f"{_boot_id()}/{os.getpid()}"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def remove_orphans(client: Any) -> int:
+    """Remove sandbox containers whose owning process (on this machine) died without cleanup,
+    e.g. by SIGKILL, which no handler can see."""
+    removed = 0
+    boot = _boot_id()
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        owner = container.labels.get(OWNER_LABEL, "")
+        owner_boot, _, pid = owner.partition("/")
+        if owner_boot == boot and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            try:
+                container.remove(force=True)
+                removed += 1
+            except Exception:  # another process removed it first
+                pass
+    return removed
