@@ -28,8 +28,10 @@ from infra_agent.store.records import now
 
 MAX_TRIES = 3
 """Tries per attempt in one invocation (the first and two after lost nodes)."""
-CANCEL_GRACE_S = 30.0
-"""How long cancelled tries get to mark their runs interrupted before they are killed."""
+CANCEL_GRACE_S = 10.0
+"""How long cancelled tries get to mark their runs interrupted before they are killed (Ray raises
+KeyboardInterrupt in a try; one blocked in a system call sees it only when the call returns).
+A killed try's processes die with it (sandboxes set PR_SET_PDEATHSIG)."""
 _POLL_S = 0.5
 
 

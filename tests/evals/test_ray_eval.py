@@ -30,7 +30,9 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 MB = 1 << 20
-ENV = {"RAY_AUTH_MODE": "disabled"}
+ENV = {"RAY_AUTH_MODE": "disabled", "RAY_memory_monitor_refresh_ms": "0"}
+"""Loopback only, no token; and no memory monitor: it reads the whole machine's memory, which
+other work here fills (SGLang servers of other tests), and would kill this cluster's workers."""
 
 
 class TestCluster:
@@ -40,23 +42,34 @@ class TestCluster:
         os.environ.update(ENV)
         self.temp = Path(tempfile.mkdtemp(prefix="ray-h38-", dir="/tmp"))  # short: socket paths
         common: dict[str, Any] = {"object_store_memory": 80 * MB, "temp_dir": str(self.temp)}
-        self.cluster = Cluster(
-            initialize_head=True,
-            head_node_args={**common, "num_cpus": 0, "include_dashboard": False},
-        )
-        self.small = self.cluster.add_node(
-            **common, num_cpus=2, memory=10 << 30, resources={"small_node": 1}
-        )
-        self.large = self.cluster.add_node(
-            **common, num_cpus=3, memory=15 << 30, resources={"large_node": 1}
-        )
-        self.cluster.wait_for_nodes()
+        self.cluster = Cluster()
+        try:
+            self.cluster.add_node(**common, num_cpus=0, include_dashboard=False)
+            self.small = self.cluster.add_node(
+                **common, num_cpus=2, memory=10 << 30, resources={"small_node": 1}
+            )
+            self.large = self.cluster.add_node(
+                **common, num_cpus=3, memory=15 << 30, resources={"large_node": 1}
+            )
+            self.cluster.wait_for_nodes()
+        except BaseException:  # a node that did not start: stop the ones that did
+            self.shutdown()
+            self.reap()
+            raise
 
     def node(self, node_id: str) -> Any:
         return next(n for n in (self.small, self.large) if n.node_id == node_id)
 
     def shutdown(self) -> None:
         self.cluster.shutdown()
+
+    def reap(self) -> None:
+        """After a failed test or start: kill what any node left (found by the temp dir)."""
+        import psutil
+
+        for p in psutil.process_iter(["cmdline"]):
+            if str(self.temp) in " ".join(p.info["cmdline"] or []):
+                p.kill()
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
@@ -67,6 +80,7 @@ def cluster() -> Iterator[TestCluster]:
         yield started
     finally:
         started.shutdown()
+        started.reap()
 
 
 REJECTED_DIFF = "\n".join(["--- a/attention.py", "+++ b/attention.py", "@@ -8,4 +8,5 @@",
