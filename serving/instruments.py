@@ -81,8 +81,15 @@ class LoadRun:
 
 
 def describe(result: Any) -> str:
-    """One line about a workload run: requests, output tokens, seconds."""
+    """One line about a workload run: requests, output tokens (with the range per request: the
+    task's workloads draw each request's length, as SGLang's bench_serving random dataset does,
+    so 32 requests of 'output_len 32' carry about 24 each), seconds."""
     if result is None:
         return "no workload result"
-    tokens = sum(r.output_tokens for r in result.records)
-    return f"{len(result.records)} requests, {tokens} output tokens in {result.duration_s:.1f} s"
+    counts = [r.output_tokens for r in result.records]
+    tokens = sum(counts)
+    spread = f" ({min(counts)}-{max(counts)} per request)" if counts else ""
+    return (
+        f"{len(result.records)} requests, {tokens} output tokens{spread} in "
+        f"{result.duration_s:.1f} s"
+    )

@@ -194,6 +194,7 @@ class StepReport(BaseModel):
             f", prefill {self.prefill_steps} steps ({100 * self.prefill_ms_total / window_ms:.0f}%"
             f", median {self.prefill_tokens_median or 0:.0f} new tokens, max {self.prefill_tokens_max})"
             f", idle or untimed {max(0.0, 100 * (1 - busy / window_ms)):.0f}%"
+            " (shares of the window from the first to the last step line: step times summed)"
         )
         lines.append(split)
         if self.decode_ms_by_running:
@@ -214,6 +215,10 @@ class StepReport(BaseModel):
         if self.timeline:
             width = self.timeline[0].t1_s - self.timeline[0].t0_s
             lines.append(f"timeline ({len(self.timeline)} x {width:.2f} s):")
+            lines.append(
+                "  (per slice: decode steps (median step time), prefill steps (new prompt "
+                "tokens), most requests running, requests queued at its first -> last step)"
+            )
             for b in self.timeline:
                 dec = f"{b.decode_ms_median:.0f} ms" if b.decode_ms_median is not None else "-"
                 lines.append(

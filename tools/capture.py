@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,9 +137,8 @@ def run_capture(
             seen, calls, errors = read_capture(out)
             if not calls:
                 raise UserError(_not_called(target, seen, n, errors, top))
-            capture_id = uuid.uuid4().hex[:8]
-            dest = captures_folder(ctx) / capture_id
-            dest.mkdir(parents=True)
+            dest = _new_folder(captures_folder(ctx))
+            capture_id = dest.name
             for call in calls:
                 shutil.copyfile(out / call.file, dest / call.file)
         finally:
@@ -156,6 +154,18 @@ def run_capture(
     )  # fmt: skip
     (dest / RECORD_FILE).write_text(record.model_dump_json(indent=1))
     return record
+
+
+def _new_folder(root: Path) -> Path:
+    """The next capture's folder under `root`: c1, c2, ... (a script can name them)."""
+    root.mkdir(parents=True, exist_ok=True)
+    n = 1 + sum(1 for p in root.iterdir() if p.name[:1] == "c" and p.name[1:].isdigit())
+    while True:
+        try:
+            (root / f"c{n}").mkdir()
+            return root / f"c{n}"
+        except FileExistsError:
+            n += 1
 
 
 def _run(server: Any, sessions: list[Any], load: Any) -> tuple[str, list[str]]:

@@ -1,5 +1,5 @@
-"""Capture and replay of a real SGLang function (sglang-cpu-tiny, CPU, tiny model), through the
-tool registry as a model calls it: `capture` records `RMSNorm.forward`'s calls on the live server
+"""Capture and replay of a real SGLang function (sglang-cpu-tiny, CPU, tiny model), driven by
+the scripted policy (test equipment: recorded replies) through the real graph: `capture` records `RMSNorm.forward`'s calls on the live server
 while the task's workload runs; `accuracy_diff` and `microbench` replay those calls, with their
 real arguments (the RMSNorm modules with their weights, bfloat16 activations of the workload's
 shapes), in sandboxes that import the real SGLang package: baseline against itself (exactly
@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from infra_agent.agent.configuration import RunConfig
+from infra_agent.agent.runner import start_run
+from infra_agent.agent.state import Budget
+from infra_agent.config import load_settings
 from infra_agent.serving.env import find_sglang_env
 from infra_agent.store import open_store
-from infra_agent.tasks.registry import find_task
-from infra_agent.tools.context import ToolContext
-from infra_agent.tools.registry import default_registry
 
 pytestmark = [
     pytest.mark.timeout(2400),
@@ -52,66 +54,71 @@ SCALED = (
 )
 
 
+NEVER = "sglang.srt.layers.layernorm:GemmaRMSNorm.forward_native"
+
+
+def _call(name: str, **arguments: object) -> dict[str, object]:
+    return {"content": "", "tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def conversation() -> list[dict[str, object]]:
+    """What a model checking an RMSNorm change on its real arguments would send, reply by reply
+    (capture ids are c1, c2, ... in a run; patch ids come from `{{last_patch_id}}`)."""
+    precise = {"path": LAYERNORM, "old": FLOAT32, "new": FLOAT32.replace("float32", "float64")}
+    return [
+        _call("capture", function=NORM, num_prompts=8, calls=6),
+        _call("accuracy_diff", captured="c1"),
+        _call("edit_file", **precise),
+        _call("accuracy_diff", captured="c1", patch_id="{{last_patch_id}}"),
+        _call("microbench", captured="c1", patch_id="{{last_patch_id}}", seconds=1),
+        _call("edit_file", path=LAYERNORM, old=SCALED[0], new=SCALED[1]),
+        _call("accuracy_diff", captured="c1", patch_id="{{last_patch_id}}"),
+        _call("capture", function=NEVER, num_prompts=8),
+        _call("finish", summary="replayed"),
+    ]
+
+
 def test_capture_a_real_function_and_replay_it_against_baseline_and_patches(
     tmp_path: Path,
 ) -> None:
-    task = find_task("sglang-cpu-tiny")
-    ctx = ToolContext(task=task, store=open_store(tmp_path / "runs.db"), run_id="r")
-    reg = default_registry("dense", task)
-    try:
-        args = {"function": NORM, "num_prompts": 8, "calls": 6}
-        cap = reg.call("capture", json.dumps(args), ctx)
-        print(cap.content)
-        assert cap.error is None and cap.data is not None, cap.content
-        data = cap.data
-        assert data["calls_seen"] >= len(data["calls"]) > 0
-        assert len(data["calls"]) <= 6
-        first = data["calls"][0]
-        assert first["args"][0] == {"object": "sglang.srt.layers.layernorm.RMSNorm"}
-        assert first["args"][1]["dtype"] == "bfloat16" and len(first["args"][1]["tensor"]) == 2
-        assert "RMSNorm.forward" in cap.content and "replay:" in cap.content
-        cid = data["capture_id"]
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(conversation()))
+    db = tmp_path / "runs.db"
+    settings = load_settings(overrides={"store.db": str(db)})
+    config = RunConfig(
+        task="sglang-cpu-tiny", policy="scripted", script=str(script),
+        budget=Budget(experiments=1, turns=12, looks=4),
+    )  # fmt: skip
+    outcome = start_run(config, settings)
+    store = open_store(db)
+    steps = [s for s in store.steps(outcome.run_id) if s.role == "tool"]
+    for step in steps:
+        print(f"--- {step.name}\n{step.content or step.error}")
+    by_name: dict[str, list[Any]] = {}
+    for step in steps:
+        by_name.setdefault(str(step.name), []).append(step)
 
-        same = reg.call("accuracy_diff", json.dumps({"captured": cid}), ctx)
-        print(same.content)
-        assert same.error is None and same.data is not None, same.content
-        assert same.data["probes"] and all(p["diff"]["max_abs"] == 0 for p in same.data["probes"])
-        assert same.content.startswith("accuracy_diff RMSNorm.forward, ")
-        assert "max abs err 0 over" in same.content
+    cap, refused = by_name["capture"]
+    assert cap.error is None, cap.content
+    assert cap.content.startswith("capture c1: RMSNorm.forward, 6 of ")
+    assert "arg0: RMSNorm, arg1: bfloat16[" in cap.content and "replay:" in cap.content
+    assert "error:" not in cap.content  # every kept call was recorded
 
-        precise = _edit(reg, ctx, FLOAT32, FLOAT32.replace("float32", "float64"))
-        wide = reg.call("accuracy_diff", json.dumps({"captured": cid, "patch_id": precise}), ctx)
-        print(wide.content)
-        assert wide.error is None and wide.data is not None, wide.content
-        assert wide.data["would_pass"] is True
+    same, wide, off = by_name["accuracy_diff"]
+    for step in (same, wide, off):
+        assert step.error is None, step.content
+        assert step.content.startswith("accuracy_diff RMSNorm.forward, 6 calls captured (")
+    assert "max abs err 0 over 6 calls" in same.content  # baseline against itself: exact
+    assert "would pass the experiment's accuracy rule" in wide.content  # float64: rounding only
+    assert "would fail the experiment's accuracy rule" in off.content  # x1.5: refused
+    assert "max abs err 0 over" not in off.content
 
-        scaled = _edit(reg, ctx, *SCALED)
-        off = reg.call("accuracy_diff", json.dumps({"captured": cid, "patch_id": scaled}), ctx)
-        print(off.content)
-        assert off.error is None and off.data is not None, off.content
-        assert off.data["would_pass"] is False
-        assert max(p["diff"]["max_abs"] for p in off.data["probes"]) > 0
+    [timed] = by_name["microbench"]
+    assert timed.error is None, timed.content
+    assert timed.content.startswith("microbench RMSNorm.forward, 6 calls captured (")
+    assert "interleaved samples" in timed.content
 
-        bench = {"captured": cid, "patch_id": precise, "seconds": 1}
-        timed = reg.call("microbench", json.dumps(bench), ctx)
-        print(timed.content)
-        assert timed.error is None and timed.data is not None, timed.content
-        assert timed.data["arms"]["captured"].startswith("RMSNorm.forward, ")
-        assert timed.data["rounds"] >= 1
-
-        never = {"function": "sglang.srt.layers.layernorm:GemmaRMSNorm.forward_native"}
-        refused = reg.call("capture", json.dumps({**never, "num_prompts": 8}), ctx)
-        print(refused.content)
-        assert refused.error is not None
-        assert "was not called during the workload (8 requests)" in refused.content
-        assert "functions with the most self time in the scheduler: " in refused.content
-    finally:
-        ctx.close()
-
-
-def _edit(reg: object, ctx: ToolContext, old: str, new: str) -> str:
-    edited = reg.call(  # type: ignore[attr-defined]
-        "edit_file", json.dumps({"path": LAYERNORM, "old": old, "new": new}), ctx
-    )
-    assert edited.data is not None, edited.error
-    return str(edited.data["patch_id"])
+    assert refused.error is not None
+    assert f"{NEVER} was not called during the workload (8 requests)" in refused.error
+    assert "functions with the most self time in the scheduler: " in refused.error
+    store.close()
