@@ -190,11 +190,12 @@ the tests below) found NO_CHANGE every time, their log speedups 3.4 and 1.8 sd i
 that IMPROVED needs first (normal tails 3.3e-4 and 3.2e-2)."""
 
 
-def unless_improved_twice(experiment: Callable[[], Any]) -> Iterator[Any]:
-    """Results of `experiment` on a candidate that does the baseline's work: a second one only
-    after an IMPROVED first. Both IMPROVED, the only way such a test fails falsely, happens with
-    at most AA_IMPROVED squared (1.0e-3) per run; a real gain is IMPROVED both times."""
-    for _ in range(2):
+def unless_improved_thrice(experiment: Callable[[], Any]) -> Iterator[Any]:
+    """Results of `experiment` on a candidate that does the baseline's work: another one only
+    after an IMPROVED one, three at most. All three IMPROVED, the only way such a test fails
+    falsely, happens with at most AA_IMPROVED cubed (3.3e-5) per run; a real gain is IMPROVED
+    every time."""
+    for _ in range(3):
         result = experiment()
         yield result
         if result.verdict != Verdict.IMPROVED:
@@ -336,7 +337,7 @@ def test_patched_timers_do_not_change_the_harness_clock(
     pytask, backend: str, no_static_rules: None
 ) -> None:
     """The clock is in the harness process: a candidate's patched time module cannot stop it."""
-    for result in unless_improved_twice(lambda: run(pytask(), PATCH_TIMERS, backend)):
+    for result in unless_improved_thrice(lambda: run(pytask(), PATCH_TIMERS, backend)):
         perf = result.evidence.performance  # a stopped clock would read ~0 for the candidate
         assert perf is not None and perf.candidate_median > 0.2 * perf.baseline_median
     assert result.verdict in (Verdict.NO_CHANGE, Verdict.REGRESSED), result.render()
@@ -351,7 +352,7 @@ def test_patching_the_harness_is_refused(pytask, backend: str, no_static_rules: 
 def test_content_hash_cache_never_sees_a_repeated_input(pytask) -> None:
     """With `state` allowed by the task, the cache passes the static stage; every timed call
     still gets fresh inputs, so a cache keyed on content never hits: the cheat buys nothing."""
-    for result in unless_improved_twice(lambda: run(pytask(allow=["state"]), CONTENT_CACHE)):
+    for result in unless_improved_thrice(lambda: run(pytask(allow=["state"]), CONTENT_CACHE)):
         assert result.evidence.stage_reached != "static"
     assert result.verdict in (Verdict.NO_CHANGE, Verdict.REGRESSED), result.render()
 
@@ -369,9 +370,10 @@ def test_hang_and_runaway_allocation_fail_and_the_next_experiment_runs(
     hog = run(task, ALLOCATE_FOREVER, backend)
     assert hog.verdict == Verdict.FAILED, hog.render()
     assert "memory" in " ".join(hog.reasons).lower() or "timed out" in " ".join(hog.reasons)
-    honest = run(task, FAST, backend)  # the sandbox machinery is still usable
+    honest = run(task, FAST, backend)  # the sandbox machinery is still usable: checked, timed
     assert honest.verdict in (Verdict.IMPROVED, Verdict.NO_CHANGE), honest.render()
-    assert honest.evidence.performance is not None and honest.evidence.performance.speedup > 1
+    assert honest.evidence.correctness is not None and honest.evidence.correctness.passed
+    assert honest.evidence.performance is not None and honest.evidence.performance.n_samples > 0
 
 
 # -- tensor cheats on the bundled example task ------------------------------------------------
