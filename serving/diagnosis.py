@@ -21,6 +21,7 @@ Function names are as py-spy reads them (`Class.method`), files relative to the 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,105 +80,125 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
     metric = harness.manifest.metric.name
     values = [harness.sample(arm, DIAGNOSE_SEED + i)[metric] for i in range(samples)]
     median = statistics.median(values)
-    dirs = package_dirs(harness, arm)
-    server = harness.server(arm)
     evidence = [f"{metric} per sample: " + ", ".join(f"{v:.4g}" for v in values)]
     instruments = ["harness.sample"]
-
-    # 1. GIL: who holds it while the scheduler's main thread waits.
-    p = harness.params
-    sessions = random_sessions(
-        int(p["num_prompts"]), int(p["input_len"]), int(p["output_len"]),
-        vocab_size=harness.vocab, seed=DIAGNOSE_SEED + 7,
-    )  # fmt: skip
-    culprit = None
-    (trace,), _ = trace_during(
-        server, sessions, harness.load(DIAGNOSE_SEED + 7), ["scheduler"], profile=False, gil_s=4.0
-    )
-    report = trace.gil
-    if report is None:
-        evidence.append(f"GIL trace unavailable: {'; '.join(trace.errors)}")
-    else:
-        instruments.append(f"gil.trace_pid scheduler ({report.method})")
-        evidence.extend(report.render().splitlines()[:4])
-        found = report.culprit()
-        main = next((t for t in report.threads if t.thread == "MainThread"), None)
-        holder = next((t for t in report.threads if t.thread == found.thread), None)
-        # Another thread holds the GIL while the serving thread waits for it (or, where the
-        # trace cannot tell a GIL wait from sleep, holds it most of the time).
-        if found.thread not in (None, "MainThread") and (
-            (main is not None and main.waiting >= 0.1)
-            or (holder is not None and holder.holding >= 0.5)
-        ):
-            culprit = found
-
-    # 2./3. Function profiles at a light load and at the task's load.
-    light, light_run = profiled_run(
-        harness, arm, DIAGNOSE_SEED + 11,
-        concurrency=LIGHT_CONCURRENCY, prompts=min(int(p["num_prompts"]), LIGHT_PROMPTS),
-    )  # fmt: skip
-    heavy, heavy_run = profiled_run(
-        harness, arm, DIAGNOSE_SEED + 13,
-        concurrency=int(p["max_concurrency"]) or None, prompts=int(p["num_prompts"]),
-    )  # fmt: skip
-    instruments.append("pyprofile.profile_pid scheduler (light load, task load)")
-    light_rows, heavy_rows = light.functions(dirs, limit=200), heavy.functions(dirs, limit=200)
-    light_cost = _per_token(light_rows, _tokens(light_run))
-    heavy_cost = _per_token(heavy_rows, _tokens(heavy_run))
-    evidence.append(f"light load ({LIGHT_CONCURRENCY} in flight): {describe(light_run)}")
-    evidence.append(f"task load: {describe(heavy_run)}")
-    evidence.extend(
-        f"  {r.self_share:5.1%} self  {heavy_cost[r.where]:7.2f} vs "
-        f"{light_cost.get(r.where, 0.0):7.2f} samples/1k tokens  {r.where}"
-        for r in heavy_rows[:8]
-    )
-
-    localization: Localization
-    strong = True
-    if culprit is not None:
-        full = _resolve(culprit.function, heavy_rows)
-        localization = Localization(
-            stage="scheduler process: a thread holding the GIL",
-            thread=culprit.thread,
-            function=full or culprit.function,
-            detail=culprit.detail,
-        )
-    else:
-        growing = growth_entry(light, heavy, dirs, _tokens(light_run), _tokens(heavy_run))
-        if growing is not None:
-            where, share, ratio = growing
-            evidence.append(f"growth with the load: {where} {ratio:.1f}x per token")
-            localization = Localization(
-                stage="scheduler process: work that grows with the load",
-                function=where,
-                detail=f"{share:.0%} of the scheduler's samples at the task's load are in it or "
-                f"its callees; its time per generated token is {ratio:.1f}x what it is with "
-                f"{LIGHT_CONCURRENCY} requests in flight (the outermost function that grows as "
-                "fast as the fastest-growing work)",
-            )
-        elif heavy_rows:
-            top = heavy_rows[0]
-            strong = top.self_share >= 0.2
-            localization = Localization(
-                stage="scheduler process: the hottest SGLang function",
-                function=top.where,
-                detail=f"{top.self_share:.0%} of the scheduler's active samples are in this "
-                f"function or the library calls it makes ({top.total_share:.0%} with callees)",
-            )
-        else:
-            strong = False
-            localization = Localization(detail="the profile saw no SGLang frames")
+    culprit = gil_culprit(harness, harness.server(arm), evidence, instruments)
+    profiles = Profiles.measure(harness, arm, evidence, instruments)
+    localization, strong = localize(culprit, profiles, evidence)
     unit = harness.manifest.metric.unit
     return Diagnosis(
         reproduced=strong,
         symptom=f"{metric} median {median:.4g} {unit} over {samples} samples of the task's "
         f"workload; {'one place stands out' if strong else 'no single place stands out'} in "
         "the scheduler's GIL trace and profiles",
-        measured={metric: median, "profile_samples": float(heavy.samples)},
+        measured={metric: median, "profile_samples": float(profiles.heavy.samples)},
         localization=localization,
         evidence=evidence,
         instruments=instruments,
     )
+
+
+def gil_culprit(harness: Any, server: Any, evidence: list[str], instruments: list[str]) -> Any:
+    """The thread (a `gil` culprit) that holds the GIL while the scheduler's main thread waits
+    for it (or, where the trace cannot tell a GIL wait from sleep, holds it most of the time);
+    None when the main thread is not kept waiting by another thread."""
+    p = harness.params
+    sessions = random_sessions(
+        int(p["num_prompts"]), int(p["input_len"]), int(p["output_len"]),
+        vocab_size=harness.vocab, seed=DIAGNOSE_SEED + 7,
+    )  # fmt: skip
+    (trace,), _ = trace_during(
+        server, sessions, harness.load(DIAGNOSE_SEED + 7), ["scheduler"], profile=False, gil_s=4.0
+    )
+    report = trace.gil
+    if report is None:
+        evidence.append(f"GIL trace unavailable: {'; '.join(trace.errors)}")
+        return None
+    instruments.append(f"gil.trace_pid scheduler ({report.method})")
+    evidence.extend(report.render().splitlines()[:4])
+    found = report.culprit()
+    main = next((t for t in report.threads if t.thread == "MainThread"), None)
+    holder = next((t for t in report.threads if t.thread == found.thread), None)
+    if found.thread not in (None, "MainThread") and (
+        (main is not None and main.waiting >= 0.1) or (holder is not None and holder.holding >= 0.5)
+    ):
+        return found
+    return None
+
+
+@dataclass
+class Profiles:
+    """The scheduler's function profiles at a light load and at the task's load."""
+
+    light: FunctionProfile
+    heavy: FunctionProfile
+    light_tokens: int
+    heavy_tokens: int
+    dirs: list[Path]
+    heavy_rows: list[Any]
+
+    @classmethod
+    def measure(
+        cls, harness: Any, arm: Any, evidence: list[str], instruments: list[str]
+    ) -> Profiles:
+        p, dirs = harness.params, package_dirs(harness, arm)
+        light, light_run = profiled_run(
+            harness, arm, DIAGNOSE_SEED + 11,
+            concurrency=LIGHT_CONCURRENCY, prompts=min(int(p["num_prompts"]), LIGHT_PROMPTS),
+        )  # fmt: skip
+        heavy, heavy_run = profiled_run(
+            harness, arm, DIAGNOSE_SEED + 13,
+            concurrency=int(p["max_concurrency"]) or None, prompts=int(p["num_prompts"]),
+        )  # fmt: skip
+        instruments.append("pyprofile.profile_pid scheduler (light load, task load)")
+        light_rows, heavy_rows = light.functions(dirs, limit=200), heavy.functions(dirs, limit=200)
+        light_cost = _per_token(light_rows, _tokens(light_run))
+        heavy_cost = _per_token(heavy_rows, _tokens(heavy_run))
+        evidence.append(f"light load ({LIGHT_CONCURRENCY} in flight): {describe(light_run)}")
+        evidence.append(f"task load: {describe(heavy_run)}")
+        evidence.extend(
+            f"  {r.self_share:5.1%} self  {heavy_cost[r.where]:7.2f} vs "
+            f"{light_cost.get(r.where, 0.0):7.2f} samples/1k tokens  {r.where}"
+            for r in heavy_rows[:8]
+        )
+        return cls(light, heavy, _tokens(light_run), _tokens(heavy_run), dirs, heavy_rows)
+
+
+def localize(culprit: Any, profiles: Profiles, evidence: list[str]) -> tuple[Localization, bool]:
+    """Where the throughput goes, and whether one place stands out: a GIL holder first, then
+    the outermost function whose cost per token grows with the load, else the hottest one."""
+    heavy_rows = profiles.heavy_rows
+    if culprit is not None:
+        full = _resolve(culprit.function, heavy_rows)
+        return Localization(
+            stage="scheduler process: a thread holding the GIL",
+            thread=culprit.thread,
+            function=full or culprit.function,
+            detail=culprit.detail,
+        ), True
+    growing = growth_entry(
+        profiles.light, profiles.heavy, profiles.dirs, profiles.light_tokens, profiles.heavy_tokens
+    )
+    if growing is not None:
+        where, share, ratio = growing
+        evidence.append(f"growth with the load: {where} {ratio:.1f}x per token")
+        return Localization(
+            stage="scheduler process: work that grows with the load",
+            function=where,
+            detail=f"{share:.0%} of the scheduler's samples at the task's load are in it or "
+            f"its callees; its time per generated token is {ratio:.1f}x what it is with "
+            f"{LIGHT_CONCURRENCY} requests in flight (the outermost function that grows as "
+            "fast as the fastest-growing work)",
+        ), True
+    if heavy_rows:
+        top = heavy_rows[0]
+        return Localization(
+            stage="scheduler process: the hottest SGLang function",
+            function=top.where,
+            detail=f"{top.self_share:.0%} of the scheduler's active samples are in this "
+            f"function or the library calls it makes ({top.total_share:.0%} with callees)",
+        ), top.self_share >= 0.2
+    return Localization(detail="the profile saw no SGLang frames"), False
 
 
 def growth_entry(

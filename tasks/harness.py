@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from infra_agent.tasks.manifest import TaskManifest
-from infra_agent.tasks.workload import DEFAULT_SEEDS, Workload
+from infra_agent.tasks.workload import DEFAULT_SEEDS, InputSpec, Workload
 
 if TYPE_CHECKING:
     from infra_agent.sandboxes.base import Sandbox
@@ -171,6 +171,69 @@ class Harness(abc.ABC):
             atol=m.tolerance.atol,
             rtol=m.tolerance.rtol,
         )
+
+
+class RequestLoadHarness(Harness):
+    """A seeded load of requests served by the workspace's `serve.run_load(prompts, seed, ...)`,
+    whose outputs (one int64 per request) the harness checks itself. A subclass names the task
+    params passed through (`load_keys`) and describes its load and metric in words."""
+
+    load_keys: tuple[str, ...] = ()
+    """Task params passed through to `serve.run_load`."""
+
+    @abc.abstractmethod
+    def load_summary(self) -> str:
+        """The load in one line, for the workload's summary."""
+
+    @abc.abstractmethod
+    def metric_words(self) -> str:
+        """What the metric counts and how the harness checks it, for the workload."""
+
+    def workload(self, knobs: dict[str, Any]) -> Workload:
+        p, n = self.params, self.params["requests"]
+        load = ", ".join(f"{key}={p[key]!r}" for key in self.load_keys)
+        return Workload(
+            summary=self.load_summary(),
+            inputs=[InputSpec(name="prompts", shape=[n], dtype="int", what="40-bit request ids")],
+            params=dict(p),
+            knobs=dict(knobs),
+            seeds="fresh request ids and stalls from an unseen seed for every check and sample; "
+            "the setup uses seed 0",
+            metric=self.metric_words(),
+            setup="import random\nimport serve\nrng = random.Random(0)\n"
+            f"prompts = [rng.randrange(1 << 40) for _ in range({n})]\n",
+            call=f"serve.run_load(prompts, seed=0, {load})",
+        )
+
+    def serve_load(self, arm: Arm, n: int, seed: int, **overrides: Any) -> LoadRun:
+        """Serve `n` requests drawn from `seed` (params overridden by `overrides`), timed with
+        the harness's clock; IncorrectOutput unless there is one output per request."""
+        import torch
+
+        load = {key: self.params[key] for key in self.load_keys} | overrides
+        prompts = seeded_prompts(n, seed)
+        result, seconds = arm.worker.timed_call(
+            "serve:run_load", prompts, seed=seed, timeout_s=self.manifest.budget.call_timeout_s,
+            **load,
+        )  # fmt: skip
+        outputs = result.get("outputs") if isinstance(result, dict) else None
+        if not isinstance(outputs, torch.Tensor) or outputs.shape != (n,):
+            raise IncorrectOutput(
+                f"expected {n} request outputs, got {getattr(outputs, 'shape', outputs)!r}"
+            )
+        return LoadRun(result, outputs, load, prompts, seconds)
+
+
+@dataclass
+class LoadRun:
+    """One served load: what `run_load` returned, its outputs, the load it ran with, the
+    requests it served and the harness-clock seconds."""
+
+    result: dict[str, Any]
+    outputs: Any
+    load: dict[str, Any]
+    prompts: list[int]
+    seconds: float
 
 
 # Helpers for harness authors.

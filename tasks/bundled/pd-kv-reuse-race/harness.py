@@ -8,15 +8,7 @@ from typing import Any
 
 import torch
 
-from infra_agent.tasks.harness import (
-    Arm,
-    CheckResult,
-    Harness,
-    IncorrectOutput,
-    poisson_upper,
-    seeded_prompts,
-)
-from infra_agent.tasks.workload import InputSpec, Workload
+from infra_agent.tasks.harness import Arm, CheckResult, RequestLoadHarness, poisson_upper
 
 FORCED_SEED_SALT = 0x5717
 """Separates the forced-stall run's requests from the functional check's."""
@@ -38,46 +30,36 @@ def expected_outputs(prompts: list[int], pages: int, slot_elems: int) -> torch.T
     return torch.tensor([base + per_prompt * p for p in prompts], dtype=torch.int64)
 
 
-class TaskHarness(Harness):
-    def workload(self, knobs: dict[str, Any]) -> Workload:
-        p, n = self.params, self.params["requests"]
-        load = ", ".join(f"{key}={p[key]!r}" for key in LOAD_KEYS)
-        return Workload(
-            summary=f"{n} requests through the prefill/decode pair, {p['concurrency']} in flight; a stall with probability {p['stall_prob']:g} delays a decode past its {p['timeout_ms']} ms timeout",
-            inputs=[InputSpec(name="prompts", shape=[n], dtype="int", what="40-bit request ids")],
-            params=dict(p),
-            knobs=dict(knobs),
-            seeds="fresh request ids and stalls from an unseen seed for every check and sample; "
-            "the setup uses seed 0",
-            metric="corruptions_per_10k: outputs not matching their own prompt's KV (checked by the harness); requests_per_s from the harness clock",
-            setup="import random\nimport serve\nrng = random.Random(0)\n"
-            f"prompts = [rng.randrange(1 << 40) for _ in range({n})]\n",
-            call=f"serve.run_load(prompts, seed=0, {load})",
+class TaskHarness(RequestLoadHarness):
+    load_keys = LOAD_KEYS
+
+    def load_summary(self) -> str:
+        p = self.params
+        return (
+            f"{p['requests']} requests through the prefill/decode pair, {p['concurrency']} in "
+            f"flight; a stall with probability {p['stall_prob']:g} delays a decode past its "
+            f"{p['timeout_ms']} ms timeout"
+        )
+
+    def metric_words(self) -> str:
+        return (
+            "corruptions_per_10k: outputs not matching their own prompt's KV (checked by the "
+            "harness); requests_per_s from the harness clock"
         )
 
     def run(self, arm: Arm, n: int, seed: int, **overrides: Any) -> dict[str, Any]:
         """Serve `n` seeded requests; returns counts verified here and the harness-clock time."""
-        load = {key: self.params[key] for key in LOAD_KEYS} | overrides
-        prompts = seeded_prompts(n, seed)
-        result, seconds = arm.worker.timed_call(
-            "serve:run_load",
-            prompts,
-            seed=seed,
-            timeout_s=self.manifest.budget.call_timeout_s,
-            **load,
+        served = self.serve_load(arm, n, seed, **overrides)
+        load = served.load
+        wrong = served.outputs != expected_outputs(
+            served.prompts, load["pages"], load["slot_elems"]
         )
-        outputs = result.get("outputs") if isinstance(result, dict) else None
-        if not isinstance(outputs, torch.Tensor) or outputs.shape != (n,):
-            raise IncorrectOutput(
-                f"expected {n} request outputs, got {getattr(outputs, 'shape', outputs)!r}"
-            )
-        wrong = outputs != expected_outputs(prompts, load["pages"], load["slot_elems"])
         return {
             "requests": n,
             "corruptions": int(wrong.sum()),
             "corrupted": wrong.nonzero().flatten().tolist()[:20],
-            "aborts": int(result.get("aborts", -1)),
-            "seconds": seconds,
+            "aborts": int(served.result.get("aborts", -1)),
+            "seconds": served.seconds,
         }
 
     def check(self, arm: Arm, seed: int) -> CheckResult:

@@ -9,14 +9,7 @@ from typing import Any
 import torch
 
 from infra_agent.feedback.timeline import intervals
-from infra_agent.tasks.harness import (
-    Arm,
-    CheckResult,
-    Harness,
-    IncorrectOutput,
-    seeded_prompts,
-)
-from infra_agent.tasks.workload import InputSpec, Workload
+from infra_agent.tasks.harness import Arm, CheckResult, RequestLoadHarness
 
 LOAD_KEYS = (
     "layers", "page_elems", "topk", "load_us", "stall_prob", "stall_us", "lead_us", "compute_us",
@@ -51,40 +44,30 @@ def overlap_ratio(spans: list[Any], a: str = "load.", b: str = "compute.") -> fl
     return sum(shares) / len(shares) if shares else 0.0
 
 
-class TaskHarness(Harness):
-    def workload(self, knobs: dict[str, Any]) -> Workload:
-        p, n = self.params, self.params["requests"]
-        load = ", ".join(f"{key}={p[key]!r}" for key in LOAD_KEYS)
-        return Workload(
-            summary=f"{n} requests with their {p['layers']} KV layers loaded layer by layer from the host tier while the forward runs (load stalls with probability {p['stall_prob']:g})",
-            inputs=[InputSpec(name="prompts", shape=[n], dtype="int", what="40-bit request ids")],
-            params=dict(p),
-            knobs=dict(knobs),
-            seeds="fresh request ids and stalls from an unseen seed for every check and sample; "
-            "the setup uses seed 0",
-            metric="read_before_ready_per_10k: outputs computed from a layer read before it was loaded (checked by the harness); overlap_ratio and requests_per_s as constraints",
-            setup="import random\nimport serve\nrng = random.Random(0)\n"
-            f"prompts = [rng.randrange(1 << 40) for _ in range({n})]\n",
-            call=f"serve.run_load(prompts, seed=0, {load})",
+class TaskHarness(RequestLoadHarness):
+    load_keys = LOAD_KEYS
+
+    def load_summary(self) -> str:
+        p = self.params
+        return (
+            f"{p['requests']} requests with their {p['layers']} KV layers loaded layer by layer "
+            f"from the host tier while the forward runs (load stalls with probability "
+            f"{p['stall_prob']:g})"
+        )
+
+    def metric_words(self) -> str:
+        return (
+            "read_before_ready_per_10k: outputs computed from a layer read before it was loaded "
+            "(checked by the harness); overlap_ratio and requests_per_s as constraints"
         )
 
     def run(self, arm: Arm, n: int, seed: int, **overrides: Any) -> dict[str, Any]:
-        load = {key: self.params[key] for key in LOAD_KEYS} | overrides
-        prompts = seeded_prompts(n, seed)
-        result, seconds = arm.worker.timed_call(
-            "serve:run_load",
-            prompts,
-            seed=seed,
-            timeout_s=self.manifest.budget.call_timeout_s,
-            **load,
+        served = self.serve_load(arm, n, seed, **overrides)
+        load, result, seconds = served.load, served.result, served.seconds
+        expected = expected_outputs(
+            served.prompts, load["layers"], load["page_elems"], load["topk"]
         )
-        outputs = result.get("outputs") if isinstance(result, dict) else None
-        if not isinstance(outputs, torch.Tensor) or outputs.shape != (n,):
-            raise IncorrectOutput(
-                f"expected {n} request outputs, got {getattr(outputs, 'shape', outputs)!r}"
-            )
-        expected = expected_outputs(prompts, load["layers"], load["page_elems"], load["topk"])
-        wrong = outputs != expected
+        wrong = served.outputs != expected
         spans = result.get("spans") or []
         return {
             "requests": n,
