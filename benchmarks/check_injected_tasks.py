@@ -8,13 +8,17 @@ measured on the live server name the injected module and function?).
 Run it under the machine's heavy-job lock: each task starts several SGLang servers (one
 experiment takes minutes on a 2-core machine). The injected module and function are read from
 the task's inject.patch (`tasks.tree.fault_sites`: the innermost function around the changed
-lines), never from the harness, and compared with what `diagnose` reports. Prints one table.
+lines), never from the harness, and compared with what `diagnose` reports. Prints one table:
+each experiment's verdict, ratio, 95% interval and wall time, and the 1-minute load average
+before and after each task (the machine's load moves wall times and noise far more than the
+code does).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -53,6 +57,7 @@ def main() -> None:
                                   if task.manifest.fault else ""}  # fmt: skip
         sites = fault_sites(task)
         row["injected"] = sorted(f"{rel}:{fn}" for rel, fn in sites)
+        row["load_before"] = round(os.getloadavg()[0], 2)
         if not args.skip_check:
             check = check_task(task, progress=lambda msg, n=task.name: print(f"[{n}] {msg}"))
             row["check"] = check.model_dump(mode="json")
@@ -64,14 +69,17 @@ def main() -> None:
             row["diagnosis"] = diagnosis.model_dump(mode="json")
             row["named"] = named(diagnosis.localization.function, sites)
             print(diagnosis.render(), flush=True)
+        row["load_after"] = round(os.getloadavg()[0], 2)
         rows.append(row)
-    print("\ntask | symptom | reference | wrong fix | diagnose names the fault | injected")
+    print("\ntask | symptom | reference | wrong fix | diagnose names the fault | load | injected")
     for row in rows:
         cells = [str(row["task"])]
         check = row.get("check")
         if isinstance(check, dict):
             for r in check["rows"]:
-                cells.append(f"{r['verdict']} {r['number'].split(';')[0]}")
+                cells.append(
+                    f"{r['verdict']} {r['number'].split(';')[0]} [{r['duration_s']:.0f} s]"
+                )
         else:
             cells += ["-", "-", "-"]
         diag = row.get("diagnosis")
@@ -80,6 +88,7 @@ def main() -> None:
             if isinstance(diag, dict)
             else "-"
         )
+        cells.append(f"{row['load_before']}->{row['load_after']}")
         cells.append(", ".join(row["injected"]))  # type: ignore[arg-type]
         print(" | ".join(cells))
     if args.json is not None:
