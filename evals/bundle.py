@@ -12,6 +12,7 @@ with `eval --resume`. Merging is idempotent (records by id; steps past those alr
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +124,13 @@ def _put_checkpoint(store_path: Path, run_id: str, rows: CheckpointRows | None) 
         conn.close()
 
 
-def read_bundle(store_path: Path, run_id: str, *, whole_store: bool = False) -> RunBundle:
-    """The run's records from `store_path`. `whole_store`: every record in the file (a node's
-    scratch store holds one attempt only: its re-measurement, stored without a run, comes too)."""
+def read_bundle(
+    store_path: Path, run_id: str, *, whole_store: bool = False, patch_ids: Iterable[str] = ()
+) -> RunBundle:
+    """The run's records from `store_path`. `whole_store`: every experiment, feedback and
+    proposal in the file (a node's scratch store holds one attempt only: its re-measurement,
+    stored without a run, comes too). Patches: those its experiments and proposals name, and
+    `patch_ids` (the run's state lists the ones registered and not yet measured)."""
     store = open_store(store_path, readonly=True)
     try:
         run = store.get_run(run_id)
@@ -134,6 +139,7 @@ def read_bundle(store_path: Path, run_id: str, *, whole_store: bool = False) -> 
         experiments = store.experiments(None if whole_store else run_id)
         proposals = store.proposals(None if whole_store else run_id)
         wanted = {e.patch_id for e in experiments} | {p.patch_id for p in proposals}
+        wanted |= set(patch_ids)
         patches = [p for i in sorted(wanted) if (p := store.get_patch(i)) is not None]
         bundle = RunBundle(
             run=run,

@@ -74,6 +74,21 @@ class _Task:
         self.archive = ray.put(TaskArchive.pack(task.root)) if shipped else None
 
 
+def _no_node_fits(asked: AttemptResources) -> str | None:
+    """Why no live node of the cluster could ever hold the attempt (None: one could)."""
+    import ray
+
+    need = asked.requested()
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if any(all(r.get(k, 0.0) >= v for k, v in need.items() if v) for r in nodes):
+        return None
+    offered = "; ".join(
+        f"CPU {r.get('CPU', 0):g}, GPU {r.get('GPU', 0):g}, memory {r.get('memory', 0) / 2**30:.1f} GiB"
+        for r in nodes
+    )
+    return f"no node of the cluster can hold it ({asked.why}); nodes offer: {offered or 'none'}"
+
+
 class ClusterEval:
     """The driver of one invocation: submits tries, merges what comes back, retries lost ones."""
 
@@ -93,11 +108,23 @@ class ClusterEval:
         self.tasks: dict[str, _Task] = {}
         self.attempts: dict[str, AttemptRecord] = {}
         self.tries: dict[Any, str] = {}  # the try's ObjectRef -> its attempt id
+        self.patch_ids: dict[str, set[str]] = {}  # run id -> patches its nodes sent
 
     # -- submitting --------------------------------------------------------------------------
     def submit(self, attempt: AttemptRecord) -> None:
         task = self.tasks.get(attempt.task) or self.tasks.setdefault(attempt.task, _Task(attempt.task))  # fmt: skip
-        bundle = read_bundle(self.store_path, attempt.run_id) if attempt.run_id else None
+        refused = _no_node_fits(task.resources)
+        if refused:
+            attempt.status, attempt.reason = "failed", refused
+            self.evals.put_attempt(attempt)
+            self.progress(f"{label(attempt)}: failed: {refused}")
+            return
+        known = self.patch_ids.get(attempt.run_id or "", set())
+        bundle = (
+            read_bundle(self.store_path, attempt.run_id, patch_ids=known)
+            if attempt.run_id
+            else None
+        )
         placement = Placement(requested=task.resources.requested(),
                               from_experiments=bundle.finished_experiments if bundle else 0)  # fmt: skip
         attempt.placements.append(placement)
@@ -150,6 +177,7 @@ class ClusterEval:
         if bundle is not None:
             merge(self.store_path, bundle, task_root=self.tasks[attempt.task].root)
             attempt.run_id = bundle.run.id
+            self.patch_ids.setdefault(bundle.run.id, set()).update(p.id for p in bundle.patches)
 
     def harvest(self, ref: Any) -> None:
         """A try ended: merge its run, or requeue its attempt if its node or worker was lost."""

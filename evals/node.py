@@ -145,12 +145,14 @@ def run_try(call: NodeCall, archive: TaskArchive | None, inbox: Any) -> NodeRetu
         settings = call.settings.model_copy(update={"store": StoreSettings(db=db)})
         evals = EvalStore(db)
         seen = [call.bundle.finished_experiments if call.bundle else 0]
+        patches: set[str] = {p.id for p in call.bundle.patches} if call.bundle else set()
 
         def on_state(values: dict[str, Any]) -> None:
+            patches.update(values.get("patches") or [])
             done = len(values.get("experiments") or [])
             if done > seen[0] and attempt.run_id is not None:
                 seen[0] = done
-                snapshot = read_bundle(db, attempt.run_id, whole_store=True)
+                snapshot = read_bundle(db, attempt.run_id, whole_store=True, patch_ids=patches)
                 ray.get(inbox.snapshot.remote(call.attempt.id, call.try_index, snapshot))
 
         def progress(text: str) -> None:
@@ -160,7 +162,11 @@ def run_try(call: NodeCall, archive: TaskArchive | None, inbox: Any) -> NodeRetu
             run_attempt(call.eval, attempt, settings, evals, progress, on_state=on_state)
         finally:
             evals.close()
-        bundle = read_bundle(db, attempt.run_id, whole_store=True) if attempt.run_id else None
+        bundle = (
+            read_bundle(db, attempt.run_id, whole_store=True, patch_ids=patches)
+            if attempt.run_id
+            else None
+        )
         return NodeReturn(attempt=attempt, bundle=bundle)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
