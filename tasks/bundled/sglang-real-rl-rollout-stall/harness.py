@@ -6,9 +6,11 @@ the log-probability of each output token, its top-N alternatives and their text 
 """
 
 from pathlib import Path
+from typing import Any
 
 from infra_agent.serving.harness import ServingHarness
 from infra_agent.serving.workload import LoadSpec
+from infra_agent.tasks.workload import Workload
 
 
 class TaskHarness(ServingHarness):
@@ -22,3 +24,13 @@ class TaskHarness(ServingHarness):
             "return_text_in_logprobs": bool(p["return_text_in_logprobs"]),
         }
         return super().load(seed).model_copy(update=asks)
+
+    def workload(self, knobs: dict[str, Any]) -> Workload:
+        asked = super().workload(knobs)
+        p = self.params
+        extra = (
+            f"; every request asks for the logprob of each output token, its top "
+            f"{p['top_logprobs_num']} alternatives"
+            + (" and their text" if p["return_text_in_logprobs"] else "")
+        )
+        return asked.model_copy(update={"summary": asked.summary + extra})
