@@ -25,6 +25,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable, find_py_spy
+from infra_agent.feedback.gil.threads import KernelThread, kernel_threads, own_pid_namespace
 
 FRAME = re.compile(r"^(?P<name>.+) \((?P<file>.+):(?P<line>\d+)\)$")
 NESTED = re.compile(r"(?:\.<locals>\.<(?:lambda|listcomp|dictcomp|setcomp|genexpr)>)+$")
@@ -66,6 +67,10 @@ class FunctionProfile(BaseModel):
     """Active-thread samples recorded."""
     stacks: dict[str, int] = Field(default_factory=dict, repr=False)
     """Collapsed stacks ('thread;frame;...;frame') -> samples, as py-spy wrote them."""
+    asleep: dict[str, int] = Field(default_factory=dict)
+    """Threads left out ('thread (8): name' -> samples): py-spy counted them active, but they
+    used under `ASLEEP_CPU_SHARE` of the window's CPU time (a process in a pid namespace of its
+    own, whose thread states py-spy cannot read: `feedback.gil.threads`)."""
 
     def functions(self, within: list[Path], limit: int = 20) -> list[FunctionTime]:
         """Functions whose file is under one of `within`, hottest by self share first."""
@@ -164,6 +169,8 @@ def profile_pid(
         argv = [find_py_spy(), "record", "--pid", str(pid), "--rate", str(rate)]
         argv += ["--duration", str(limit), "--format", "raw", "--nonblocking", "--threads"]
         argv += ["--full-filenames", "-o", str(out)]
+        # In its own pid namespace py-spy cannot read thread states: every thread is "active".
+        before = kernel_threads(pid) if own_pid_namespace(pid) else None
         started = time.monotonic()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
@@ -186,10 +193,41 @@ def profile_pid(
             stack, _, count = line.rpartition(" ")
             if stack and count.isdigit():
                 stacks[stack] = stacks.get(stack, 0) + int(count)
+    asleep: dict[str, int] = {}
+    if before is not None:
+        stacks, asleep = _drop_asleep(stacks, before, kernel_threads(pid), elapsed)
     return FunctionProfile(
         pid=pid, duration_s=round(min(elapsed, limit), 2), samples=sum(stacks.values()),
-        stacks=stacks,
+        stacks=stacks, asleep=asleep,
     )  # fmt: skip
+
+
+ASLEEP_CPU_SHARE = 0.02
+"""A thread that used less CPU time than this share of the profile's window was asleep."""
+THREAD_LABEL = re.compile(r"^thread \((\d+)\)")
+
+
+def _drop_asleep(
+    stacks: dict[str, int],
+    before: dict[int, KernelThread],
+    after: dict[int, KernelThread],
+    elapsed_s: float,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(the stacks of threads that ran, samples of the asleep ones by thread label): a thread's
+    CPU time over the window from the kernel, by the id py-spy labels it with."""
+    kept: dict[str, int] = {}
+    asleep: Counter[str] = Counter()
+    for stack, count in stacks.items():
+        label = stack.split(";", 1)[0]
+        match = THREAD_LABEL.match(label)
+        tid = int(match[1]) if match else None
+        if tid in before and tid in after:
+            used = after[tid].cpu_s - before[tid].cpu_s
+            if used < ASLEEP_CPU_SHARE * elapsed_s:
+                asleep[label] += count
+                continue
+        kept[stack] = count
+    return kept, dict(asleep)
 
 
 def growing_function(

@@ -143,6 +143,9 @@ class ProcessProfile(BaseModel):
     passes through (e.g. the scheduler's event loop), then the hottest below it."""
     gil: GilReport | None = None
     errors: list[str] = Field(default_factory=list)
+    asleep: dict[str, int] = Field(default_factory=dict)
+    """Threads left out of the samples, asleep by the kernel's account (`FunctionProfile.asleep`):
+    thread label -> samples py-spy had counted active."""
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -167,7 +170,7 @@ class ProcessProfile(BaseModel):
             samples=profile.samples if profile else 0,
             duration_s=profile.duration_s if profile else 0.0,
             top_self=[r for r in rows if r.self_samples][:TOP], top_total=(entry + below)[:TOP],
-            gil=trace.gil, errors=list(trace.errors),
+            gil=trace.gil, errors=list(trace.errors), asleep=profile.asleep if profile else {},
         )  # fmt: skip
 
     def render(self) -> list[str]:
@@ -177,6 +180,12 @@ class ProcessProfile(BaseModel):
             lines[0] += " (few: the shares are rough; a longer workload sharpens them)"
         if self.samples:
             lines[0] += f"; shares +-{100 * self.share_error:.0f} points (95%)"
+        if self.asleep:
+            names = ", ".join(f"{t.split(': ', 1)[-1]} {n}" for t, n in self.asleep.items())
+            lines.append(_cut(
+                f"  left out: {sum(self.asleep.values())} samples of threads the kernel shows "
+                f"asleep ({names}): py-spy counts every thread of a confined server active"
+            ))  # fmt: skip
         if not self.top_self and not self.errors:
             lines.append("  (no SGLang frames sampled)")
         for r in self.top_self[:TOP]:  # names whole: several functions may share a prefix
@@ -262,14 +271,20 @@ def _gil_lines(report: GilReport) -> list[str]:
     """Who waits for the GIL and who held it (the report's own lines), then the busiest threads'
     states in one line each."""
     blame = [ln for ln in report.render().splitlines() if ln.startswith("thread ")][:1]
-    busy = sorted(report.threads, key=lambda t: t.idle)
+    busy = sorted(report.threads, key=lambda t: (-t.holding, t.idle))  # the holder first
     shown = [t for t in busy if t.idle < IDLE][:THREADS] or busy[:1]
-    lines = [f"  GIL: {ln}" for ln in blame] + [f"  GIL {_thread(t, report)}" for t in shown]
+    lines = [f"  GIL: {ln}" for ln in blame]
+    lines += [f"  GIL {_thread(t, report)}" for t in shown]
+    last = []
     hidden = [t for t in busy if t not in shown]
     if hidden:
         idle = sum(t.idle >= IDLE for t in hidden)
         more = f"{len(hidden)} more thread{'s' if len(hidden) > 1 else ''}"
-        lines.append(f"  GIL: {more} ({idle} idle {IDLE:.0%} or more)")
+        last.append(f"{more} ({idle} idle {IDLE:.0%} or more)")
+    if any(w.startswith("no native frames: the process runs") for w in report.warnings):
+        last.append("py-spy dumps without native frames (record --native fails in a confined server)")  # fmt: skip
+    if last:  # one line at most: the rendering stays bounded
+        lines.append("  GIL: " + "; ".join(last))
     return [_cut(ln) for ln in lines]
 
 
@@ -282,8 +297,9 @@ def _thread(t: ThreadGil, report: GilReport) -> str:
     if not report.gil_visible:
         return f"{t.thread}: active {t.running:.0%} idle {t.idle:.0%}"
     runs = "runs-native" if report.gil_inferred else "runs-no-GIL"
+    held = f" (in {', '.join(t.holding_in[:2])})" if t.holding > 0 and t.holding_in else ""
     top = t.top_functions[0] if t.top_functions else "-"
     return (
-        f"{t.thread}: holds {t.holding:.0%} waits {t.waiting:.0%} {runs} {t.running:.0%} "
-        f"idle {t.idle:.0%}; top {top}"
+        f"{t.thread}: holds {t.holding:.0%}{held} waits {t.waiting:.0%} {runs} {t.running:.0%} "
+        f"idle {t.idle:.0%}; most often in {top}"
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 from infra_agent.errors import UserError
 from infra_agent.feedback.gil.analysis import Frame, ThreadSample
+from infra_agent.feedback.gil.threads import kernel_threads, own_pid_namespace
 from infra_agent.proctree import alive
 
 DEFAULT_INTERVAL_S = 1.0
@@ -73,7 +74,10 @@ def parse_dump(doc: Any) -> list[ThreadSample]:
 
 
 def dump_once(pid: int, *, native: bool = True, nonblocking: bool = False) -> list[ThreadSample]:
-    """One snapshot of every thread of `pid`."""
+    """One snapshot of every thread of `pid`. For a process in a pid namespace of its own,
+    whose threads py-spy cannot look up (`threads.py`), each thread's activity is the kernel's
+    state read just before the dump (as py-spy reads it)."""
+    kernel = kernel_threads(pid) if own_pid_namespace(pid) else None
     cmd = [find_py_spy(), "dump", "--pid", str(pid), "--json"]
     if native and not nonblocking:  # py-spy cannot unwind native stacks without pausing
         cmd.append("--native")
@@ -89,9 +93,14 @@ def dump_once(pid: int, *, native: bool = True, nonblocking: bool = False) -> li
         why = next((ln for ln in lines if ln.startswith("Error")), lines[0] if lines else "")
         raise PySpyUnavailable(f"py-spy cannot sample pid {pid}: {why[:200] or proc.returncode}")
     try:
-        return parse_dump(json.loads(proc.stdout))
+        threads = parse_dump(json.loads(proc.stdout))
     except ValueError as exc:
         raise PySpyUnavailable(f"py-spy dump output is not JSON: {exc}") from exc
+    for t in threads if kernel else ():
+        found = kernel.get(t.thread_id) if kernel else None
+        if found is not None:
+            t.active = found.state == "R"
+    return threads
 
 
 def sample_pid(

@@ -22,6 +22,7 @@ from infra_agent.feedback.gil.pyspy import DEFAULT_INTERVAL_S as DUMP_INTERVAL_S
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable, sample_pid
 from infra_agent.feedback.gil.record import DEFAULT_INTERVAL_S as RECORD_INTERVAL_S
 from infra_agent.feedback.gil.record import Recording, record_pid
+from infra_agent.feedback.gil.threads import own_pid_namespace
 
 Sampler = Literal["record", "dump"]
 """`record`: two long-lived `py-spy record`s per trace (default; one pause of ~0.1-0.3 s on the
@@ -29,6 +30,13 @@ first sample while native symbols load, then ~1 ms per sample; exact GIL holders
 pausing, but blame over the whole trace). `dump`: a fresh `py-spy dump --json` per snapshot
 (GIL ownership and waits at the same instants, but with native frames each dump pauses the
 target ~0.1-0.3 s while symbols load: +30-60% slowdown at 1/s)."""
+
+
+NO_NATIVE_IN_PIDNS = (
+    "no native frames: the process runs in a pid namespace of its own (a confined server), "
+    "where py-spy record --native always fails (it unwinds threads by the namespace's ids: "
+    "UNW_EBADREG); non-pausing dumps instead, each thread's activity from the kernel"
+)
 
 
 def trace_pid(
@@ -57,6 +65,14 @@ def trace_pid(
         raise UserError(f"no process with pid {pid}") from exc
     except PermissionError:
         pass  # exists, owned by someone else: py-spy will say whether it can attach
+    confined = sampler is None and native and not nonblocking and own_pid_namespace(pid)
+    if confined:  # native unwinding is known to fail there: no ~10 s of py-spy's retries
+        report = trace_pid(
+            pid, duration_s=duration_s, interval_s=interval_s, nonblocking=True,
+            blame_threshold=blame_threshold,
+        )  # fmt: skip
+        report.warnings.append(NO_NATIVE_IN_PIDNS)
+        return report
     with_native = native and not nonblocking
     chosen: Sampler = sampler or ("record" if with_native else "dump")
     if chosen == "record":
