@@ -35,7 +35,7 @@ ENV = {"RAY_AUTH_MODE": "disabled", "RAY_memory_monitor_refresh_ms": "0"}
 other work here fills (SGLang servers of other tests), and would kill this cluster's workers."""
 
 
-class TestCluster:
+class LocalCluster:
     """A head (no CPUs: the driver and its inbox only) and two worker nodes that differ."""
 
     def __init__(self) -> None:
@@ -74,17 +74,17 @@ class TestCluster:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[TestCluster]:
+def cluster() -> Iterator[LocalCluster]:
     """One cluster for the module (a start is 25-35 s here): the Ctrl-C test leaves it as it
     found it (that is what it checks), and the node test, which removes a node, runs last.
     A node that does not register within Ray's fixed 30 s (seen at load 27) is started again,
     once."""
     try:
-        started = TestCluster()
+        started = LocalCluster()
     except Exception as exc:
         if "timed out during startup" not in str(exc):
             raise
-        started = TestCluster()
+        started = LocalCluster()
     try:
         yield started
         started.shutdown()
@@ -183,12 +183,17 @@ def _wait_gone(*tokens: str, limit_s: float = 30) -> list[str]:
     return left
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_the_driver_cancels_the_cluster_work(
-    cluster: TestCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """Every experiment waits at the gate; SIGINT to the driver while they wait cancels the
     tries: the driver exits 130, the eval is resumable, and no attempt process, held experiment
-    or scratch store is left on any node (the cluster itself stays up for its owner)."""
+    or scratch store is left on any node (the cluster itself stays up for its owner).
+
+    Over 60 s here: the cluster's start (25-35 s, shared with the next test), the first
+    attempt processes' start and imports on a fresh node, and the 10 s the cancelled tries get
+    (84 s at load 24, 203 s at load 40 with the start)."""
     task, gate, script = _task(tmp_path)
     db, log = tmp_path / "runs.db", tmp_path / "eval.log"
     proc = _driver(db, task, script, 2, cluster.cluster.address, log)
@@ -214,13 +219,17 @@ def test_ctrl_c_on_the_driver_cancels_the_cluster_work(
     gate.release()
 
 
+@pytest.mark.slow
 def test_a_worker_node_lost_mid_attempt_costs_one_experiment(
-    cluster: TestCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """Four attempts at once on two worker nodes (2 and 3 CPUs). Once the driver's store has
     each attempt's first experiment and every second experiment waits at the gate, the node of
     attempt #1 is removed, then the gate opens: the attempts lost there continue on the other
-    node from their second experiment, and no experiment is run or stored twice."""
+    node from their second experiment, and no experiment is run or stored twice.
+
+    Over 60 s here: four attempts and the retried ones on a 2-core machine, two measured
+    experiments at a time (122 s at load 35, 128 s at load 14)."""
     task, gate, script = _task(tmp_path)
     db, log = tmp_path / "runs.db", tmp_path / "eval.log"
     proc = _driver(db, task, script, 4, cluster.cluster.address, log)
