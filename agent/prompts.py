@@ -60,6 +60,14 @@ def system_prompt(tools: ToolRegistry) -> str:
             "spend an experiment on it, and again after a win. A look is one sample, not a "
             "verdict; looks have a budget of their own."
         )
+    if "capture" in offered:
+        replays = " and ".join(n for n in ("microbench", "accuracy_diff") if n in offered)
+        rules.append(
+            "capture(function='sglang.module:Class.method') records that SGLang function's real "
+            "arguments while the task's workload runs"
+            + (f"; {replays}(captured=<its id>, patch_id=...) replay them against your patch "
+               "in the real package: no shapes to guess." if replays else ".")
+        )  # fmt: skip
     rules += [
         f"{patching} returns a patch_id; run_experiment(patch_id) verifies it against baseline: "
         "correctness on fresh inputs, interleaved timing with a 95% confidence interval, "
