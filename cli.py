@@ -64,8 +64,8 @@ def _register() -> None:
     from infra_agent.agent.cli import register as register_agent
     from infra_agent.agent.model.cli import register as register_profiles
     from infra_agent.evals.cli import app as eval_app
-    from infra_agent.experiments.check import register as register_check
     from infra_agent.experiments.cli import register as register_experiments
+    from infra_agent.experiments.cli import register_check
     from infra_agent.feedback.cli import app as feedback_app
     from infra_agent.review.cli import app as review_app
     from infra_agent.store.cli import config_app, runs_app
