@@ -83,6 +83,7 @@ def main() -> None:
             extra = ["--parallel-attempts", str(slots)] if slots > 1 else []
             wall, inside, ok = _eval(local, task, args.attempts, extra)
             rows.append((f"local x{slots}", wall, (wall * slots - inside) / args.attempts, ok))
+            print(f"measured {rows[-1]}", file=sys.stderr, flush=True)
 
             t0 = time.perf_counter()
             head = {"num_cpus": slots, "object_store_memory": 80 << 20, "include_dashboard": False,
@@ -103,6 +104,7 @@ def main() -> None:
                 cluster.shutdown()
             label = f"ray x{slots} (1 node, cluster start {start:.1f}s apart)"
             rows.append((label, wall, (wall * slots - inside) / args.attempts, ok))
+            print(f"measured {rows[-1]}", file=sys.stderr, flush=True)
 
     load = os.getloadavg()[0]
     print(

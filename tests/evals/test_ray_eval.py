@@ -189,7 +189,8 @@ def test_ctrl_c_on_the_driver_cancels_the_cluster_work(
 ) -> None:
     """Every experiment waits at the gate; SIGINT to the driver while they wait cancels the
     tries: the driver exits 130, the eval is resumable, and no attempt process, held experiment
-    or scratch store is left on any node (the cluster itself stays up for its owner).
+    or scratch store is left on any node (the cluster itself stays up for its owner). The
+    local path then resumes the eval from the driver's store alone.
 
     Over 60 s here: the cluster's start (25-35 s, shared with the next test), the first
     attempt processes' start and imports on a fresh node, and the 10 s the cancelled tries get
@@ -214,9 +215,20 @@ def test_ctrl_c_on_the_driver_cancels_the_cluster_work(
     assert record.status == "interrupted"
     assert all(a.status in ("pending", "running") for a in evals.attempts(record.id))
     tries = [p.outcome for a in evals.attempts(record.id) for p in a.placements]
+    before = {a.id: a.run_id for a in evals.attempts(record.id)}
     evals.close()
     assert "cancelled" in tries and "finished" not in tries
+    kept = {i: _experiments(db, r) for i, r in before.items() if r}
+    assert any(kept.values())  # the held attempt's first experiment reached the driver
     gate.release()
+    # The driver's store alone carries the runs: the local path continues them.
+    done = run_cli("--db", str(db), "eval", "--resume", record.id, "--json", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for a in json.loads(done.stdout)["attempts"]:
+        assert a["status"] == "finished" and a["result"]["experiments"] == 2, a
+        if a["id"] in kept:
+            assert a["run_id"] == before[a["id"]]
+            assert _experiments(db, a["run_id"])[: len(kept[a["id"]])] == kept[a["id"]]
 
 
 @pytest.mark.slow
