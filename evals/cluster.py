@@ -244,7 +244,10 @@ class ClusterEval:
     def close(self) -> None:
         import ray
 
-        ray.kill(self.inbox)
+        try:
+            ray.kill(self.inbox)
+        except ray.exceptions.RayError:  # already gone with its node or the connection
+            pass
 
 
 def run_on_cluster(
