@@ -275,16 +275,16 @@ def _gil_lines(report: GilReport) -> list[str]:
     shown = [t for t in busy if t.idle < IDLE][:THREADS] or busy[:1]
     lines = [f"  GIL: {ln}" for ln in blame]
     lines += [f"  GIL {_thread(t, report)}" for t in shown]
-    last = []
+    how = "dumps" if report.method.startswith("py-spy dump") else "samples"
+    last = [f"{report.snapshots} {how}/{report.duration_s:.0f}s"]
     hidden = [t for t in busy if t not in shown]
     if hidden:
         idle = sum(t.idle >= IDLE for t in hidden)
         more = f"{len(hidden)} more thread{'s' if len(hidden) > 1 else ''}"
-        last.append(f"{more} ({idle} idle {IDLE:.0%} or more)")
+        last.append(f"{more} ({idle} idle)")  # idle: at least IDLE of their samples
     if any(w.startswith("no native frames: the process runs") for w in report.warnings):
         last.append("py-spy dumps without native frames (record --native fails in a confined server)")  # fmt: skip
-    if last:  # one line at most: the rendering stays bounded
-        lines.append("  GIL: " + "; ".join(last))
+    lines.append("  GIL: " + "; ".join(last))  # one line: the rendering stays bounded
     return [_cut(ln) for ln in lines]
 
 
@@ -301,5 +301,5 @@ def _thread(t: ThreadGil, report: GilReport) -> str:
     top = t.top_functions[0] if t.top_functions else "-"
     return (
         f"{t.thread}: holds {t.holding:.0%}{held} waits {t.waiting:.0%} {runs} {t.running:.0%} "
-        f"idle {t.idle:.0%}; most often in {top}"
+        f"idle {t.idle:.0%}; top {top}"
     )
