@@ -242,7 +242,14 @@ def install(
     """Wrap `qualname` ('f' or 'Class.method') of the module whose globals are `namespace`."""
     owner_name, _, name = qualname.rpartition(".")
     owner: Any = namespace[owner_name] if owner_name else None
-    original = getattr(owner, name) if owner is not None else namespace[name]
+    original = getattr(owner, name, None) if owner is not None else namespace.get(name)
+    if original is None:  # an inherited method that is not there: say so, never break the import
+        try:
+            with open(os.path.join(out, f"error-{os.getpid()}"), "a") as f:
+                f.write(f"{qualname} does not exist (not defined nor inherited)\n")
+        except OSError:
+            pass
+        return
     if owner is not None:  # the function as the class holds it (staticmethod stays one)
         raw = owner.__dict__.get(name, original)
     else:

@@ -85,11 +85,22 @@ def capture(p: CaptureParams, ctx: ToolContext) -> ToolResult:
 
     target = Target.parse(p.function)
     harness = _harness(ctx, p.num_prompts)
+    _check_installed(ctx, target, p.patch_id, harness.deployment.sglang_version)
     patch, knobs, _ = take_look(ctx, p.patch_id, None)
     limits = CaptureLimits(calls=p.calls)
     label = describe_patch(p.patch_id, patch)
     record = run_capture(ctx, harness, patch, knobs, target, limits, label)
     return ToolResult.of(record)
+
+
+def _check_installed(ctx: ToolContext, target: Target, patch_id: str | None, version: str) -> None:
+    """An unknown module or function is refused before a look is spent: checked against the
+    installed package unless the patch changes that module (then the arm's copy decides)."""
+    from infra_agent.serving.capture import check_defined, module_source
+
+    if patch_id is not None and any(f in ctx.patch(patch_id).files for f in target.relpaths()):
+        return
+    check_defined(module_source(Path("/nonexistent"), target, version)[1], target)
 
 
 def _harness(ctx: ToolContext, num_prompts: int | None) -> ServingHarness:
@@ -125,6 +136,7 @@ def run_capture(
         out = Path(box.root) / ".serving" / "capture"
         instrument_workspace(Path(box.root), target, out, limits, harness.deployment.sglang_version)
         out.mkdir(parents=True)
+        out.chmod(0o777)  # the server's own uid writes there from its first import (a private copy)
         arm = arms.open("baseline" if patch is None else "candidate", box, knobs, harness.params)
         try:
             harness.prepare(arm)
@@ -185,8 +197,8 @@ def _run(server: Any, sessions: list[Any], load: Any) -> tuple[str, list[str]]:
 
 
 def _not_called(target: Target, seen: int, n: int, errors: list[str], top: list[str]) -> str:
-    if seen and errors:
-        return f"{target.name}: {seen} calls counted, none could be recorded: {errors[0]}"
+    if errors:
+        return f"{target.name}: {seen} calls counted, none recorded: {errors[0]}"
     hot = ", ".join(top) or "no profile"
     return (
         f"{target.name} was not called during the workload ({n} requests); functions with the "
