@@ -109,6 +109,7 @@ class ClusterEval:
         self.attempts: dict[str, AttemptRecord] = {}
         self.tries: dict[Any, str] = {}  # the try's ObjectRef -> its attempt id
         self.patch_ids: dict[str, set[str]] = {}  # run id -> patches its nodes sent
+        self.losses: dict[str, int] = {}  # attempt id -> its tries lost in this invocation
 
     # -- submitting --------------------------------------------------------------------------
     def submit(self, attempt: AttemptRecord) -> None:
@@ -197,7 +198,8 @@ class ClusterEval:
             place.outcome, place.detail = "lost", f"{type(exc).__name__}: {why}"[:300]
             self.evals.put_attempt(attempt)
             where = f"{place.node_id[:8]} ({place.node})" if place.node_id else "its node"
-            if len(attempt.placements) < MAX_TRIES:
+            self.losses[attempt.id] = self.losses.get(attempt.id, 0) + 1
+            if self.losses[attempt.id] < MAX_TRIES:
                 self.progress(f"{label(attempt)}: lost on {where}; retrying")
                 self.submit(attempt)
                 return
