@@ -61,6 +61,10 @@ class LoadSpec(BaseModel):
     """With return_logprob: also the top-N alternatives at each position."""
     return_text_in_logprobs: bool = False
     """With return_logprob (native API): each logprob entry carries its token's text."""
+    incremental: bool = False
+    """The server streams increments (`--incremental-streaming-output`): every native chunk's
+    ids are new tokens (else the client tells cumulative from incremental chunks by their
+    prefix, which a delta that repeats the output's first tokens fools)."""
 
 
 class RequestRecord(BaseModel):
@@ -208,7 +212,9 @@ def _absorb(load: LoadSpec, record: RequestRecord, chunk: dict[str, Any]) -> tup
         record.text = text if text.startswith(record.text) else record.text + text
         ids = chunk.get("output_ids")
         if isinstance(ids, list):
-            if (
+            if load.incremental:
+                record.output_ids = (record.output_ids or []) + ids
+            elif (
                 record.output_ids is None
                 or len(ids) >= len(record.output_ids)
                 and ids[: len(record.output_ids)] == record.output_ids

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra_agent.serving.workload import LoadSpec, _payload
+from infra_agent.serving.workload import LoadSpec, RequestRecord, _absorb, _payload
 
 
 def test_generate_asks_for_logprobs_with_top_n_and_text() -> None:
@@ -24,3 +24,17 @@ def test_no_logprob_fields_unless_asked() -> None:
     for api in ("generate", "completions"):
         body = _payload(LoadSpec(api=api), [5], None, 4, seed=0)  # type: ignore[arg-type]
         assert not {"return_logprob", "top_logprobs_num", "logprobs"} & set(body)
+
+
+def test_an_incremental_stream_counts_a_delta_that_repeats_the_first_token() -> None:
+    """A delta [7, 8] after [7] is two new tokens on an incremental stream (the prefix rule would
+    read it as the cumulative [7, 8] and lose one: seen live as 103 tokens carried for 104)."""
+    record = RequestRecord(session=0, turn=0, success=False, prompt_tokens=1)
+    load = LoadSpec(incremental=True)
+    assert _absorb(load, record, {"text": "a", "output_ids": [7]})[0] == 1
+    assert _absorb(load, record, {"text": "bc", "output_ids": [7, 8]})[0] == 2
+    assert record.output_ids == [7, 7, 8]
+    cumulative = RequestRecord(session=0, turn=0, success=False, prompt_tokens=1)
+    _absorb(LoadSpec(), cumulative, {"text": "a", "output_ids": [7]})
+    _absorb(LoadSpec(), cumulative, {"text": "ab", "output_ids": [7, 8]})
+    assert cumulative.output_ids == [7, 8]

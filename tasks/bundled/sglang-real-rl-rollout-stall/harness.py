@@ -22,6 +22,9 @@ class TaskHarness(ServingHarness):
             "return_logprob": True,
             "top_logprobs_num": int(p["top_logprobs_num"]),
             "return_text_in_logprobs": bool(p["return_text_in_logprobs"]),
+            "incremental": bool(
+                self.deployment.server_args.get("incremental-streaming-output", False)
+            ),
         }
         return super().load(seed).model_copy(update=asks)
 
