@@ -190,6 +190,8 @@ def _run(server: Any, sessions: list[Any], load: Any) -> tuple[str, list[str]]:
     traces, result = trace_during(server, sessions, load, ["scheduler"], gil_s=None)
     rows = ProcessProfile.of(traces[0], package_dirs_of(server)).top_self
     top = [f"{r.where.rsplit('/', 1)[-1]} {r.self_share:.0%}" for r in rows]
+    if not top:  # e.g. a workload over before py-spy attached on a loaded machine
+        top = [f"none sampled ({'; '.join(traces[0].errors) or 'no SGLang frames'})"]
     line = (
         describe(result) if result is not None else f"workload {time.monotonic() - started:.0f} s"
     )
@@ -199,7 +201,7 @@ def _run(server: Any, sessions: list[Any], load: Any) -> tuple[str, list[str]]:
 def _not_called(target: Target, seen: int, n: int, errors: list[str], top: list[str]) -> str:
     if errors:
         return f"{target.name}: {seen} calls counted, none recorded: {errors[0]}"
-    hot = ", ".join(top) or "no profile"
+    hot = ", ".join(top)
     return (
         f"{target.name} was not called during the workload ({n} requests); functions with the "
         f"most self time in the scheduler: {hot}"
