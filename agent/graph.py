@@ -31,6 +31,7 @@ from infra_agent.experiments.executors import Executor, ExperimentRequest, run_b
 from infra_agent.experiments.extend import extendable
 from infra_agent.experiments.verdict_text import verdict_text
 from infra_agent.store.records import ExperimentRecord, ToolCall
+from infra_agent.store.verdict import Flag
 from infra_agent.tasks.patch import Patch
 from infra_agent.tools.base import ToolResult
 
@@ -185,6 +186,9 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
     for call in batch:
         args = json.loads(call.arguments)
         patch_id, extend = args.get("patch_id") or "", args.get("extend")
+        done = known.get(patch_id)
+        if done is not None and Flag.BASELINE_FAILED in done.flags:
+            known.pop(patch_id)  # the baseline failed, not the patch: it may be measured again
         if patch_id in known and not extend:  # asked again: answer from the record, spend nothing
             done = known[patch_id]
             seen = f" ({done.experiment_id}): {done.verdict.value}, speedup {done.speedup}" if done else ""  # fmt: skip
@@ -201,8 +205,11 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
             known[patch_id] = None
         except UserError as exc:
             answers[call.id] = ToolResult.failure(str(exc))
-    # A resumed run finds what it ran by patch and, for an extension, the experiment extended.
-    stored = {(e.patch_id, _extended_from(e)): e for e in ctx.store.experiments(state.run_id)}
+    # A resumed run finds what it ran by patch and, for an extension, the experiment extended
+    # (among the experiments not answered yet: a patch whose baseline failed is run anew).
+    answered = {o.experiment_id for o in state.experiments}
+    stored = {(e.patch_id, _extended_from(e)): e for e in ctx.store.experiments(state.run_id)
+              if e.id not in answered}  # fmt: skip
     continues = {call_id: earlier.id for call_id, earlier in extends.items()}
     todo = [(c, p) for c, p in admitted if (p.hash, continues.get(c.id)) not in stored]
     records = _run(ctx, state, todo, ctx.executor if parallel else None, extends)

@@ -50,12 +50,13 @@ def set_aside(
             why = [r.removeprefix(SUSPICIOUS) for r in e.result.reasons if r.startswith(SUSPICIOUS)]  # fmt: skip
             out.append(SetAside(experiment_id=e.id, why=SetAsideReason.SUSPICIOUS,
                                 speedup=speedup, detail="; ".join(why) or "flagged suspicious"))  # fmt: skip
-        elif reverification is not None and reverification.disproved and reverification.of_experiment == e.id:  # fmt: skip
-            again = reverification
+        elif (again := reverification) is not None and again.of_experiment == e.id and (again.disproved or again.unverified):  # fmt: skip
             seen = f" {again.speedup:.3f}x" if again.speedup is not None else ""
             flags = f" [{', '.join(again.flags)}]" if again.flags else ""
-            out.append(SetAside(experiment_id=e.id, why=SetAsideReason.NOT_HELD, speedup=speedup,
-                                detail=f"re-measured on fresh seeds: {again.verdict}{flags}{seen}"))  # fmt: skip
+            why = SetAsideReason.NOT_VERIFIED if again.unverified else SetAsideReason.NOT_HELD
+            reason = f": {again.reason}" if again.reason else ""
+            out.append(SetAside(experiment_id=e.id, why=why, speedup=speedup,
+                                detail=f"re-measured on fresh seeds: {again.verdict}{flags}{seen}{reason}"))  # fmt: skip
     return out
 
 
@@ -209,6 +210,8 @@ def run_attempt(
     best = f"{r.best_speedup:.3f}x" if r.best_speedup else "-"
     again = r.reverification
     checked = f" re-verified={again.verdict}" if again else ""
+    if again is not None and again.reason:
+        checked += f" ({again.reason[:160]})"
     aside = f" set_aside={len(r.set_aside)}" if r.set_aside else ""
     progress(
         f"  {attempt.status}: solved={r.solved} improved={r.improved} best={best}"

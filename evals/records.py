@@ -73,6 +73,11 @@ class Reverification(BaseModel):
     disproved: bool
     """The re-measurement was not IMPROVED, or was flagged suspicious: the claim did not
     survive."""
+    unverified: bool = False
+    """The re-measurement's baseline arm failed on both tries (a server that did not start, a
+    timeout): the claim was neither confirmed nor disproved."""
+    reason: str = ""
+    """Why the re-measurement was not IMPROVED, in its own words (its first reason)."""
 
 
 class SetAsideReason(str, Enum):
@@ -83,6 +88,9 @@ class SetAsideReason(str, Enum):
     companion does not share): a person decides, not the eval."""
     NOT_HELD = "not held"
     """Re-measured on fresh seeds and not IMPROVED again (or flagged suspicious then)."""
+    NOT_VERIFIED = "not verified"
+    """The re-measurement could not run its baseline (twice): unchecked, so not counted, and
+    not counted as disproved either."""
 
 
 class SetAside(BaseModel):

@@ -41,6 +41,11 @@ def best_win(store: RunStore, run_id: str) -> ExperimentRecord | None:
     return store.get_experiment(best.experiment_id) if best is not None else None
 
 
+BASELINE_TRIES = 2
+"""Tries of the re-measurement while its baseline arm fails (a server that does not start on
+a loaded machine): after them the claim is recorded as not verified, not as disproved."""
+
+
 def reverify(store_path: Path, run_id: str) -> Reverification | None:
     """Re-measure the run's best win (None when it has none); the new experiment is stored."""
     store = open_store(store_path)
@@ -56,14 +61,20 @@ def reverify(store_path: Path, run_id: str) -> Reverification | None:
             raise UserError(f"patch {win.patch_id} of experiment {win.id} is not in the store")
         config = RunConfig.model_validate(run.config)
         seed = SEED_OFFSET + config.seed + len(store.experiments(run_id))
-        record = run_experiment(
-            find_task(config.task_root or config.task), Patch.from_record(patch),
-            sandbox=config.sandbox, params=config.params or None, store=store, run_id=None,
-            seed=seed,
-        )  # fmt: skip
+        for tried in range(BASELINE_TRIES):  # a failed baseline says nothing of the patch
+            record = run_experiment(
+                find_task(config.task_root or config.task), Patch.from_record(patch),
+                sandbox=config.sandbox, params=config.params or None, store=store, run_id=None,
+                seed=seed + tried,
+            )  # fmt: skip
+            if Flag.BASELINE_FAILED not in record.result.flags:
+                break
+        seed += tried
     finally:
         store.close()
     perf = record.result.evidence.performance
+    unverified = Flag.BASELINE_FAILED in record.result.flags
+    improved = record.result.verdict is Verdict.IMPROVED
     return Reverification(
         experiment_id=record.id,
         of_experiment=win.id,
@@ -73,6 +84,7 @@ def reverify(store_path: Path, run_id: str) -> Reverification | None:
         flags=[f.value for f in record.result.flags],
         speedup=perf.speedup if perf else None,
         ci_low=perf.ci_low if perf else None,
-        disproved=record.result.verdict is not Verdict.IMPROVED
-        or Flag.SUSPICIOUS in record.result.flags,
+        disproved=not unverified and (not improved or Flag.SUSPICIOUS in record.result.flags),
+        unverified=unverified,
+        reason="" if improved else next(iter(record.result.reasons), "")[:600],
     )

@@ -56,10 +56,11 @@ WARMUP_SEEDS = 2
 class _Stop(Exception):
     """Ends the cascade with a verdict."""
 
-    def __init__(self, verdict: Verdict, *reasons: str) -> None:
+    def __init__(self, verdict: Verdict, *reasons: str, flags: tuple[Flag, ...] = ()) -> None:
         super().__init__(verdict.value)
         self.verdict = verdict
         self.reasons = list(reasons)
+        self.flags = list(flags)
 
 
 def task_fingerprint(task: Task) -> str:
@@ -81,6 +82,7 @@ def _failure(arm: str, error: BaseException) -> _Stop:
         return _Stop(
             Verdict.FAILED,
             f"baseline failed, so nothing can be compared (task or sandbox problem): {error}",
+            flags=(Flag.BASELINE_FAILED,),
         )
     if isinstance(error, IncorrectOutput):
         return _Stop(Verdict.INCORRECT, f"candidate output is wrong: {error}")
@@ -319,6 +321,7 @@ class Experiment:
         except _Stop as stop:
             verdict = stop.verdict
             self.reasons[:0] = stop.reasons
+            self.flags.extend(stop.flags)
             cause = stop.__cause__
             if isinstance(cause, ArmError):
                 cause = cause.error

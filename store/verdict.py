@@ -47,6 +47,9 @@ class Flag(str, Enum):
     """The output-health guard fired more often than on baseline (serving targets)."""
     DIFFERENT_NODES = "different_nodes"
     """Baseline and candidate were measured on different machines."""
+    BASELINE_FAILED = "baseline_failed"
+    """FAILED because the baseline arm failed (its server did not start, it timed out or
+    crashed): the verdict says nothing about the patch, which may be measured again."""
     UNDERPOWERED = "underpowered"
     """NO_CHANGE from a measurement that could not resolve the effect asked for (budget or
     noise): it rules out only larger changes."""

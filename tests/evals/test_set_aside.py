@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from infra_agent.evals.attempt import attempt_result
@@ -144,3 +145,69 @@ def test_the_eval_counts_and_reports_what_it_set_aside(tmp_path: Path) -> None:
     assert "attempt 2: win 1.500x" in text and "not held: re-measured on fresh seeds: NO_CHANGE" in text  # fmt: skip
     page = render_html([summary])
     assert "<h2>Wins set aside</h2>" in page and page.count("set aside, ") == 3
+
+
+def test_a_re_measurement_whose_baseline_failed_is_not_verified_not_disproved(
+    tmp_path: Path,
+) -> None:
+    """The eval's re-measurement could not start its baseline server (a loaded machine's OOM,
+    seen in a relay run): the claim is set aside as not verified, with the reason, and is not
+    counted as disproved."""
+    store = open_store(tmp_path / "runs.db")
+    try:
+        run = _run(store, 0)
+        win = _experiment(store, run, 0, 2.66)
+        reason = "baseline failed, so nothing can be compared (task or sandbox problem): exit 137"
+        again = Reverification(
+            experiment_id="again", of_experiment=win.id, patch_id=win.patch_id, seed=1,
+            verdict="FAILED", flags=["baseline_failed"], disproved=False, unverified=True,
+            reason=reason,
+        )  # fmt: skip
+        result = attempt_result(store, run, again)
+    finally:
+        store.close()
+    assert not result.solved and result.improved
+    (aside,) = result.set_aside
+    assert aside.why is SetAsideReason.NOT_VERIFIED and "exit 137" in aside.detail
+    attempt = AttemptRecord(id="a", eval_id="e", task=TASK, index=0, status="finished",
+                            run_id=run, result=result)  # fmt: skip
+    c = cell("scripted", "dense", TASK, [attempt], 1)
+    assert c.disproved == 0 and c.set_aside == {"not verified": 1}
+
+
+def test_reverify_tries_again_when_the_baseline_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-measurement whose baseline failed is run once more on the next seed; two failed
+    baselines make the claim unverified. (run_experiment is replaced by recorded outcomes:
+    the experiment itself is tested elsewhere; here only what reverify does with them.)"""
+    from infra_agent.evals import reverify as module
+
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    run = _run(store, 0)
+    win = _experiment(store, run, 0, 2.66)
+    store.close()
+    seeds: list[int] = []
+
+    def outcomes(*verdicts: tuple[Verdict, list[Flag]]) -> None:
+        queue = list(verdicts)
+
+        def fake(task: object, patch: object, **kw: object) -> ExperimentRecord:
+            verdict, flags = queue.pop(0)
+            seeds.append(int(kw["seed"]))  # type: ignore[call-overload]
+            store: RunStore = kw["store"]  # type: ignore[assignment]
+            return _experiment(store, run, 9, 2.0, verdict=verdict, flags=flags,
+                               reasons=["baseline failed, so nothing can be compared"])  # fmt: skip
+
+        monkeypatch.setattr(module, "run_experiment", fake)
+
+    failed = (Verdict.FAILED, [Flag.BASELINE_FAILED])
+    outcomes(failed, (Verdict.IMPROVED, []))
+    again = module.reverify(db, run)
+    assert again is not None and again.verdict == "IMPROVED" and not again.disproved
+    assert seeds[1] == seeds[0] + 1 and again.seed == seeds[1] and not again.unverified
+    outcomes(failed, failed)
+    again = module.reverify(db, run)
+    assert again is not None and again.unverified and not again.disproved
+    assert again.of_experiment == win.id and again.reason.startswith("better with confidence")

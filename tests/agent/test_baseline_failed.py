@@ -1,0 +1,81 @@
+"""A FAILED verdict whose baseline arm failed says nothing about the patch (a relay run lost an
+experiment and a cosmetic re-patch to a baseline server killed on a loaded machine): the
+cascade flags it `baseline_failed`, and asked again for the same patch the loop measures it
+again instead of answering from the record. The fast pure-Python test task through the real
+cascade and the real experiment node, on a real store."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+from recorded_samples import script_timing
+
+from infra_agent.agent.configuration import AgentContext, RunConfig
+from infra_agent.agent.graph import experiment
+from infra_agent.agent.runlog import RunLog
+from infra_agent.agent.state import AgentState, Budget
+from infra_agent.experiments import run_experiment
+from infra_agent.store import open_store
+from infra_agent.store.records import RunRecord, ToolCall
+from infra_agent.store.verdict import Flag, Verdict
+from infra_agent.tasks.manifest import load_task
+from infra_agent.tools.context import ToolContext
+from infra_agent.tools.registry import default_registry
+
+PYTASK = Path(__file__).parents[1] / "experiments" / "pytask"
+
+
+def _answer(ctx: AgentContext, state: AgentState, patch_id: str, k: int) -> AgentState:
+    call = ToolCall(id=f"x{k}", name="run_experiment", arguments=json.dumps({"patch_id": patch_id}))
+    state = AgentState(**{**state.__dict__, "pending": [call]})
+    update = experiment(state, SimpleNamespace(context=ctx))  # type: ignore[arg-type]
+    return AgentState(**{**state.__dict__, **update})
+
+
+def test_a_patch_whose_baseline_failed_is_measured_again(tmp_path: Path) -> None:
+    root = shutil.copytree(PYTASK, tmp_path / "pytask")
+    script_timing(root)  # the second experiment's verdict does not hang on the load
+    broken = tmp_path / "baseline-breaks"
+    broken.touch()
+    harness = root / "harness.py"
+    hook = "    def prepare(self, arm: Arm) -> None:\n"
+    harness.write_text(harness.read_text().replace(hook, hook + (
+        f"        if arm.name == 'baseline' and __import__('os').path.exists({str(broken)!r}):\n"
+        "            raise RuntimeError('server exited with status 137 before it was ready')\n"
+    )))  # fmt: skip
+    task = load_task(root)
+    store = open_store(tmp_path / "runs.db")
+    run = RunRecord(task=task.name, objective="latency", policy="scripted")
+    store.put_run(run)
+    tool_context = ToolContext(task=task, store=store, run_id=run.id)
+    ctx = AgentContext(
+        config=RunConfig(task=task.name, policy="scripted", budget=Budget(experiments=4)),
+        task=task, store=store, policy=SimpleNamespace(name="scripted", model=None),  # type: ignore[arg-type]
+        tools=default_registry(), tool_context=tool_context, log=RunLog(store, run.id),
+        run_experiment=run_experiment, executor=None,
+    )  # fmt: skip
+    source = (task.workspace / "kernel.py").read_text().splitlines(keepends=True)
+    diff = "".join(difflib.unified_diff(source, [*source, "\n"], "a/kernel.py", "b/kernel.py"))
+    proposed = ctx.tools.call("propose_patch", json.dumps({"diff": diff, "rationale": "A/A"}), tool_context)  # fmt: skip
+    assert proposed.data is not None, proposed.content
+    patch_id = proposed.data["patch_id"]
+
+    state = _answer(ctx, AgentState(run_id=run.id, patches=[patch_id]), patch_id, 1)
+    (first,) = state.experiments
+    assert first.verdict is Verdict.FAILED and Flag.BASELINE_FAILED in first.flags
+    assert (
+        "baseline failed" in state.messages[-1].content
+        and "status 137" in state.messages[-1].content
+    )
+
+    broken.unlink()
+    state = _answer(ctx, state, patch_id, 2)
+    assert "already measured" not in state.messages[-1].content, state.messages[-1].content
+    second = state.experiments[-1]
+    assert second.experiment_id != first.experiment_id and second.patch_id == patch_id
+    assert second.verdict is Verdict.NO_CHANGE and Flag.BASELINE_FAILED not in second.flags
+    assert state.usage.experiments == 2 and len(store.experiments(run.id)) == 2
