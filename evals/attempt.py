@@ -53,9 +53,9 @@ def set_aside(
         elif (again := reverification) is not None and again.of_experiment == e.id and (again.disproved or again.unverified):  # fmt: skip
             seen = f" {again.speedup:.3f}x" if again.speedup is not None else ""
             flags = f" [{', '.join(again.flags)}]" if again.flags else ""
-            why = SetAsideReason.NOT_VERIFIED if again.unverified else SetAsideReason.NOT_HELD
+            kind = SetAsideReason.NOT_VERIFIED if again.unverified else SetAsideReason.NOT_HELD
             reason = f": {again.reason}" if again.reason else ""
-            out.append(SetAside(experiment_id=e.id, why=why, speedup=speedup,
+            out.append(SetAside(experiment_id=e.id, why=kind, speedup=speedup,
                                 detail=f"re-measured on fresh seeds: {again.verdict}{flags}{seen}{reason}"))  # fmt: skip
     return out
 
