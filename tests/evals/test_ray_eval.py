@@ -192,9 +192,9 @@ def test_ctrl_c_on_the_driver_cancels_the_cluster_work(
     or scratch store is left on any node (the cluster itself stays up for its owner). The
     local path then resumes the eval from the driver's store alone.
 
-    Over 60 s here: the cluster's start (25-35 s, shared with the next test), the first
-    attempt processes' start and imports on a fresh node, and the 10 s the cancelled tries get
-    (84 s at load 24, 203 s at load 40 with the start)."""
+    44 s at load 3 (and 7 s for the cluster's start, shared with the next test); over 60 s when
+    the machine is loaded: the first attempt processes' start and imports on a fresh node and
+    the 10 s the cancelled tries get (84 s at load 24, 203 s at load 40)."""
     task, gate, script = _task(tmp_path)
     db, log = tmp_path / "runs.db", tmp_path / "eval.log"
     proc = _driver(db, task, script, 2, cluster.cluster.address, log)
@@ -240,8 +240,8 @@ def test_a_worker_node_lost_mid_attempt_costs_one_experiment(
     attempt #1 is removed, then the gate opens: the attempts lost there continue on the other
     node from their second experiment, and no experiment is run or stored twice.
 
-    Over 60 s here: four attempts and the retried ones on a 2-core machine, two measured
-    experiments at a time (122 s at load 35, 128 s at load 14)."""
+    44 s at load 3; over 60 s when the machine is loaded: four attempts and the retried ones on
+    a 2-core machine, two measured experiments at a time (122 s at load 35, 128 s at load 14)."""
     task, gate, script = _task(tmp_path)
     db, log = tmp_path / "runs.db", tmp_path / "eval.log"
     proc = _driver(db, task, script, 4, cluster.cluster.address, log)
