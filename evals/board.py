@@ -58,7 +58,7 @@ def label(attempt: AttemptRecord) -> str:
 def row(attempt: AttemptRecord, experiments: int = 0) -> BoardRow:
     """The attempt's row from its record (its last try says where it is)."""
     last = attempt.placements[-1] if attempt.placements else None
-    state = attempt.status if attempt.status not in ("pending", "running") else "queued"
+    state: str = attempt.status if attempt.status not in ("pending", "running") else "queued"
     if last is not None and attempt.status in ("pending", "running"):
         state = {"running": "running", "lost": "lost (requeued)", "cancelled": "cancelled"}.get(
             last.outcome, "queued"

@@ -71,7 +71,8 @@ class _Task:
         self.fingerprint = task_fingerprint(task)
         self.resources: AttemptResources = attempt_resources(task)
         shipped = "/" in ref or ref.startswith(".")
-        self.archive = ray.put(TaskArchive.pack(task.root)) if shipped else None
+        # an object ref (or None) that Ray resolves to the TaskArchive on the node
+        self.archive: Any = ray.put(TaskArchive.pack(task.root)) if shipped else None
 
 
 def _no_node_fits(asked: AttemptResources) -> str | None:
