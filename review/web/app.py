@@ -47,7 +47,7 @@ from infra_agent.review.web.guards import (
     shown,
 )
 from infra_agent.review.web.listener import http_server
-from infra_agent.review.web.routes import actions, reading
+from infra_agent.review.web.routes import actions, decisions, reading
 from infra_agent.review.web.views import fmt, proposal_view, raw_json
 from infra_agent.store import RunStore, open_store
 from infra_agent.store.records import ProposalStatus, RiskLevel
@@ -193,6 +193,7 @@ def create_app(server: ReviewServer) -> FastAPI:
     )
     errors(app, pages)
     app.include_router(reading(pages))
+    app.include_router(decisions(pages))
     app.include_router(actions(pages))
     return app
 

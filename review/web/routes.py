@@ -71,7 +71,7 @@ def reading(pages: Pages) -> APIRouter:
 
 
 def actions(pages: Pages) -> APIRouter:
-    """The state changes: sign out, decide, apply an approved patch, re-verify."""
+    """The other state changes: sign out, apply an approved patch, re-verify."""
     router = APIRouter()
     server = pages.server
 
@@ -82,43 +82,6 @@ def actions(pages: Pages) -> APIRouter:
         response = pages.page(request, "signed_out.html")
         response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
         return response
-
-    @router.post("/proposals/{proposal_id}/decide", response_model=None)
-    def decide_action(
-        request: Request,
-        proposal_id: str,
-        action: str = Form(""),
-        patch_hash: str = Form(""),
-        comment: str = Form(""),
-        csrf_token: str = Form(""),
-    ) -> Response:
-        session = pages.posted(request, csrf_token)
-        try:
-            decided = decide(
-                server.store, proposal_id, reviewer=session.reviewer, action=action,
-                patch_hash=patch_hash, comment=comment.strip(),
-            )  # fmt: skip
-        except (ReviewConflict, StaleProposal) as exc:
-            return pages.proposal(request, session, proposal_id, status=409, error=failure(exc))
-        except UserError as exc:
-            return pages.proposal(request, session, proposal_id, status=400, error=failure(exc))
-        what = DecisionAction(action).value.replace("_", " ")
-        session.flashes.append(("ok", f"{what} recorded for patch {decided.patch_hash[:12]}"))
-        try:
-            after = after_decision(
-                server.store, server.store_path, proposal_id, reviewer=session.reviewer,
-                repo=server.repo, args_file=server.args_file, data_dir=server.data_dir,
-                run_async=lambda work: server.background(proposal_id, "resume", work),
-                resume=server.resume,
-            )  # fmt: skip
-        except UserError as exc:
-            session.flashes.append(
-                ("error", f"decision recorded, but applying failed: {failure(exc)}")
-            )
-        else:
-            if after.status == ProposalStatus.APPLIED:
-                session.flashes.append(("ok", f"applied to {after.applied_to}"))
-        return RedirectResponse(f"/proposals/{proposal_id}", status_code=303)
 
     @router.post("/proposals/{proposal_id}/apply", response_model=None)
     def apply_action(request: Request, proposal_id: str, csrf_token: str = Form("")) -> Response:
@@ -159,6 +122,51 @@ def actions(pages: Pages) -> APIRouter:
 
         server.background(proposal_id, "re-verification", work)
         session.flashes.append(("ok", "re-verification started"))
+        return RedirectResponse(f"/proposals/{proposal_id}", status_code=303)
+
+    return router
+
+
+def decisions(pages: Pages) -> APIRouter:
+    """A reviewer's decision on a proposal, and what follows it (an apply, a resumed run)."""
+    router = APIRouter()
+    server = pages.server
+
+    @router.post("/proposals/{proposal_id}/decide", response_model=None)
+    def decide_action(
+        request: Request,
+        proposal_id: str,
+        action: str = Form(""),
+        patch_hash: str = Form(""),
+        comment: str = Form(""),
+        csrf_token: str = Form(""),
+    ) -> Response:
+        session = pages.posted(request, csrf_token)
+        try:
+            decided = decide(
+                server.store, proposal_id, reviewer=session.reviewer, action=action,
+                patch_hash=patch_hash, comment=comment.strip(),
+            )  # fmt: skip
+        except (ReviewConflict, StaleProposal) as exc:
+            return pages.proposal(request, session, proposal_id, status=409, error=failure(exc))
+        except UserError as exc:
+            return pages.proposal(request, session, proposal_id, status=400, error=failure(exc))
+        what = DecisionAction(action).value.replace("_", " ")
+        session.flashes.append(("ok", f"{what} recorded for patch {decided.patch_hash[:12]}"))
+        try:
+            after = after_decision(
+                server.store, server.store_path, proposal_id, reviewer=session.reviewer,
+                repo=server.repo, args_file=server.args_file, data_dir=server.data_dir,
+                run_async=lambda work: server.background(proposal_id, "resume", work),
+                resume=server.resume,
+            )  # fmt: skip
+        except UserError as exc:
+            session.flashes.append(
+                ("error", f"decision recorded, but applying failed: {failure(exc)}")
+            )
+        else:
+            if after.status == ProposalStatus.APPLIED:
+                session.flashes.append(("ok", f"applied to {after.applied_to}"))
         return RedirectResponse(f"/proposals/{proposal_id}", status_code=303)
 
     return router
