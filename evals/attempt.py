@@ -146,6 +146,15 @@ def with_profile(settings: Settings, profile: str | None) -> Settings:
     return settings.model_copy(update={"llm": llm})
 
 
+def attempt_config(record: EvalRecord, attempt: AttemptRecord) -> RunConfig:
+    """The attempt's run: the eval's settings on the attempt's task and seed, working toward
+    that task's own objective (an accuracy task's run is not told to raise throughput)."""
+    objective = find_task(attempt.task).manifest.objective
+    return RunConfig.model_validate(
+        {**record.config, "task": attempt.task, "seed": attempt.index, "objective": objective}
+    )
+
+
 def run_attempt(
     record: EvalRecord,
     attempt: AttemptRecord,
@@ -161,9 +170,7 @@ def run_attempt(
     from infra_agent.agent.runner import resume_run, start_run
 
     store_path = settings.store.path()
-    config = RunConfig.model_validate(
-        {**record.config, "task": attempt.task, "seed": attempt.index}
-    )
+    config = attempt_config(record, attempt)
     mine = with_profile(settings, attempt.profile)
     try:
         outcome = None

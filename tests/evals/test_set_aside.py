@@ -211,3 +211,21 @@ def test_reverify_tries_again_when_the_baseline_fails(
     again = module.reverify(db, run)
     assert again is not None and again.unverified and not again.disproved
     assert again.of_experiment == win.id and again.reason.startswith("better with confidence")
+
+
+def test_each_attempt_works_toward_its_own_tasks_objective() -> None:
+    """An eval over tasks of several objectives: each attempt's run is told its task's own (a
+    relay run on sglang-garbled-under-load was told 'Objective of this run: throughput' for a
+    correctness task)."""
+    from infra_agent.agent.configuration import RunConfig
+    from infra_agent.evals.attempt import attempt_config
+
+    record = EvalRecord(suite="s", tasks=["sglang-garbled-under-load", "example-matmul"],
+                        policy="scripted", attempts=1,
+                        config=RunConfig(task="-").model_dump(mode="json"))  # fmt: skip
+    for task, objective in (("sglang-garbled-under-load", "correctness"),
+                            ("chunked-state-precision", "accuracy"),
+                            ("example-matmul", "latency")):  # fmt: skip
+        attempt = AttemptRecord(id=f"a-{task}", eval_id=record.id, task=task, index=2)
+        config = attempt_config(record, attempt)
+        assert (config.task, config.seed, config.objective) == (task, 2, objective)

@@ -141,3 +141,13 @@ def test_cli_list_and_show(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
         "error: unknown task 'no-such-task'"
     )
     assert missing.stdout == ""
+
+
+def test_no_story_shows_a_placeholder() -> None:
+    """Stories are shown to the model as written: a '{num_prompts}' left in one (seen by a model
+    through the relay) reads as a broken task."""
+    import re
+
+    for task in list_tasks(search_path=[]):
+        for text in (task.manifest.title, task.manifest.story):
+            assert not re.search(r"\{[A-Za-z_]+\}", text), f"{task.name}: {text}"
