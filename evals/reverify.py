@@ -5,8 +5,9 @@ reviewer (`agent.handoff.best_improved`: the highest 95% CI low end) among the I
 experiments not flagged suspicious (those go to a person and never count). It runs again through
 `experiments.run_experiment`, the path the agent's run_experiment tool takes, with the run's
 sandbox and task parameters and a statistics seed the run never used (every experiment draws its
-input seeds fresh from os.urandom). A re-measurement that is not IMPROVED, or is flagged
-suspicious, disproves the claim.
+input seeds fresh from os.urandom); an unresolved NO_CHANGE is extended once, and a failed
+baseline tried once more. A re-measurement that is not IMPROVED, or is flagged suspicious,
+disproves the claim; one whose baseline never ran leaves it not verified.
 The new experiment is stored without a run (the agent never saw it); the attempt keeps its id.
 """
 
@@ -20,6 +21,7 @@ from infra_agent.agent.state import AgentState, ExperimentOutcome
 from infra_agent.errors import UserError
 from infra_agent.evals.records import Reverification
 from infra_agent.experiments import run_experiment
+from infra_agent.experiments.extend import extension_refusal
 from infra_agent.store import open_store
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import ExperimentRecord
@@ -47,7 +49,10 @@ a loaded machine): after them the claim is recorded as not verified, not as disp
 
 
 def reverify(store_path: Path, run_id: str) -> Reverification | None:
-    """Re-measure the run's best win (None when it has none); the new experiment is stored."""
+    """Re-measure the run's best win (None when it has none); the new experiment is stored. A
+    re-measurement whose baseline failed runs once more; one that ended NO_CHANGE unresolved
+    (underpowered, or sampling stopped at the budget) is extended once with more pairs, as the
+    run could extend its own: an 8-pair budget alone is no disproof of a win that took more."""
     store = open_store(store_path)
     try:
         run = store.get_run(run_id)
@@ -70,6 +75,12 @@ def reverify(store_path: Path, run_id: str) -> Reverification | None:
             if Flag.BASELINE_FAILED not in record.result.flags:
                 break
         seed += tried
+        if extension_refusal(record) is None:  # an unresolved NO_CHANGE: more pairs settle it
+            record = run_experiment(
+                find_task(config.task_root or config.task), Patch.from_record(patch),
+                sandbox=config.sandbox, params=config.params or None, store=store, run_id=None,
+                seed=seed + 1, extend=record,
+            )  # fmt: skip
     finally:
         store.close()
     perf = record.result.evidence.performance

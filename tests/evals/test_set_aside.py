@@ -229,3 +229,38 @@ def test_each_attempt_works_toward_its_own_tasks_objective() -> None:
         attempt = AttemptRecord(id=f"a-{task}", eval_id=record.id, task=task, index=2)
         config = attempt_config(record, attempt)
         assert (config.task, config.seed, config.objective) == (task, 2, objective)
+
+
+def test_reverify_extends_an_unresolved_re_measurement_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-measurement that ends NO_CHANGE underpowered (8 pairs, as a relay run's did after the
+    run itself had needed an extension to resolve the same win) gets more pairs on the same
+    patch before the claim is judged; the extension's verdict is the re-measurement's."""
+    from infra_agent.evals import reverify as module
+
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    run = _run(store, 0)
+    win = _experiment(store, run, 0, 1.62)
+    store.close()
+    calls: list[object] = []
+
+    def fake(task: object, patch: object, **kw: object) -> ExperimentRecord:
+        calls.append(kw.get("extend"))
+        store: RunStore = kw["store"]  # type: ignore[assignment]
+        if kw.get("extend") is None:
+            first = _experiment(store, run, 8, 1.26, verdict=Verdict.NO_CHANGE,
+                                flags=[Flag.UNDERPOWERED])  # fmt: skip
+            perf = first.result.evidence.performance
+            assert perf is not None
+            perf.all_samples = {"baseline": {"output_throughput": [1.0] * 8},
+                                "candidate": {"output_throughput": [1.26] * 8}}  # fmt: skip
+            return first
+        return _experiment(store, run, 9, 1.55)
+
+    monkeypatch.setattr(module, "run_experiment", fake)
+    again = module.reverify(db, run)
+    assert again is not None and len(calls) == 2 and calls[0] is None
+    assert isinstance(calls[1], ExperimentRecord) and Flag.UNDERPOWERED in calls[1].result.flags
+    assert again.verdict == "IMPROVED" and not again.disproved and again.of_experiment == win.id
