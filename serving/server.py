@@ -501,6 +501,7 @@ class Server:
             _kill(p, signal.SIGKILL)
         wrappers, command = self._layout()
         members = self.processes() | (self._known - wrappers) - set(strays)
+        everything = proctree.tree(pid) | members | wrappers  # the confinement's own included
         # In its own pid namespace the server's command shuts its processes down itself and the
         # namespace ends with it (SGLang takes a scheduler killed first for a crash: +5 s).
         alone = self.confinement is not None and self.confinement.pid_namespace
@@ -526,9 +527,12 @@ class Server:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             print(f"warning: server pid {pid} did not exit after SIGKILL", file=sys.stderr)
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in stubborn) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10  # returns when every process is gone (wrappers too)
+        while any(_alive(p) for p in everything) and time.monotonic() < deadline:
             time.sleep(0.1)
+        for p in everything:
+            if _alive(p):
+                _kill(p, signal.SIGKILL)
         self.proc = None
         if self._jail is not None:
             self._jail.close()
