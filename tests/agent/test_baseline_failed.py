@@ -6,34 +6,23 @@ cascade and the real experiment node, on a real store."""
 
 from __future__ import annotations
 
-import difflib
 import json
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
+from experiment_node import PYTASK, answer, loop_context, propose_blank_line
 from recorded_samples import script_timing
 
-from infra_agent.agent.configuration import AgentContext, RunConfig
-from infra_agent.agent.graph import experiment
-from infra_agent.agent.runlog import RunLog
-from infra_agent.agent.state import AgentState, Budget
-from infra_agent.experiments import run_experiment
-from infra_agent.store import open_store
-from infra_agent.store.records import RunRecord, ToolCall
+from infra_agent.agent.configuration import AgentContext
+from infra_agent.agent.state import AgentState
+from infra_agent.store.records import ToolCall
 from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.manifest import load_task
-from infra_agent.tools.context import ToolContext
-from infra_agent.tools.registry import default_registry
-
-PYTASK = Path(__file__).parents[1] / "experiments" / "pytask"
 
 
 def _answer(ctx: AgentContext, state: AgentState, patch_id: str, k: int) -> AgentState:
     call = ToolCall(id=f"x{k}", name="run_experiment", arguments=json.dumps({"patch_id": patch_id}))
-    state = AgentState(**{**state.__dict__, "pending": [call]})
-    update = experiment(state, SimpleNamespace(context=ctx))  # type: ignore[arg-type]
-    return AgentState(**{**state.__dict__, **update})
+    return answer(ctx, state, call)
 
 
 def test_a_patch_whose_baseline_failed_is_measured_again(tmp_path: Path) -> None:
@@ -48,23 +37,11 @@ def test_a_patch_whose_baseline_failed_is_measured_again(tmp_path: Path) -> None
         "            raise RuntimeError('server exited with status 137 before it was ready')\n"
     )))  # fmt: skip
     task = load_task(root)
-    store = open_store(tmp_path / "runs.db")
-    run = RunRecord(task=task.name, objective="latency", policy="scripted")
-    store.put_run(run)
-    tool_context = ToolContext(task=task, store=store, run_id=run.id)
-    ctx = AgentContext(
-        config=RunConfig(task=task.name, policy="scripted", budget=Budget(experiments=4)),
-        task=task, store=store, policy=SimpleNamespace(name="scripted", model=None),  # type: ignore[arg-type]
-        tools=default_registry(), tool_context=tool_context, log=RunLog(store, run.id),
-        run_experiment=run_experiment, executor=None,
-    )  # fmt: skip
-    source = (task.workspace / "kernel.py").read_text().splitlines(keepends=True)
-    diff = "".join(difflib.unified_diff(source, [*source, "\n"], "a/kernel.py", "b/kernel.py"))
-    proposed = ctx.tools.call("propose_patch", json.dumps({"diff": diff, "rationale": "A/A"}), tool_context)  # fmt: skip
-    assert proposed.data is not None, proposed.content
-    patch_id = proposed.data["patch_id"]
+    ctx = loop_context(task, tmp_path)
+    store, run_id = ctx.store, ctx.tool_context.run_id
+    patch_id = propose_blank_line(ctx)
 
-    state = _answer(ctx, AgentState(run_id=run.id, patches=[patch_id]), patch_id, 1)
+    state = _answer(ctx, AgentState(run_id=run_id, patches=[patch_id]), patch_id, 1)
     (first,) = state.experiments
     assert first.verdict is Verdict.FAILED and Flag.BASELINE_FAILED in first.flags
     assert (
@@ -78,4 +55,4 @@ def test_a_patch_whose_baseline_failed_is_measured_again(tmp_path: Path) -> None
     second = state.experiments[-1]
     assert second.experiment_id != first.experiment_id and second.patch_id == patch_id
     assert second.verdict is Verdict.NO_CHANGE and Flag.BASELINE_FAILED not in second.flags
-    assert state.usage.experiments == 2 and len(store.experiments(run.id)) == 2
+    assert state.usage.experiments == 2 and len(store.experiments(run_id)) == 2
