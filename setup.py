@@ -10,7 +10,7 @@ from setuptools.command.build_py import build_py
 
 ARCHITECTURE = [
     "agent", "tools", "feedback", "sandboxes", "tasks", "store",
-    "review", "trajectories", "experiments", "serving",
+    "review", "trajectories", "experiments", "serving", "evals", "cli",
 ]  # fmt: skip
 
 

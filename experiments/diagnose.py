@@ -1,18 +1,15 @@
-"""`infra-agent diagnose --task T`: reproduce a task's symptom and localize it, changing no code
-(the records and the generic diagnosis are in `tasks.diagnose`)."""
+"""Reproduce a task's symptom and localize it, changing no code (`infra-agent diagnose --task T`;
+the records and the generic diagnosis are in `tasks.diagnose`)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-import typer
-
 from infra_agent.experiments.arms import (
     arm_set,
     effective_params,
     load_harness,
-    parse_params,
     sandbox_spec,
 )
 from infra_agent.sandboxes import create_sandbox, ensure_backend
@@ -53,22 +50,3 @@ def run_diagnosis(
     result.params = resolved
     result.duration_s = round(time.monotonic() - started, 2)
     return result
-
-
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def diagnose(
-        task: str = typer.Option(..., "--task", help="Task name or folder."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
-        param: list[str] = typer.Option(
-            [], "--param", help="Scale parameter NAME=VALUE (repeatable)."
-        ),
-        sandbox: str = typer.Option("local", "--sandbox", help="Sandbox backend: local|docker."),
-    ) -> None:
-        """Reproduce a task's symptom and localize it with the instruments, changing no code."""
-        from infra_agent.output import emit, status_console
-
-        params = parse_params(param)
-        status_console(as_json).print(f"diagnosing {task} (reproduce, then localize)...")
-        result = run_diagnosis(task, params, sandbox=sandbox)
-        emit(result, lambda console: console.print(result.render(), markup=False), as_json=as_json)

@@ -9,7 +9,7 @@
 - `apply.py`: after a decision, resume the waiting agent run or apply the approved patch (git
   branch `infra-agent/<proposal-id>`, or the deployment's argument file).
 - `web/`: `infra-agent review serve` (its own `r-<random>.localhost` name, token login, CSRF,
-  checks before any body is read, server-rendered pages); `cli.py`: the
+  checks before any body is read, server-rendered pages); `infra_agent.cli.review`: the
   terminal mirror (`list | show | approve | reject | request-changes | reverify | apply | serve`).
 """
 

@@ -1,7 +1,8 @@
 """The package's import graph, read from the source (function-local imports included, imports
 under `if TYPE_CHECKING:` left out since they never run): no loop among modules, and no folder
-imports a folder above it. A command module (`cli.py`, and the root `infra_agent.cli`) is the
-floor every command stands on and may import any folder."""
+imports a folder above it. The `cli` folder holds every command: it is the floor every command
+stands on, at the top of the order, may import any folder, and nothing in the package imports it
+(the entry point and the tests do)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     "store", "sandboxes", "feedback", "tasks", "serving", "experiments", "review", "tools",
-    "agent", "evals", "trajectories",
+    "agent", "evals", "trajectories", "cli",
 ]  # fmt: skip
 """Bottom to top: a folder imports only folders before it (and the root's plain modules)."""
 
@@ -118,7 +119,7 @@ def folder(name: str) -> str | None:
 
 
 def is_command(name: str) -> bool:
-    return name == "infra_agent.cli" or name.endswith(".cli") or ".cli." in name
+    return name == "infra_agent.cli" or name.startswith("infra_agent.cli.")
 
 
 def test_no_module_imports_itself_through_others() -> None:
@@ -129,7 +130,7 @@ def test_no_folder_imports_a_folder_above_it() -> None:
     upward = []
     for name, targets in graph().items():
         source = folder(name)
-        if source is None or is_command(name):
+        if source is None:
             continue
         assert source in LAYERS, f"folder {source} has no place in LAYERS"
         for target in targets:
@@ -139,10 +140,26 @@ def test_no_folder_imports_a_folder_above_it() -> None:
     assert upward == []
 
 
+def test_only_the_command_floor_holds_commands() -> None:
+    """Every command lives in `cli/`: no module elsewhere is a `cli`, and none imports one."""
+    names = graph()
+    stray = [name for name in names if name.rpartition(".")[2] == "cli" and not is_command(name)]
+    assert stray == []
+    callers = [
+        f"{name} -> {target}"
+        for name, targets in names.items()
+        if not is_command(name)
+        for target in targets
+        if is_command(target)
+    ]
+    assert callers == []
+
+
 def test_the_checks_can_fail() -> None:
     assert loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert loops({"a": {"b"}, "b": set()}) == []
     assert (
         folder("infra_agent.serving.server") == "serving" and folder("infra_agent.errors") is None
     )
-    assert is_command("infra_agent.review.cli") and not is_command("infra_agent.review.queue")
+    assert is_command("infra_agent.cli.review") and not is_command("infra_agent.review.queue")
+    assert not is_command("infra_agent.review.cli") and not is_command("infra_agent.client")

@@ -33,6 +33,7 @@ MYPY_TARGETS = [
     "infra_agent.review",
     "infra_agent.trajectories",
     "infra_agent.serving",
+    "infra_agent.cli",
 ]
 
 

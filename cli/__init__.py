@@ -1,5 +1,7 @@
-"""The `infra-agent` command line. Each command group lives beside the code it drives
-(`feedback/cli.py`, `tasks/cli.py`, ...); this module only assembles them and handles errors."""
+"""The `infra-agent` command line: the floor every command stands on. Each command group is a
+module here (`cli/feedback.py`, `cli/tasks.py`, ...) that reads the invocation's settings and
+passes them down to the library as arguments; this module only assembles the groups and turns
+errors into messages. Nothing outside this package imports it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ import typer
 from infra_agent import __version__
 from infra_agent.context import Invocation, reset
 from infra_agent.errors import UserError
+
+# Only importable as part of infra_agent, never as a bare top-level name that could collide.
+if __name__ != "infra_agent.cli":
+    raise ImportError("this folder is part of infra_agent; import it as infra_agent.cli")
 
 app = typer.Typer(
     name="infra-agent",
@@ -61,33 +67,28 @@ def _resume_after_review(store_path: Path, run_id: str) -> None:
 def _register() -> None:
     # Imported here so that a broken group shows up as an error in that group only in tests,
     # and `infra-agent --help` stays fast (groups import their heavy dependencies lazily).
-    from infra_agent.agent.cli import register as register_agent
-    from infra_agent.agent.model.cli import register as register_profiles
-    from infra_agent.evals.cli import app as eval_app
-    from infra_agent.experiments.cli import register as register_experiments
-    from infra_agent.experiments.cli import register_check
-    from infra_agent.feedback.cli import app as feedback_app
-    from infra_agent.review.cli import app as review_app
-    from infra_agent.store.cli import config_app, runs_app
-    from infra_agent.tasks.cli import register as register_tasks
-    from infra_agent.tasks.cli import tasks_app
-    from infra_agent.tools.cli import register as register_tools
-    from infra_agent.tools.cli import register_feedback as register_tool_feedback
-    from infra_agent.trajectories.cli import register as register_export
+    from infra_agent.cli.agent import register as register_agent
+    from infra_agent.cli.config import config_app
+    from infra_agent.cli.evals import app as eval_app
+    from infra_agent.cli.experiments import register as register_experiments
+    from infra_agent.cli.export import register as register_export
+    from infra_agent.cli.feedback import app as feedback_app
+    from infra_agent.cli.review import app as review_app
+    from infra_agent.cli.runs import runs_app
+    from infra_agent.cli.tasks import tasks_app
+    from infra_agent.cli.tools import run_command, tools_app
 
-    register_agent(app)  # optimize
+    register_agent(app)  # optimize, skeletons
     register_experiments(app)  # experiment, diagnose
-    register_tasks(app)  # tasks
-    register_check(tasks_app)  # tasks check (runs experiments)
-    register_tool_feedback(feedback_app)  # feedback run (the agent's instruments on a task)
+    app.add_typer(tasks_app, name="tasks")
+    feedback_app.command("run")(run_command)  # the agent's instruments on a task
     app.add_typer(feedback_app, name="feedback")
     app.add_typer(runs_app, name="runs")
     app.add_typer(review_app, name="review")
-    register_profiles(config_app)  # config profiles
     app.add_typer(config_app, name="config")
     app.add_typer(eval_app, name="eval")
     register_export(app)  # export
-    register_tools(app)  # tools list
+    app.add_typer(tools_app, name="tools")
 
 
 _register()
@@ -127,7 +128,3 @@ def main() -> None:
             f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True
         )
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """`infra-agent feedback accuracy|timeline|bench|gil`: the dense-feedback instruments on a
 person's own files and code, without a task (`infra-agent feedback run NAME --task T`, from
-`tools/cli.py`, runs the agent's instruments on a task's workspace).
+`cli/tools.py`, runs the agent's instruments on a task's workspace).
 
 Each command prints the instrument's typed record as one JSON document with `--json`, or its
 short rendering otherwise. When a run store is configured (`--db`, INFRA_AGENT_DB or the config

@@ -54,9 +54,9 @@ def evaluate(
     """Run every task of the suite `--attempts` times with the policy; print the report."""
     if ctx.invoked_subcommand is not None:
         return
-    from infra_agent.agent.cli import parse_budget
     from infra_agent.agent.configuration import RunConfig, resolve_policy
     from infra_agent.agent.state import Budget
+    from infra_agent.cli.agent import parse_budget
     from infra_agent.context import current
     from infra_agent.evals.attempt import with_profile
     from infra_agent.evals.runner import create_eval, run_eval

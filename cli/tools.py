@@ -1,6 +1,7 @@
 """`infra-agent tools list`: the tools a run offers its model, as the model sees them; and
 `infra-agent feedback run NAME --task T`: one instrument run for a person exactly as the model
-calls it (the same function, arguments checked against the same schema, the same text)."""
+calls it (the same function, arguments checked against the same schema, the same text; the
+`cli` package adds it to the `feedback` group)."""
 
 from __future__ import annotations
 
@@ -67,16 +68,6 @@ def list_command(
     emit(schemas, render, as_json=as_json)
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(tools_app, name="tools")
-
-
-def register_feedback(feedback_app: typer.Typer) -> None:
-    """Add `run` to the `feedback` group (wired by the top-level CLI: tools import feedback, not
-    the other way round)."""
-    feedback_app.command("run")(run_command)
-
-
 def run_command(
     name: str = typer.Argument(
         ..., help="The instrument (microbench, accuracy_diff, profile, gil_trace, ...)."
@@ -104,9 +95,9 @@ def run_command(
 ) -> None:
     """Run one of the agent's instruments on a task's workspace, exactly as the model calls it:
     print the text the model reads, or with --json the typed record."""
+    from infra_agent.cli.feedback import store_feedback
     from infra_agent.context import current
     from infra_agent.experiments.arms import parse_params
-    from infra_agent.feedback.cli import store_feedback
     from infra_agent.tasks.registry import find_task
     from infra_agent.tools.context import ToolContext
     from infra_agent.tools.registry import AGENT_TOOLS, default_registry

@@ -1,10 +1,9 @@
-"""`infra-agent tasks list|show` and `infra-agent diagnose` (`tasks check` runs experiments:
-`experiments/check.py`)."""
+"""`infra-agent tasks list|show|check`: the tasks infra-agent can optimize (`check` measures a
+task's symptom and its reference and wrong fixes: `experiments/check.py`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 from pydantic import BaseModel
@@ -127,8 +126,48 @@ def _short(path: Path) -> str:
         return str(path)
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(tasks_app, name="tasks")
+@tasks_app.command("check")
+def check_command(
+    task: str = typer.Argument(..., help="Task name or folder."),
+    param: list[str] = typer.Option([], "--param", help="Task parameter NAME=VALUE (repeat)."),
+    sandbox: str | None = typer.Option(
+        None, "--sandbox", help="Sandbox backend: local or docker (default: configured)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Measure a task's symptom, its reference fix and its wrong fix (exit 1 if any is off)."""
+    from infra_agent.context import current
+    from infra_agent.experiments.arms import parse_params
+    from infra_agent.experiments.check import check_task
+    from infra_agent.output import emit, err_console
+    from infra_agent.tasks.registry import find_task
 
+    settings = current().settings()
+    found = find_task(task)
+    with err_console.status(f"checking {found.name}") as status:
+        result = check_task(
+            found,
+            params=parse_params(param),
+            sandbox=sandbox or settings.sandbox.backend,
+            store=current().store(),
+            progress=lambda msg: status.update(f"checking {found.name}: {msg}"),
+        )
 
-__all__: list[Any] = ["register", "tasks_app"]
+    def render(console: Console) -> None:
+        table = Table(title=f"tasks check {result.task} ({result.metric})")
+        for column in ("question", "verdict", "want", "", "number", "time"):
+            table.add_column(column)
+        for row in result.rows:
+            mark = {True: "ok", False: "FAIL", None: "n/a"}[row.ok]
+            table.add_row(
+                row.question, row.verdict or "-", row.expected, mark, row.number,
+                f"{row.duration_s:.0f} s",
+            )  # fmt: skip
+        console.print(table)
+        console.print(
+            f"{'OK' if result.passed else 'PROBLEM'}: {result.task} in {result.duration_s:.0f} s"
+        )
+
+    emit(result, render, as_json=as_json)
+    if not result.passed:
+        raise typer.Exit(1)

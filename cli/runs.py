@@ -1,4 +1,4 @@
-"""`infra-agent runs list|show` and `infra-agent config show`."""
+"""`infra-agent runs list|show`: the runs recorded in the run store."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from infra_agent.config import masked
 from infra_agent.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit
 from infra_agent.store.records import ProposalStatus, RunRecord, StepRecord
 
 runs_app = typer.Typer(help="Recorded runs in the run store.", no_args_is_help=True)
-config_app = typer.Typer(help="The effective configuration.", no_args_is_help=True)
 
 JSON_OPT = typer.Option(False, "--json", help="Print one JSON document on stdout, nothing else.")
 
@@ -131,18 +129,3 @@ def _print_model_usage(console: Console, steps: list[StepRecord]) -> None:
             _n(s.completion_tokens), _n(s.reasoning_tokens), f"{s.cost_usd or 0.0:.4f}",
         )  # fmt: skip
     console.print(table)
-
-
-@config_app.command("show")
-def show_config(as_json: bool = JSON_OPT) -> None:
-    """Print the effective configuration (file < environment < flags) with secrets masked."""
-    settings = current().settings()
-    data = masked(settings)
-
-    def render(console: Console) -> None:
-        import tomllib  # noqa: F401  (the file format shown)
-
-        console.print(f"# source: {settings.source or 'defaults (no infra-agent.toml found)'}")
-        console.print_json(data=data)
-
-    emit(data, render, as_json=as_json)

@@ -87,6 +87,14 @@ class DecisionReport(BaseModel):
     message: str
 
 
+def _report(proposal: ProposalRecord, message: str, as_json: bool) -> None:
+    emit(
+        DecisionReport(proposal=proposal, message=message),
+        lambda c: c.print(message, markup=False),
+        as_json=as_json,
+    )
+
+
 def _resolve_hash(proposal: ProposalRecord, given: str | None) -> str:
     if given is None:
         return proposal.patch_hash
@@ -242,11 +250,7 @@ def _decide(
             message += f"; applied to {decided.applied_to}"
         if decided.resumption:
             message += f"; agent run: {decided.resumption}"
-    emit(
-        DecisionReport(proposal=decided, message=message),
-        lambda c: c.print(message, markup=False),
-        as_json=as_json,
-    )
+    _report(decided, message, as_json)
 
 
 ApplyOpt = Annotated[
@@ -307,35 +311,20 @@ def reverify_cmd(
         sandbox=sandbox or settings.sandbox.backend, policy=load_policy(settings.review.policy),
     )  # fmt: skip
     message = f"{done.id}: new evidence from {done.experiment_ids[-1]}; risk {done.risk.value}"
-    emit(
-        DecisionReport(proposal=done, message=message),
-        lambda c: c.print(message, markup=False),
-        as_json=as_json,
-    )
+    _report(done, message, as_json)
 
 
 @app.command("apply")
 def apply_cmd(
-    proposal_id: str,
-    reviewer: ReviewerOpt = None,
-    repo: RepoOpt = None,
-    args_file: ArgsOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+    proposal_id: str, reviewer: ReviewerOpt = None, repo: RepoOpt = None,
+    args_file: ArgsOpt = None, as_json: JsonOpt = False,
+) -> None:  # fmt: skip
     """Apply an approved proposal's patch (git branch infra-agent/<id>, or the argument file)."""
+    who = reviewer or _default_reviewer()
     done = apply_approved(
-        current().store(),
-        proposal_id,
-        reviewer=reviewer or _default_reviewer(),
-        repo=repo,
-        args_file=args_file,
+        current().store(), proposal_id, reviewer=who, repo=repo, args_file=args_file
     )
-    message = f"{done.id}: applied to {done.applied_to}"
-    emit(
-        DecisionReport(proposal=done, message=message),
-        lambda c: c.print(message, markup=False),
-        as_json=as_json,
-    )
+    _report(done, f"{done.id}: applied to {done.applied_to}", as_json)
 
 
 @app.command("serve")

@@ -1,4 +1,5 @@
-"""`infra-agent experiment`: run one experiment (baseline vs a patch) and record its verdict."""
+"""`infra-agent experiment`: run one experiment (baseline vs a patch) and record its verdict;
+`infra-agent diagnose`: reproduce a task's symptom and localize it."""
 
 from __future__ import annotations
 
@@ -80,9 +81,24 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    from infra_agent.experiments.diagnose import register as register_diagnose
+    @app.command()
+    def diagnose(
+        task: str = typer.Option(..., "--task", help="Task name or folder."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        param: list[str] = typer.Option(
+            [], "--param", help="Scale parameter NAME=VALUE (repeatable)."
+        ),
+        sandbox: str = typer.Option("local", "--sandbox", help="Sandbox backend: local|docker."),
+    ) -> None:
+        """Reproduce a task's symptom and localize it with the instruments, changing no code."""
+        from infra_agent.experiments.arms import parse_params
+        from infra_agent.experiments.diagnose import run_diagnosis
+        from infra_agent.output import emit, status_console
 
-    register_diagnose(app)
+        params = parse_params(param)
+        status_console(as_json).print(f"diagnosing {task} (reproduce, then localize)...")
+        result = run_diagnosis(task, params, sandbox=sandbox)
+        emit(result, lambda console: console.print(result.render(), markup=False), as_json=as_json)
 
     @app.command()
     def experiment(
@@ -171,55 +187,3 @@ def register(app: typer.Typer) -> None:
             console.print(f"[dim]recorded as {record.id} ({record.duration_s:.1f} s)[/dim]")
 
         emit(report, render, as_json=as_json)
-
-
-def register_check(tasks_app: typer.Typer) -> None:
-    """Add `check` to the `tasks` command group."""
-
-    @tasks_app.command("check")
-    def check_command(
-        task: str = typer.Argument(..., help="Task name or folder."),
-        param: list[str] = typer.Option([], "--param", help="Task parameter NAME=VALUE (repeat)."),
-        sandbox: str | None = typer.Option(
-            None, "--sandbox", help="Sandbox backend: local or docker (default: configured)."
-        ),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
-    ) -> None:
-        """Measure a task's symptom, its reference fix and its wrong fix (exit 1 if any is off)."""
-        from rich.table import Table
-
-        from infra_agent.context import current
-        from infra_agent.experiments.arms import parse_params
-        from infra_agent.experiments.check import check_task
-        from infra_agent.output import emit, err_console
-        from infra_agent.tasks.registry import find_task
-
-        settings = current().settings()
-        found = find_task(task)
-        with err_console.status(f"checking {found.name}") as status:
-            result = check_task(
-                found,
-                params=parse_params(param),
-                sandbox=sandbox or settings.sandbox.backend,
-                store=current().store(),
-                progress=lambda msg: status.update(f"checking {found.name}: {msg}"),
-            )
-
-        def render(console: Console) -> None:
-            table = Table(title=f"tasks check {result.task} ({result.metric})")
-            for column in ("question", "verdict", "want", "", "number", "time"):
-                table.add_column(column)
-            for row in result.rows:
-                mark = {True: "ok", False: "FAIL", None: "n/a"}[row.ok]
-                table.add_row(
-                    row.question, row.verdict or "-", row.expected, mark, row.number,
-                    f"{row.duration_s:.0f} s",
-                )  # fmt: skip
-            console.print(table)
-            console.print(
-                f"{'OK' if result.passed else 'PROBLEM'}: {result.task} in {result.duration_s:.0f} s"
-            )
-
-        emit(result, render, as_json=as_json)
-        if not result.passed:
-            raise typer.Exit(1)
