@@ -69,9 +69,10 @@ from infra_agent.serving.accuracy import (
 )
 from infra_agent.serving.datasets import Session, random_sessions
 from infra_agent.serving.deployment import DeploymentSpec, load_deployment
+from infra_agent.serving.launch import gpu_count, has_gpu
 from infra_agent.serving.metrics import summarize
 from infra_agent.serving.overlay import build_overlay
-from infra_agent.serving.server import Server, ServerFailed, gpu_count, has_gpu
+from infra_agent.serving.server import Server, ServerFailed
 from infra_agent.serving.tiny_model import VOCAB_SIZE
 from infra_agent.serving.workload import LoadSpec, RequestRecord, WorkloadResult, run_workload
 from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput

@@ -30,6 +30,7 @@ import queue
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -276,3 +277,49 @@ class Relay:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
         self._listener.close()
+
+
+class Attachment:
+    """Our hold on a confined process's network namespace: its descriptor `fd`, a thread inside
+    it (`run`), and on demand a relay from the host's loopback to `port` there. The namespace
+    lives while any of them does: `close()` releases them all."""
+
+    def __init__(self, fd: int, name: str, port: int) -> None:
+        self.fd = fd
+        self.port = port
+        try:
+            self.thread = NamespaceThread(fd, name)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._relay: Relay | None = None
+
+    @property
+    def id(self) -> int:
+        """Inode of the namespace (equal ids: the same namespace)."""
+        return os.fstat(self.fd).st_ino
+
+    def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """fn(*args, **kwargs) on the namespace's thread (sockets fn opens live there)."""
+        return self.thread.run(fn, *args, **kwargs)
+
+    def relay_port(self) -> int:
+        """A host loopback port relayed to `port` in the namespace (started on first use)."""
+        if self._relay is None:
+            self._relay = Relay(self.fd, self.port)
+        return self._relay.port
+
+    def close(self) -> None:
+        """Close the relay, the thread and the descriptor, then wait (up to 15 s) for threads
+        the namespace's thread started (resolver pools): the namespace dies with them."""
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
+        self.thread.close()
+        ns = self.id
+        os.close(self.fd)
+        deadline = time.monotonic() + 15
+        while (left := own_threads_in(ns)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if left:
+            print(f"warning: threads still in the server's namespace: {left}", file=sys.stderr)

@@ -13,22 +13,17 @@ inside that namespace; `server.url` is a host-loopback relay for callers that on
 A broken flag, a crash during start or a server that is not ready in time raises `ServerFailed`
 (a `CandidateFailure`, so the experiment engine records FAILED) with the log tail.
 
-The cgroup is the server: `pause()` freezes every process in it until `resume()` (an
-experiment's idle arm takes no CPU, and nothing the server started runs meanwhile, however it
-was started), `cpu_seconds()` is the CPU time of everything that ran in it, and `stop()` sends
-SIGTERM, waits `stop_timeout_s`, then kills the whole cgroup, waits until none is alive, and
-closes the namespace's thread, relay and descriptor. A process in the cgroup outside the
-server's process tree (double-forked, orphaned) is a violation: the next `call` raises
-`ServerFailed(kind="violation")` naming it (the engine records REJECTED), and `stop` lists it in
-`violations`. Without a writable cgroup, pause, stop and the CPU time fall back to the process
-tree (`infra_agent/proctree.py`).
+The server's processes are held together by the sandbox layer (`sandboxes/confined.py`): its
+cgroup is frozen by `pause()` until `resume()` (an experiment's idle arm takes no CPU),
+`cpu_seconds()` counts everything that ran in it, and `stop()` ends every process, then closes
+the namespace's thread, relay and descriptor. A process that left the server's process tree
+(double-forked, orphaned) is a violation: the next `call` raises `ServerFailed(kind="violation")`
+naming it (the engine records REJECTED), and `stop` lists it in `violations`. The command line
+comes from `serving/launch.py`.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,102 +34,22 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from infra_agent import proctree
-from infra_agent.errors import UserError
-from infra_agent.proctree import alive as _alive
 from infra_agent.proctree import descendants
-from infra_agent.sandboxes import cgroups
 from infra_agent.sandboxes import cleanup as cleanup_registry
 from infra_agent.sandboxes import processes as sandbox_processes
+from infra_agent.sandboxes.confined import ConfinedProcesses
 from infra_agent.serving import fileview, isolation, netns
 from infra_agent.serving import overlay as overlays
-from infra_agent.serving.deployment import ArgValue, DeploymentSpec, args_to_argv
-from infra_agent.serving.env import ensure_sglang_env, env_python
-from infra_agent.serving.tiny_model import write_tiny_model
+from infra_agent.serving.deployment import ArgValue, DeploymentSpec
+from infra_agent.serving.launch import SHIM_DIR, free_port, gpu_count, launch_command
 from infra_agent.tasks.harness import CandidateFailure
 
 T = TypeVar("T")
 PORT_ATTEMPTS = 3
-SHIM_DIR = Path(__file__).parent / "kernel_shim"
-"""Holds the `sgl_kernel` CPU compatibility module (first on PYTHONPATH when no GPU is present)."""
-PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
-"""Host variables a server inherits; everything else (API keys, tokens) is left behind."""
 
 
 class ServerFailed(CandidateFailure):
     """The server did not start, crashed, or never became ready."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def gpu_count() -> int:
-    """NVIDIA GPUs visible on this machine (device nodes /dev/nvidiaN)."""
-    return sum(1 for p in Path("/dev").glob("nvidia[0-9]*") if p.name[6:].isdigit())
-
-
-def has_gpu() -> bool:
-    """True when an NVIDIA GPU is present (the CPU shim is used only without one)."""
-    return gpu_count() > 0
-
-
-def model_path(spec: DeploymentSpec, cache: Path) -> str:
-    """The model argument: the generated tiny model's folder, or the spec's model as given."""
-    if spec.model == "tiny":
-        return str(
-            write_tiny_model(cache / f"tiny-llama-seed{spec.model_seed}", seed=spec.model_seed)
-        )
-    return spec.model
-
-
-def launch_command(
-    spec: DeploymentSpec,
-    *,
-    port: int,
-    knobs: dict[str, ArgValue] | None = None,
-    model_cache: Path,
-    overlay: Path | None = None,
-) -> tuple[list[str], dict[str, str]]:
-    """(argv, environment) that start this deployment's server on 127.0.0.1:port."""
-    if spec.launch == "docker":
-        raise UserError("deployment launch = 'docker' is not built yet; use 'venv' or 'command'")
-    if spec.launch == "venv":
-        prefix = [
-            str(env_python(ensure_sglang_env(spec.sglang_version))),
-            "-m",
-            "sglang.launch_server",
-        ]
-    elif spec.command:
-        prefix = list(spec.command)
-    else:
-        raise UserError("deployment launch = 'command' needs a non-empty 'command'")
-    args: dict[str, ArgValue] = {"model-path": model_path(spec, model_cache)}
-    args.update(spec.server_args)
-    args.update(knobs or {})
-    args.update({"host": "127.0.0.1", "port": port})
-    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
-    path = []
-    if overlay is not None:
-        path.append(str(overlay))
-    if not spec.needs_gpu and not has_gpu():
-        env["SGLANG_USE_CPU_ENGINE"] = "1"  # without it, --device cpu takes the GPU code path
-        path.append(str(SHIM_DIR))
-    if path:
-        env["PYTHONPATH"] = os.pathsep.join(path)
-    env.update(spec.env)
-    return prefix + args_to_argv(args), env
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _get(url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
@@ -185,16 +100,15 @@ class Server:
         self.violations: list[str] = []
         """Processes found outside the server's process tree (each a sentence)."""
         self._jail = jail
-        self._known: set[int] = set()
-        self._paused = False
-        self._ns_fd: int | None = None
-        self._ns_thread: netns.NamespaceThread | None = None
-        self._relay: netns.Relay | None = None
+        self._group: ConfinedProcesses | None = None
+        """Its processes, held together (from the spawn on)."""
+        self._net: netns.Attachment | None = None
+        """Our hold on its network namespace while it runs isolated."""
 
     @property
     def namespace_id(self) -> int | None:
         """Inode of the server's network namespace while it runs isolated, else None."""
-        return None if self._ns_fd is None else os.fstat(self._ns_fd).st_ino
+        return None if self._net is None else self._net.id
 
     @property
     def direct_url(self) -> str:
@@ -207,25 +121,23 @@ class Server:
         Measurements use `call`, which reaches the server without the relay."""
         if self.network.mode == "host":
             return self.direct_url
-        if self._relay is None:
-            if self._ns_fd is None:
-                raise ServerFailed("the server is not running", kind="crash")
-            self._relay = netns.Relay(self._ns_fd, self.port)
-        return f"http://127.0.0.1:{self._relay.port}"
+        if self._net is None:
+            raise ServerFailed("the server is not running", kind="crash")
+        return f"http://127.0.0.1:{self._net.relay_port()}"
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """fn(url, *args, **kwargs) where the server's address is reachable: the namespace's own
         thread when isolated (sockets fn opens live there), this thread otherwise. Raises
         ServerFailed(kind='violation') when a process left the server's tree, before or during."""
-        if self._paused:
+        if self.paused:
             raise RuntimeError(f"server on port {self.port} is paused: resume() it first")
         self._raise_violations()
         if self.network.mode == "host":
             result = fn(self.direct_url, *args, **kwargs)
-        elif self._ns_thread is None:
+        elif self._net is None:
             raise ServerFailed("the server is not running", kind="crash", log_tail=self.log_tail())
         else:
-            result = self._ns_thread.run(fn, self.direct_url, *args, **kwargs)
+            result = self._net.run(fn, self.direct_url, *args, **kwargs)
         self._raise_violations()
         return result
 
@@ -305,12 +217,16 @@ class Server:
                 start_new_session=True,
                 preexec_fn=jail.preexec(),
             )
+        self._group = ConfinedProcesses(
+            self.proc, jail.cgroup, wrappers=jail.wrappers, owner="server"
+        )
+        self._group.violations = self.violations  # one list: it outlives the processes
         # Normal exit, exceptions, Ctrl-C and SIGTERM/SIGHUP of this process stop the server
         # (its processes die with their parent when this one is SIGKILLed).
         cleanup_registry.register(self)
         if self.network.mode == "isolated":
             try:
-                self._ns_fd = netns.open_namespace(self.proc.pid, descendants=descendants)
+                fd = netns.open_namespace(self.proc.pid, descendants=descendants)
             except OSError as exc:
                 if self.proc.poll() is None:
                     raise ServerFailed(
@@ -319,7 +235,7 @@ class Server:
                         log_tail=self.log_tail(),
                     ) from exc
                 return  # it exited: wait_ready reports how, with the log tail
-            self._ns_thread = netns.NamespaceThread(self._ns_fd, f"server-net-{self.port}")
+            self._net = netns.Attachment(fd, f"server-net-{self.port}", self.port)
 
     def cleanup(self) -> None:
         """Alias of stop() for the process-wide cleanup registry."""
@@ -338,7 +254,7 @@ class Server:
 
     def wait_ready(self, timeout_s: float) -> float:
         """Poll the health path until 200; return seconds waited. ServerFailed on exit/timeout."""
-        assert self.proc is not None
+        assert self.proc is not None and self._group is not None
         start = time.monotonic()
         while True:
             code = self.proc.poll()
@@ -348,7 +264,7 @@ class Server:
                     kind="crash",
                     log_tail=self.log_tail(),
                 )
-            self._known |= descendants(self.proc.pid)
+            self._group.note_tree()
             try:
                 status, _ = self.get(self.spec.health_path, timeout_s=2.0)
             except OSError:  # URLError included
@@ -394,93 +310,41 @@ class Server:
     @property
     def paused(self) -> bool:
         """True between `pause()` and `resume()`."""
-        return self._paused
-
-    @property
-    def _cgroup(self) -> cgroups.Cgroup | None:
-        return self._jail.cgroup if self._jail is not None else None
+        return self._group is not None and self._group.paused
 
     def pause(self) -> None:
         """Stop every process of the server (its cgroup frozen, else SIGSTOP to its tree): it
         takes no CPU until `resume()`."""
-        if self.proc is None or self._paused:
-            return
-        self._paused = True
-        group = self._cgroup
-        if group is not None and group.can_freeze:
-            group.freeze()
-        else:
-            self._known |= proctree.freeze(self.proc.pid)
-        self._find_strays()
+        if self.proc is not None and self._group is not None:
+            self._group.pause()
 
     def stopped(self) -> bool:
         """True when the kernel reports every process of the server stopped (its cgroup frozen,
         else each process of its tree in state T)."""
-        group = self._cgroup
-        if group is not None and group.can_freeze:
-            return group.frozen()
-        states = {(proctree.stat_fields(p) or ["X"])[0] for p in self.processes()}
-        return bool(states) and states <= {"T", "t"}
+        return self.proc is not None and self._group is not None and self._group.stopped()
 
     def resume(self) -> None:
         """Continue a paused server."""
-        if self.proc is None or not self._paused:
-            return
-        group = self._cgroup
-        if group is not None and group.can_freeze:
-            group.thaw()
-        else:
-            proctree.thaw(self.proc.pid)
-        self._paused = False
+        if self.proc is not None and self._group is not None:
+            self._group.resume()
 
     def processes(self) -> set[int]:
         """The server's live processes (launcher, scheduler, detokenizer, ...; not its
         confinement's own)."""
-        if self.proc is None:
+        if self.proc is None or self._group is None:
             return set()
-        group = self._cgroup
-        if group is None:
-            return proctree.tree(self.proc.pid)
-        return {p for p in group.pids() - self._layout()[0] if proctree.alive(p)}
+        return self._group.processes()
 
     def cpu_seconds(self) -> float:
         """CPU seconds used so far by the server's processes (its cgroup: every process that
         ran in it; else the tree and the children it reaped)."""
-        group = self._cgroup
-        used = group.cpu_seconds() if group is not None else None
-        return used if used is not None else proctree.cpu_seconds(self.processes())
-
-    def _layout(self) -> tuple[set[int], int | None]:
-        """(the confinement's own processes above the server's command, the command's pid or
-        None before it started): bubblewrap's monitor and namespace init, then the oldest child."""
-        if self.proc is None:
-            return set(), None
-        depth = self._jail.wrappers if self._jail is not None else 0
-        group = self._cgroup
-        pids = group.pids() if group is not None else proctree.tree(self.proc.pid)
-        chain = proctree.lineage(pids | {self.proc.pid}, self.proc.pid, depth)
-        return set(chain[:depth]), chain[depth] if len(chain) > depth else None
-
-    def _find_strays(self) -> list[int]:
-        """Processes in the server's cgroup outside its command's process tree (double-forked
-        or orphaned: reparented to the namespace's init); each is recorded in `violations`."""
-        group = self._cgroup
-        wrappers, command = self._layout()
-        if group is None or command is None:
-            return []
-        strays = sorted(proctree.outside_tree(group.pids() - wrappers, command))
-        for pid in strays:
-            sentence = (
-                f"process {pid} ({proctree.command_line(pid)[:120]!r}) left the server's process "
-                "tree (a double fork or an orphan); its cgroup held it: frozen with the server "
-                "when paused, killed at stop"
-            )
-            if sentence not in self.violations:
-                self.violations.append(sentence)
-        return strays
+        if self.proc is None or self._group is None:
+            return 0.0
+        return self._group.cpu_seconds()
 
     def _raise_violations(self) -> None:
-        self._find_strays()
+        if self._group is not None and self.proc is not None:
+            self._group.find_strays()
         if self.violations:
             raise ServerFailed(
                 f"confinement: {self.violations[0]}"
@@ -490,86 +354,28 @@ class Server:
             )
 
     def stop(self) -> int:
-        """Stop the server and every process it started. Returns how many needed SIGKILL;
-        processes found outside its tree are added to `violations` (and killed first)."""
-        if self.proc is None:
+        """Stop the server and every process it started (`ConfinedProcesses.terminate`).
+        Returns how many needed SIGKILL; processes found outside its tree are added to
+        `violations` (and killed first)."""
+        if self.proc is None or self._group is None:
             return 0
-        pid = self.proc.pid
-        group = self._cgroup
-        strays = self._find_strays()
-        for p in strays:  # frozen or not, they never run again
-            _kill(p, signal.SIGKILL)
-        wrappers, command = self._layout()
-        members = self.processes() | (self._known - wrappers) - set(strays)
-        everything = proctree.tree(pid) | members | wrappers  # the confinement's own included
         # In its own pid namespace the server's command shuts its processes down itself and the
         # namespace ends with it (SGLang takes a scheduler killed first for a crash: +5 s).
         alone = self.confinement is not None and self.confinement.pid_namespace
-        for p in {command} if alone and command is not None else members:
-            _kill(p, signal.SIGTERM)
-        if self._paused:  # a stopped process holds SIGTERM until it runs again
-            self.resume()
-        deadline = time.monotonic() + self.spec.stop_timeout_s
-        while time.monotonic() < deadline:
-            self.proc.poll()
-            members |= self.processes()
-            if not any(_alive(p) for p in members):
-                break
-            time.sleep(0.2)
-        stubborn = [p for p in members | self.processes() if _alive(p)]
-        if group is not None:
-            group.kill()
-        else:
-            self._signal_group(pid, signal.SIGKILL)
-            for p in stubborn + sorted(descendants(pid)):
-                _kill(p, signal.SIGKILL)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            print(f"warning: server pid {pid} did not exit after SIGKILL", file=sys.stderr)
-        deadline = time.monotonic() + 10  # returns when every process is gone (wrappers too)
-        while any(_alive(p) for p in everything) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for p in everything:
-            if _alive(p):
-                _kill(p, signal.SIGKILL)
+        stubborn = self._group.terminate(self.spec.stop_timeout_s, alone=alone)
         self.proc = None
         if self._jail is not None:
             self._jail.close()
-        self._close_network()
+        if self._net is not None:  # the namespace dies with our hold on it
+            self._net.close()
+            self._net = None
         cleanup_registry.unregister(self)
         if self.violations:
             print(
                 f"warning: server on port {self.port}: {'; '.join(self.violations)}",
                 file=sys.stderr,
             )
-        return len(stubborn)
-
-    def _close_network(self) -> None:
-        """Release everything of ours that holds the server's namespace (it dies with them)."""
-        if self._relay is not None:
-            self._relay.close()
-            self._relay = None
-        if self._ns_thread is not None:
-            self._ns_thread.close()
-            self._ns_thread = None
-        if self._ns_fd is not None:
-            ns = os.fstat(self._ns_fd).st_ino
-            os.close(self._ns_fd)
-            self._ns_fd = None
-            # Threads the namespace's thread started (resolver pools) end shortly after it.
-            deadline = time.monotonic() + 15
-            while (left := netns.own_threads_in(ns)) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if left:
-                print(f"warning: threads still in the server's namespace: {left}", file=sys.stderr)
-
-    @staticmethod
-    def _signal_group(pid: int, sig: int) -> None:
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        return stubborn
 
     def __enter__(self) -> Server:
         return self

@@ -1,7 +1,7 @@
 """The deployment in view: how a serving task's server starts, told by the objects that start it.
 
 `deployment_view(task, params)` reads the task harness's own `DeploymentSpec`, builds the launch
-command with `serving.server.launch_command` (the function every arm's server starts through,
+command with `serving.launch.launch_command` (the function every arm's server starts through,
 with the baseline's knobs) and the model's config (`serving.tiny_model.config` for the generated
 tiny model, the checkpoint's config.json otherwise). The per-server parts of the command (the
 model folder written for each server, its port, the arm's overlay) are shown as placeholders.
@@ -100,7 +100,7 @@ def _launch(spec: Any, knobs: dict[str, Any]) -> tuple[list[str], dict[str, str]
     """`launch_command` on the spec, without installing SGLang or writing a model folder."""
     from infra_agent.errors import UserError
     from infra_agent.serving.env import env_python, sglang_env_path
-    from infra_agent.serving.server import PASSED_ENV, launch_command
+    from infra_agent.serving.launch import PASSED_ENV, launch_command
 
     shown = spec.model_copy(update={"model": MODEL_FOLDER}) if spec.model == "tiny" else spec
     if spec.launch == "venv":  # launch_command would install the venv first; its path suffices

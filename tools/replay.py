@@ -116,8 +116,8 @@ def sglang_arm(
     from infra_agent.serving.capture import HOOK_MODULE, HOOK_SOURCE, Target
     from infra_agent.serving.env import ensure_sglang_env, env_python
     from infra_agent.serving.harness import ServingHarness
+    from infra_agent.serving.launch import SHIM_DIR, has_gpu
     from infra_agent.serving.overlay import build_overlay
-    from infra_agent.serving.server import SHIM_DIR, has_gpu
 
     env = ensure_sglang_env(version)
     box = open_sandbox(ctx, patch, readonly=[env])

@@ -7,7 +7,8 @@ import pytest
 from infra_agent.errors import UserError
 from infra_agent.experiments.arms import effective_params, load_harness
 from infra_agent.serving.knobs import CATALOGUE, check_device
-from infra_agent.serving.server import ServerFailed, gpu_count
+from infra_agent.serving.launch import gpu_count
+from infra_agent.serving.server import ServerFailed
 from infra_agent.tasks.harness import Arm
 from infra_agent.tasks.patch import effective_knobs
 from infra_agent.tasks.registry import find_task

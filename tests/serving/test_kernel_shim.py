@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra_agent.serving.server import SHIM_DIR
+from infra_agent.serving.launch import SHIM_DIR
 
 
 def load_shim():  # type: ignore[no-untyped-def]

@@ -13,9 +13,11 @@ import pytest
 from support import stoppable
 
 from infra_agent.errors import UserError
+from infra_agent.proctree import alive as _alive
+from infra_agent.proctree import descendants
 from infra_agent.sandboxes.processes import pids_with_cmdline
 from infra_agent.serving.deployment import DeploymentSpec, args_to_argv, load_deployment
-from infra_agent.serving.server import Server, ServerFailed, _alive, descendants
+from infra_agent.serving.server import Server, ServerFailed
 
 FAKE_SERVER = textwrap.dedent(
     """
@@ -157,7 +159,7 @@ def test_args_to_argv_and_spec_errors(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="deployment.gpus"):
         load_deployment(bad)
     bad.write_text("[deployment]\nlaunch = 'command'\n")
-    from infra_agent.serving.server import launch_command
+    from infra_agent.serving.launch import launch_command
 
     with pytest.raises(UserError, match="needs a non-empty 'command'"):
         launch_command(load_deployment(bad), port=1, model_cache=tmp_path)

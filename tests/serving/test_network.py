@@ -21,9 +21,11 @@ import pytest
 from support import stoppable
 
 from infra_agent.errors import UserError
+from infra_agent.proctree import alive as _alive
+from infra_agent.proctree import descendants
 from infra_agent.serving import netns
 from infra_agent.serving.deployment import DeploymentSpec, load_deployment
-from infra_agent.serving.server import Server, _alive, descendants
+from infra_agent.serving.server import Server
 
 needs_isolation = pytest.mark.skipif(
     netns.unavailable() is not None, reason=f"no network isolation here: {netns.unavailable()}"
