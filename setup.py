@@ -9,7 +9,7 @@ from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 ARCHITECTURE = [
-    "agent", "tools", "feedback", "sandboxes", "tasks", "store",
+    "agent", "tools", "feedback", "sandboxes", "tasks", "store", "judgement",
     "review", "trajectories", "experiments", "serving", "evals", "cli",
 ]  # fmt: skip
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
-    "store", "sandboxes", "feedback", "tasks", "serving", "experiments", "review", "tools",
+    "store", "judgement", "sandboxes", "feedback", "tasks", "serving", "experiments", "review", "tools",
     "agent", "evals", "trajectories", "cli",
 ]  # fmt: skip
 """Bottom to top: a folder imports only folders before it (and the root's plain modules)."""

@@ -19,6 +19,7 @@ MYPY_TARGETS = [
     "infra_agent.private",
     "infra_agent.redact",
     "infra_agent.store",
+    "infra_agent.judgement",
     "infra_agent.evals",
     "infra_agent.experiments",
     "infra_agent.tasks.manifest",
