@@ -24,9 +24,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from infra_agent.errors import UserError
-from infra_agent.feedback.bench.compare import Comparison, compare_samples
 from infra_agent.feedback.bench.counters import HardwareCounters, hardware_counters
 from infra_agent.feedback.bench.targets import CallableTarget, CudaTarget, Target
+from infra_agent.judgement import Comparison, compare_samples
 
 StopReason = Literal["ci_width", "decided", "budget", "max_samples"]
 
