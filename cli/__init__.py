@@ -119,9 +119,10 @@ def main() -> None:
         sys.exit(130)
     except Exception as exc:
         # Usage errors (unknown option, missing argument) come from click, or typer's copy of it.
-        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
+        code = getattr(exc, "exit_code", None)
+        if hasattr(exc, "show") and isinstance(code, int):
             exc.show()
-            sys.exit(exc.exit_code)
+            sys.exit(code)
         if debug:
             raise
         typer.echo(
