@@ -127,8 +127,8 @@ def register(app: typer.Typer) -> None:
         """Verify a patch against its task's baseline and print the verdict with its evidence."""
         from infra_agent.context import current
         from infra_agent.experiments.arms import parse_params
-        from infra_agent.experiments.cascade import run_experiment
         from infra_agent.experiments.extend import extendable
+        from infra_agent.experiments.run import run_experiment
         from infra_agent.experiments.verdict_text import verdict_text
         from infra_agent.output import emit, err_console
         from infra_agent.tasks.patch import Patch, load_patch

@@ -7,6 +7,6 @@ from infra_agent.experiments import run_experiment, task_fingerprint
 if __name__ != "infra_agent.experiments":
     raise ImportError("this folder is part of infra_agent; import it as infra_agent.experiments")
 
-from infra_agent.experiments.cascade import run_experiment, task_fingerprint  # noqa: E402
+from infra_agent.experiments.run import run_experiment, task_fingerprint  # noqa: E402
 
 __all__ = ["run_experiment", "task_fingerprint"]

@@ -4,33 +4,28 @@
 
 Each stage may end the experiment with a verdict (`_Stop`); whatever happens, every sandbox and
 worker is cleaned up (also on Ctrl-C, which propagates after cleanup). Seeds for inputs come from
-os.urandom in this process; timing is done by the harness with its own clock.
+os.urandom in this process; timing is done by the harness with its own clock. A request is checked,
+run and recorded by `experiments/run.py`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import time
 from collections.abc import Callable
 from typing import Any
 
-from infra_agent.errors import UserError
 from infra_agent.experiments import rules
 from infra_agent.experiments.arms import (
     ArmStartError,
     SeedSource,
     arm_set,
-    effective_params,
     load_harness,
-    patch_refusal,
     sandbox_spec,
 )
-from infra_agent.experiments.extend import Prior, extension_refusal, same_arms_refusal
+from infra_agent.experiments.extend import Prior
 from infra_agent.experiments.measure import ArmError, ExperimentTimeout, decide, evidence, measure
 from infra_agent.experiments.procwatch import ProcessWatch
-from infra_agent.store.base import RunStore
-from infra_agent.store.records import ExperimentRecord, now
 from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,
@@ -61,19 +56,6 @@ class _Stop(Exception):
         self.verdict = verdict
         self.reasons = list(reasons)
         self.flags = list(flags)
-
-
-def task_fingerprint(task: Task) -> str:
-    """sha256 of the manifest, harness, deployment and the baseline workspace (the task folder's
-    files, or an installed package's identity with the injected fault): a staleness check."""
-    digest = hashlib.sha256()
-    files = [task.root / "task.toml", task.harness_path, task.root / "deployment.toml"]
-    for path in files:
-        if path.is_file():
-            digest.update(str(path.relative_to(task.root)).encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
-    digest.update(workspace_tree(task).fingerprint().encode())
-    return digest.hexdigest()
 
 
 def _failure(arm: str, error: BaseException) -> _Stop:
@@ -386,89 +368,3 @@ def _correctness(
         candidate_err_f64=top([r.err_vs_f64 for r in cand]),
         detail=detail,
     )
-
-
-def run_experiment(
-    task: Task,
-    patch: Patch,
-    *,
-    sandbox: str = "local",
-    params: dict[str, Any] | None = None,
-    store: RunStore | None = None,
-    run_id: str | None = None,
-    progress: Progress | None = None,
-    seed: int | None = None,
-    detect: float | None = None,
-    extend: ExperimentRecord | None = None,
-) -> ExperimentRecord:
-    """Run one experiment and return its record (also stored when `store` is given).
-
-    A bad invocation (unknown parameter or backend, a `detect` outside (min_effect, 10) or for a
-    rate metric) raises UserError before anything runs or is recorded. A patch this task refuses
-    (it does not apply, is too large, targets a missing or non-editable file, sets an unknown knob
-    or a bad value) is an experiment too: REJECTED at the apply stage, recorded with its reason.
-    `seed` only fixes the statistics' bootstrap; input seeds always come from os.urandom.
-    `detect` asks for a finer resolution than the task's (0.05: see a 5% change); the verdict
-    says when the budget could not reach it. `extend` continues an unresolved NO_CHANGE of
-    the same patch on the same arms (experiments/extend.py: its pairs first, then at most the
-    task's max_samples more, at its resolution); any other is a UserError saying why."""
-    from infra_agent.sandboxes import create_sandbox, ensure_backend
-
-    if detect is not None and not 0.0 < detect < 10.0:
-        raise UserError(f"detect must be a relative change in (0, 10), e.g. 0.05; got {detect}")
-    if detect is not None and task.manifest.metric.events is not None:
-        raise UserError(
-            f"detect applies to a speedup; task '{task.name}' has a rate metric, sampled until "
-            "the difference is shown (its target and budget set the precision)"
-        )
-    if detect is not None and detect <= task.manifest.min_effect:
-        raise UserError(
-            f"detect {detect:g} is not above the task's min_effect {task.manifest.min_effect:g}: "
-            "a change that small is NO_CHANGE by the task's rule, whatever the budget"
-        )
-    resolved = effective_params(task.manifest, params)
-    prior = None
-    if extend is not None:
-        if detect is not None:
-            raise UserError("an extension keeps the earlier experiment's resolution; drop detect")
-        why = extension_refusal(extend) or same_arms_refusal(
-            extend, task=task.name, fingerprint=task_fingerprint(task), patch_id=patch.hash,
-            params=resolved, sandbox=sandbox,
-        )  # fmt: skip
-        if why is not None:
-            raise UserError(f"not extended: {why}")
-        prior = Prior.of(extend)
-    ensure_backend(sandbox)  # docker: starts a private engine when none answers
-    started_at, t0 = now(), time.monotonic()
-    refused = patch_refusal(patch, task)
-    if refused is not None:
-        result = ExperimentResult(
-            task=task.name, patch_id=patch.hash, verdict=Verdict.REJECTED,
-            reasons=[f"patch refused: {refused}"],
-            evidence=Evidence(stage_reached="apply", rule_violations=[refused], params=resolved),
-        )  # fmt: skip
-    else:
-        experiment = Experiment(
-            task, patch, backend=sandbox, params=resolved, progress=progress,
-            bootstrap_seed=seed if seed is not None else 0, detect=detect, prior=prior,
-        )  # fmt: skip
-        result = experiment.run(create_sandbox)
-    record = ExperimentRecord(
-        run_id=run_id,
-        task=task.name,
-        patch_id=patch.hash,
-        sandbox=sandbox,
-        result=result,
-        started_at=started_at,
-        duration_s=round(time.monotonic() - t0, 3),
-        target_fingerprint=task_fingerprint(task),
-    )
-    result.evidence.durations_s["total"] = record.duration_s
-    if store is not None:
-        with store.transaction():
-            store.put_patch(patch.to_record())
-            store.put_experiment(record)
-    return record
-
-
-__all__ = ["run_experiment", "task_fingerprint"]

@@ -110,8 +110,8 @@ def check_task(
     progress: Progress | None = None,
 ) -> TaskCheck:
     """Measure the task's symptom, its reference fix and its wrong fix (see the module doc)."""
-    from infra_agent.experiments.cascade import run_experiment
     from infra_agent.experiments.diagnose import run_diagnosis
+    from infra_agent.experiments.run import run_experiment
     from infra_agent.tasks.tree import uninjected_patch
 
     say = progress or (lambda _msg: None)

@@ -152,7 +152,7 @@ def test_an_edit_file_patch_is_verified_like_any_other(tmp_path: Path) -> None:
     correctness and timing stages (hoisting the normalizer: keys read twice instead of 5 times)."""
     from support import quick_decode_task
 
-    from infra_agent.experiments.cascade import run_experiment
+    from infra_agent.experiments.run import run_experiment
     from infra_agent.tasks.manifest import load_task
 
     task = load_task(quick_decode_task(tmp_path))
