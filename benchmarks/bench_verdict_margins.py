@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.experiments import rules, run_experiment
-from infra_agent.experiments.measure import sign_interval
+from infra_agent.judgement.intervals import sign_interval
 from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.manifest import Task, load_task
 from infra_agent.tasks.patch import Patch, knob_patch, load_patch, parse_diff

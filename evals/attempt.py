@@ -25,7 +25,7 @@ from infra_agent.evals.records import (
 )
 from infra_agent.evals.reverify import reverify
 from infra_agent.experiments.criteria import success
-from infra_agent.experiments.measure import SUSPICIOUS
+from infra_agent.judgement import SUSPICIOUS
 from infra_agent.store import open_store
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import ExperimentRecord

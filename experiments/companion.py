@@ -8,7 +8,7 @@ the gain (`unshared_gain`).
 
 from __future__ import annotations
 
-from infra_agent.feedback.bench import Comparison, compare_samples
+from infra_agent.judgement import Comparison, compare_samples
 from infra_agent.tasks.manifest import TaskManifest
 
 UNSHARED_LIMIT = 1.25

@@ -3,7 +3,8 @@
 The criteria are what the task declares: the verdict rule (better than baseline by more than its
 minimum effect, correct), the story's targets (`[[targets]]`, a rate metric's `target`) and the
 constraints. They are stated in the agent's first message and checked beside every verdict, so
-the model need not build its own check; the verdict itself is decided in `experiments.measure`.
+the model need not build its own check; the verdict itself is decided by the judgement core
+(`judgement.decision`, through `experiments.measure`).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def _constraint_outcome(c: Constraint, metrics: dict[str, float]) -> CriterionOu
     if ratio is None or low is None or high is None:
         return CriterionOutcome("not measured", f"{head}: not measured")
     met: Status = "met" if high <= c.max_ratio else "broken" if low > c.max_ratio else "not shown"
-    if met != "met":  # the verdict's reasons state its numbers (experiments.constraints.check)
+    if met != "met":  # the verdict's reasons state its numbers (judgement.constraints.check)
         return CriterionOutcome(met, f"{head}: {met}")
     return CriterionOutcome(met, f"{head}: {met} (ratio {ratio:.3f}, at most {high:.3f} at 95%)")
 
@@ -113,7 +114,7 @@ def criteria_results(manifest: TaskManifest, result: ExperimentResult) -> list[C
         head = f"target {m.name} < {m.target:g} {m.unit} (95% upper bound)"
         if upper is None:
             out.append(CriterionOutcome("not measured", f"{head}: not measured"))
-        else:  # the bound itself is in the verdict's counts (rates.RateComparison.render_counts)
+        else:  # the bound itself is in the verdict's counts (judgement.rates.RateComparison.render_counts)
             status: Status = "met" if upper < m.target else "not met"
             out.append(CriterionOutcome(status, f"{head}: {status}"))
     out.extend(_target_outcome(t, perf, metrics) for t in manifest.targets)

@@ -2,17 +2,18 @@
 
 Samples come in rounds of four in ABBA / BAAB order on two fresh seeds, so each arm runs each
 input once and slow drift of the machine hits both arms alike. Pairs (same seed) feed a paired
-bootstrap of the per-pair ratios (`feedback.bench.compare_samples`). After a calibration of
+bootstrap of the per-pair ratios (`judgement.bootstrap.compare_samples`). After a calibration of
 `CALIBRATION_PAIRS` pairs the experiment states the noise it measured and the smallest change it
-can detect at its budget (`experiments/power.py`), and whether that is as fine as asked: the
+can detect at its budget (`judgement/power.py`), and whether that is as fine as asked: the
 task's `target_ci_width`, or a finer `detect` of the caller. Sampling stops once the interval is
-that precise (for a rate metric, judged on pooled counts by `experiments/rates.py`: once the
+that precise (for a rate metric, judged on pooled counts by `judgement/rates.py`: once the
 difference is shown either way) and every constraint is shown satisfied or broken
-(`experiments/constraints.py`), with at least `min_samples` per arm; or at `max_samples`, or
+(`judgement/constraints.py`), with at least `min_samples` per arm; or at `max_samples`, or
 when `measure_budget_s` is spent. A NO_CHANGE that stopped short of the precision asked for is
 flagged `underpowered` and says what it could and could not see. An extension
 (`experiments/extend.py`) starts from an earlier experiment's pairs and adds at most
-`max_samples` more.
+`max_samples` more. The verdict is the judgement core's (`judgement.decision.decide`); this
+module samples, and states the task's metric, companion and constraints beside it.
 """
 
 from __future__ import annotations
@@ -22,13 +23,22 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
-from infra_agent.experiments import constraints, power, rates
 from infra_agent.experiments.arms import SeedSource
 from infra_agent.experiments.companion import companion, unshared_gain
 from infra_agent.experiments.extend import Prior
-from infra_agent.feedback.bench import Comparison, compare_samples
+from infra_agent.judgement import constraints, power, rates
+from infra_agent.judgement.bootstrap import compare_samples
+from infra_agent.judgement.comparison import Comparison
+from infra_agent.judgement.decision import (
+    SUSPICIOUS,
+    Decision,
+    Rule,
+    beyond_min_effect,
+    caveats,
+    sign_overrules,
+)
+from infra_agent.judgement.decision import decide as decide_comparison
 from infra_agent.store.verdict import Flag, PerformanceEvidence, StopReason, Verdict
 from infra_agent.tasks.harness import Arm, Harness
 from infra_agent.tasks.manifest import TaskManifest
@@ -49,9 +59,6 @@ class ExperimentTimeout(Exception):
 
 CALIBRATION_PAIRS = 4
 """Pairs measured before an experiment states what it can detect (two ABBA rounds)."""
-
-SUSPICIOUS = "suspicious: "
-"""How each reason for the `suspicious` flag begins (the review queue quotes them)."""
 
 
 @dataclass
@@ -132,16 +139,7 @@ def measure(
     started = time.monotonic()
     rounds = reused // 2
     while True:
-        s1, s2 = seeds.fresh(), seeds.fresh()
-        order = [(baseline, s1), (candidate, s1), (candidate, s2), (baseline, s2)]
-        if rounds % 2:
-            order = [(candidate, s1), (baseline, s1), (baseline, s2), (candidate, s2)]
-        for arm, seed in order:
-            if time.monotonic() > deadline:
-                raise ExperimentTimeout()
-            target = base if arm is baseline else cand
-            for key, value in _take(harness, arm, seed, manifest).items():
-                target.setdefault(key, []).append(value)
+        _sample_round(harness, (baseline, candidate), seeds, rounds, deadline, manifest, (base, cand))  # fmt: skip
         rounds += 1
         n = min(len(base[metric]), len(cand[metric]))
         spent = time.monotonic() - started
@@ -156,35 +154,7 @@ def measure(
                 progress(plan.render())
         if n < max(budget.min_samples, 2):
             continue
-        if rate:  # pooled counts; sequential: stop once the difference is shown either way
-            counts = _pooled(base, cand, manifest)
-            comparison = rates.as_comparison(counts, n, manifest.min_effect)
-            done = rates.shown(counts, manifest.min_effect, manifest.metric.target) is not None
-            shown = counts.render()
-        else:
-            comparison = compare_samples(
-                base[metric][:n],
-                cand[metric][:n],
-                higher_is_better=manifest.metric.higher_is_better,
-                paired=True,
-                seed=bootstrap_seed,
-                equivalence=manifest.min_effect,
-            )
-            se = power.se_of_interval(comparison.ci_low, comparison.ci_high)
-            # A resolved interval the sign test would overrule is not an answer yet: more pairs
-            # settle it (with 6-8 pairs the sign test needs every pair on one side).
-            ratios = _ratios(base[metric][:n], cand[metric][:n], manifest.metric.higher_is_better)
-            side = beyond_min_effect(
-                comparison.speedup, comparison.ci_low, comparison.ci_high, manifest.min_effect
-            )
-            done = se <= se_goal and (side is None or sign_overrules(side, ratios) is None)
-            seen = power.detectable_effect(se, manifest.min_effect)
-            shown = (
-                f"{gain_name(manifest)} {comparison.speedup:.3f}x "
-                f"(95% CI {comparison.ci_low:.3f}-{comparison.ci_high:.3f}), "
-                f"detects {seen - 1:.1%}, asked {wanted - 1:.1%}"
-            )
-        done = done and not constraints.still_open(base, cand, manifest)  # shown either way first
+        comparison, done, shown = _standing(base, cand, n, manifest, (wanted, se_goal), bootstrap_seed)  # fmt: skip
         if progress is not None:
             progress(f"performance: n={n}/arm, {shown}")
         stopped = (
@@ -197,16 +167,73 @@ def measure(
             return Measurement(comparison, base, cand, rounds, wanted, plan, stopped, prior)
 
 
-def sign_overrules(
-    side: Literal["better", "worse"], ratios: list[float]
-) -> tuple[float, float] | None:
-    """The sign test's 95% interval of per-pair ratios when it does not agree that the change
-    is to `side` (it includes 1.0), else None; None also where it cannot reach 95% (fewer than
-    6 pairs: the bootstrap decides alone)."""
-    sign = sign_interval(ratios)
-    if sign is None or (sign[0] > 1.0 if side == "better" else sign[1] < 1.0):
-        return None
-    return sign
+def _sample_round(
+    harness: Harness,
+    arms: tuple[Arm, Arm],
+    seeds: SeedSource,
+    rounds: int,
+    deadline: float,
+    manifest: TaskManifest,
+    into: tuple[dict[str, list[float]], dict[str, list[float]]],
+) -> None:
+    """One round of four samples on two fresh seeds, ABBA (BAAB on odd rounds), appended to
+    `into` (baseline, candidate: metric name -> samples)."""
+    baseline, candidate = arms
+    s1, s2 = seeds.fresh(), seeds.fresh()
+    order = [(baseline, s1), (candidate, s1), (candidate, s2), (baseline, s2)]
+    if rounds % 2:
+        order = [(candidate, s1), (baseline, s1), (baseline, s2), (candidate, s2)]
+    for arm, seed in order:
+        if time.monotonic() > deadline:
+            raise ExperimentTimeout()
+        target = into[0] if arm is baseline else into[1]
+        for key, value in _take(harness, arm, seed, manifest).items():
+            target.setdefault(key, []).append(value)
+
+
+def _standing(
+    base: dict[str, list[float]],
+    cand: dict[str, list[float]],
+    n: int,
+    manifest: TaskManifest,
+    goal: tuple[float, float],
+    bootstrap_seed: int,
+) -> tuple[Comparison, bool, str]:
+    """The comparison of the first `n` pairs, whether sampling may stop, and the line that says
+    where it stands. `goal`: the effect wanted and the standard error that resolves it."""
+    metric = manifest.metric.name
+    if manifest.metric.events is not None:  # pooled counts: stop once shown either way
+        counts = _pooled(base, cand, manifest)
+        comparison = rates.as_comparison(counts, n, manifest.min_effect)
+        done = rates.shown(counts, manifest.min_effect, manifest.metric.target) is not None
+        shown = counts.render()
+    else:
+        wanted, se_goal = goal
+        comparison = compare_samples(
+            base[metric][:n],
+            cand[metric][:n],
+            higher_is_better=manifest.metric.higher_is_better,
+            paired=True,
+            seed=bootstrap_seed,
+            equivalence=manifest.min_effect,
+        )
+        se = power.se_of_interval(comparison.ci_low, comparison.ci_high)
+        # A resolved interval the sign test would overrule is not an answer yet: more pairs
+        # settle it (with 6-8 pairs the sign test needs every pair on one side).
+        ratios = _ratios(base[metric][:n], cand[metric][:n], manifest.metric.higher_is_better)
+        side = beyond_min_effect(
+            comparison.speedup, comparison.ci_low, comparison.ci_high, manifest.min_effect
+        )
+        done = se <= se_goal and (side is None or sign_overrules(side, ratios) is None)
+        seen = power.detectable_effect(se, manifest.min_effect)
+        shown = (
+            f"{gain_name(manifest)} {comparison.speedup:.3f}x "
+            f"(95% CI {comparison.ci_low:.3f}-{comparison.ci_high:.3f}), "
+            f"detects {seen - 1:.1%}, asked {wanted - 1:.1%}"
+        )
+    # every constraint shown either way first
+    done = done and not constraints.still_open(base, cand, manifest.constraints)
+    return comparison, done, shown
 
 
 def gain_name(manifest: TaskManifest) -> str:
@@ -224,24 +251,6 @@ def _pooled(
     metric = manifest.metric
     assert metric.events is not None and metric.trials is not None
     return rates.pooled(base, cand, metric.events, metric.trials, metric.per)
-
-
-def sign_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
-    """Distribution-free interval for the median per-pair ratio (the sign test's order
-    statistics): exact coverage >= `confidence` for independent pairs, whatever the noise.
-    None when there are too few pairs to reach that confidence."""
-    n = len(ratios)
-    alpha = (1.0 - confidence) / 2
-    k, tail = 0, 0.0
-    while True:  # largest k with P(Binom(n, 1/2) <= k - 1) <= alpha
-        tail_next = tail + math.comb(n, k) / 2**n
-        if tail_next > alpha:
-            break
-        tail, k = tail_next, k + 1
-    if k == 0:
-        return None
-    ordered = sorted(ratios)
-    return ordered[k - 1], ordered[n - k]
 
 
 def pair_ratios(m: Measurement, manifest: TaskManifest) -> list[float]:
@@ -290,17 +299,20 @@ def evidence(m: Measurement, manifest: TaskManifest) -> PerformanceEvidence:
     )
 
 
-def beyond_min_effect(
-    speedup: float, ci_low: float, ci_high: float, min_effect: float
-) -> Literal["better", "worse"] | None:
-    """The minimum-effect half of the verdict rule below: "better" when the improvement factor
-    exceeds 1 + min_effect and the interval's low end 1 + min_effect/2, "worse" symmetrically."""
-    margin = 1.0 + min_effect / 2
-    if ci_low > margin and speedup > 1.0 + min_effect:
-        return "better"
-    if ci_high < 1.0 / margin and speedup < 1.0 / (1.0 + min_effect):
-        return "worse"
-    return None
+def rule(manifest: TaskManifest) -> Rule:
+    """What the task asks of a comparison: its minimum effect and plausibility bound."""
+    return Rule(manifest.min_effect, manifest.plausible_speedup, gain_name(manifest))
+
+
+def _decision(m: Measurement, manifest: TaskManifest) -> Decision:
+    """The judgement core's decision on the task's metric (judgement.decision; a rate metric:
+    on pooled counts, judgement.rates)."""
+    metric = manifest.metric
+    if metric.events is None:
+        return decide_comparison(m.comparison, rule(manifest), pair_ratios(m, manifest))
+    counts = _pooled(m.baseline, m.candidate, manifest)
+    found = rates.decide_counts(counts, manifest.min_effect, metric.target, metric.unit)
+    return caveats(found, m.comparison, rule(manifest))
 
 
 def decide(
@@ -308,65 +320,19 @@ def decide(
 ) -> tuple[Verdict, list[str], list[Flag], dict[str, float]]:
     """Verdict, reasons, flags and secondary metrics (medians) from a measurement.
 
-    IMPROVED only if the improvement factor exceeds 1 + min_effect, the interval's low end exceeds
-    1 + min_effect/2 (confident of at least half the minimum effect, not merely of some change:
-    two worker processes running the same code differ by a percent or two, which a 95% interval
-    alone would call a change in one A/A experiment of ten on a loaded machine) and the sign
-    test's interval of per-pair ratios excludes 1.0 (where it applies: at least 6 pairs);
-    REGRESSED symmetrically; NO_CHANGE otherwise, flagged `underpowered` when the measurement
-    could not resolve the effect asked for. A rate metric is judged on pooled counts instead
-    (experiments.rates). Every constraint must be shown satisfied (its interval within the
-    limit): one shown broken is a REGRESSED, one not shown satisfied keeps the verdict from
-    IMPROVED. The metric's companion is compared beside it and does not decide, but an
-    IMPROVED it does not share is flagged `suspicious` (experiments.companion).
+    The task's metric decides (`judgement.decision`: beyond the minimum effect with confidence,
+    the sign test agreeing; a rate metric on pooled counts, `judgement.rates`), flagged
+    `underpowered` when the measurement could not resolve the effect asked for. Every
+    constraint must be shown satisfied (its interval within the limit): one shown broken is a
+    REGRESSED, one not shown satisfied keeps the verdict from IMPROVED
+    (`judgement.constraints`). The metric's companion is compared beside it and does not
+    decide, but an IMPROVED it does not share is flagged `suspicious` (experiments.companion).
 
     The reasons are words and the numbers only they carry: the gain, its interval, the pairs
     and the medians are in the evidence (`evidence`) and stated once beside the verdict."""
-    c, metric = m.comparison, manifest.metric
-    sp, lo, hi, effect = c.speedup, c.ci_low, c.ci_high, manifest.min_effect
-    margin = 1.0 + effect / 2
-    shown = beyond_min_effect(sp, lo, hi, effect)
-    gain = gain_name(manifest)
-    beyond = f"beyond the task's minimum effect of {effect:.0%}"
-    if metric.events is not None:
-        verdict, reasons = _decide_rate(m, manifest)
-    elif shown == "better":
-        verdict, reasons = Verdict.IMPROVED, [f"better with confidence, {beyond}"]
-    elif shown == "worse":
-        verdict, reasons = Verdict.REGRESSED, [f"worse with confidence, {beyond}"]
-    elif lo <= 1.0 <= hi:
-        verdict, reasons = Verdict.NO_CHANGE, ["within noise: the interval includes 1.0"]
-    elif sp > 1.0 + effect or sp < 1.0 / (1.0 + effect):
-        verdict = Verdict.NO_CHANGE
-        reasons = [
-            f"not shown: the interval reaches within half the task's minimum effect of "
-            f"{effect:.0%} ({1 / margin:.3f}-{margin:.3f})"
-        ]
-    else:
-        verdict = Verdict.NO_CHANGE
-        reasons = [f"effect below the task's minimum of {effect:.0%}"]
-    if shown is not None and metric.events is None:  # IMPROVED or REGRESSED so far
-        # The bootstrap interval of medians can be too narrow when noise is heavy-tailed or
-        # drifts (a loaded machine); the sign test's interval holds whatever the noise.
-        # It applies where it can reach 95% (6 pairs or more); with fewer the bootstrap decides
-        # alone. (Samples are positive: compare_samples refuses others.)
-        sign = sign_overrules(shown, pair_ratios(m, manifest))
-        if sign is not None:
-            verdict = Verdict.NO_CHANGE
-            reasons = [
-                "not shown: the sign test's 95% interval of per-pair ratios "
-                f"({sign[0]:.3f}-{sign[1]:.3f}) includes 1.0"
-            ]
-    flags: list[Flag] = []
-    if {"high_iqr", "drift"} & set(c.noise):
-        flags.append(Flag.NOISY)
-        reasons.append("measurement was noisy: " + "; ".join(c.noise_detail))
-    if manifest.plausible_speedup is not None and sp > manifest.plausible_speedup:
-        flags.append(Flag.SUSPICIOUS)
-        reasons.append(
-            f"{SUSPICIOUS}{gain} {sp:.2f}x is above the task's plausibility bound "
-            f"{manifest.plausible_speedup:g}x: needs a human look"
-        )
+    metric = manifest.metric
+    found = _decision(m, manifest)
+    verdict, reasons, flags = found.verdict, list(found.reasons), list(found.flags)
     medians: dict[str, float] = {}
     for name in sorted(set(m.baseline) & set(m.candidate)):
         if name == metric.name:
@@ -380,36 +346,18 @@ def decide(
         verdict = constraints.check(m.baseline, m.candidate, constraint, verdict, reasons, medians)
     if metric.events is not None:  # what a rate target is judged on (experiments.criteria)
         medians["candidate_rate_upper"] = _pooled(m.baseline, m.candidate, manifest).candidate_upper
-    if metric.events is None:  # right after the main reason
-        beside, shared = companion(m.baseline, m.candidate, manifest, medians)
-        reasons[1:1] = seen[1] + beside
-        unshared = unshared_gain(sp, shared, manifest) if verdict is Verdict.IMPROVED else None
-        if unshared is not None:
-            flags.append(Flag.SUSPICIOUS)
-            reasons.append(f"{SUSPICIOUS}{unshared}")
+        return verdict, reasons, flags, medians
+    beside, shared = companion(m.baseline, m.candidate, manifest, medians)
+    reasons[1:1] = seen[1] + beside  # right after the main reason
+    unshared = (
+        unshared_gain(m.comparison.speedup, shared, manifest)
+        if verdict is Verdict.IMPROVED
+        else None
+    )
+    if unshared is not None:
+        flags.append(Flag.SUSPICIOUS)
+        reasons.append(f"{SUSPICIOUS}{unshared}")
     return verdict, reasons, flags + seen[0], medians
-
-
-def _decide_rate(m: Measurement, manifest: TaskManifest) -> tuple[Verdict, list[str]]:
-    """A rate metric: the pooled counts decide (experiments.rates)."""
-    counts = _pooled(m.baseline, m.candidate, manifest)
-    target = manifest.metric.target
-    outcome = rates.shown(counts, manifest.min_effect, target)
-    low, _ = counts.interval()
-    if outcome == "better":
-        return Verdict.IMPROVED, [f"fewer events with confidence: {counts.render_counts()}"]
-    if outcome == "worse":
-        return Verdict.REGRESSED, [f"more events with confidence: {counts.render_counts()}"]
-    margin = 1.0 + manifest.min_effect / 2
-    if low > margin and target is not None:
-        why = (
-            f"fewer events, but not shown below the task's target of {target:g} "
-            f"{manifest.metric.unit}: the candidate's 95% upper bound is above it (more requests "
-            "needed)"
-        )
-    else:
-        why = "the difference is not shown (the interval reaches within half the minimum effect)"
-    return Verdict.NO_CHANGE, [f"{why}: {counts.render_counts()}"]
 
 
 def resolution(

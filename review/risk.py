@@ -45,7 +45,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra_agent.errors import UserError
-from infra_agent.experiments.measure import SUSPICIOUS
+from infra_agent.judgement import SUSPICIOUS
 from infra_agent.redact import redact_text
 from infra_agent.store.records import PatchKind, PatchRecord, RiskLevel
 from infra_agent.store.verdict import ExperimentResult, Flag, Verdict

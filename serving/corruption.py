@@ -12,8 +12,8 @@ import re
 from collections import Counter
 from typing import Any
 
+from infra_agent.judgement.intervals import poisson_upper
 from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
-from infra_agent.tasks.harness import poisson_upper
 
 POOL_CHECK = re.compile(r"double free|use-after-free|memory leak|leak detected", re.IGNORECASE)
 

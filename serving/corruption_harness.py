@@ -28,9 +28,10 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
+from infra_agent.judgement.intervals import poisson_upper
 from infra_agent.serving.datasets import Session, Turn, coding_agent_sessions
 from infra_agent.serving.harness import ServingHarness
-from infra_agent.tasks.harness import Arm, IncorrectOutput, poisson_upper
+from infra_agent.tasks.harness import Arm, IncorrectOutput
 
 TOP_K = 5
 

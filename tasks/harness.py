@@ -20,11 +20,12 @@ policy, a ready setup; tasks.workload), so the model's cheap checks run on the s
 from __future__ import annotations
 
 import abc
-import math
 import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+# A helper for harness authors (the exact bound of a rare event count), from the judgement core.
+from infra_agent.judgement.intervals import poisson_upper as poisson_upper
 from infra_agent.tasks.manifest import TaskManifest
 from infra_agent.tasks.workload import DEFAULT_SEEDS, InputSpec, Workload
 
@@ -243,22 +244,3 @@ def seeded_prompts(n: int, seed: int) -> list[int]:
     """`n` request ids (40-bit integers) drawn from `seed`: a load the candidate cannot predict."""
     rng = random.Random(seed)
     return [rng.randrange(1 << 40) for _ in range(n)]
-
-
-def poisson_upper(k: int, confidence: float = 0.95) -> float:
-    """One-sided upper confidence bound on a Poisson mean after observing `k` events (exact:
-    the mean whose P(X <= k) is 1 - confidence, found by bisection)."""
-    alpha = 1.0 - confidence
-
-    def cdf(lam: float) -> float:
-        term = total = math.exp(-lam)
-        for i in range(1, k + 1):
-            term *= lam / i
-            total += term
-        return total
-
-    lo, hi = 0.0, k + 10.0 * math.sqrt(k + 1) + 10.0
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) > alpha else (lo, mid)
-    return hi

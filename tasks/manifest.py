@@ -42,7 +42,7 @@ class Metric(BaseModel):
     other work on the machine moves less than wall-clock throughput)."""
     events: str | None = None
     """A rate metric (rare events, e.g. corrupted requests): the sample key counting events.
-    Verdicts then pool the counts of all samples (experiments.rates) instead of comparing
+    Verdicts then pool the counts of all samples (judgement.rates) instead of comparing
     per-sample medians, and sampling stops once the difference is shown."""
     trials: str | None = None
     """For a rate metric: the sample key counting the trials (requests) the events are out of."""

@@ -74,7 +74,7 @@ class MicrobenchRecord(BenchResult):
         """A FASTER or SLOWER smaller than the task's minimum effect, said plainly: two sandboxed
         processes running identical code differ by a few percent, and run_experiment would not
         count such a change (the minimum-effect rule of run_experiment's verdict)."""
-        from infra_agent.experiments.measure import beyond_min_effect
+        from infra_agent.judgement import beyond_min_effect
 
         c = self.comparison
         if self.min_effect <= 0 or c.verdict not in ("FASTER", "SLOWER"):

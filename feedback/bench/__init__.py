@@ -3,8 +3,9 @@
 Python API (stable):
 - `compare_samples(baseline, candidate, *, higher_is_better, confidence=0.95, seed=0,
   paired=False, equivalence=0.02) -> Comparison` — statistics on samples you already have
-  (see `feedback.bench.compare`): speedup (> 1 better), ci_low/ci_high, verdict
-  FASTER|SLOWER|SAME|AMBIGUOUS, noise flags.
+  (the judgement core's bootstrap, `judgement.bootstrap`): speedup (> 1 better),
+  ci_low/ci_high, verdict FASTER|SLOWER|SAME|AMBIGUOUS (a view of the core's decision rule,
+  `judgement.decision.Decision.word`), noise flags.
 - `run_bench(baseline, candidate, *, min_sample_s=0.005, ci_width=0.02, equivalence=0.02,
   budget_s=10, clock="wall", with_counters=False, ...) -> BenchResult` — time two arms
   interleaved (ABBA...) with adaptive stopping (see `feedback.bench.runner`); samples are seconds
@@ -17,7 +18,6 @@ Python API (stable):
 - `load_callable('module:function' | 'file.py:function')` — resolve user code.
 """
 
-from infra_agent.feedback.bench.compare import BenchVerdict, Comparison, compare_samples
 from infra_agent.feedback.bench.counters import HardwareCounters
 from infra_agent.feedback.bench.runner import BenchResult, make_target, run_bench
 from infra_agent.feedback.bench.targets import (
@@ -29,6 +29,7 @@ from infra_agent.feedback.bench.targets import (
     WorkerTarget,
 )
 from infra_agent.feedback.bench.usercode import load_callable
+from infra_agent.judgement import BenchVerdict, Comparison, compare_samples
 
 __all__ = [
     "BenchResult",

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from infra_agent.errors import UserError
-from infra_agent.experiments import power, run_experiment
+from infra_agent.experiments import run_experiment
 from infra_agent.experiments.arms import SeedSource
 from infra_agent.experiments.measure import Measurement, decide, evidence, measure, wanted_effect
 from infra_agent.feedback.bench import compare_samples
+from infra_agent.judgement import power
 from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.harness import Arm, CheckResult, Harness
 from infra_agent.tasks.manifest import TaskManifest

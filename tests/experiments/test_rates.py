@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra_agent.experiments import rates
 from infra_agent.experiments.measure import Measurement, decide, evidence
 from infra_agent.feedback.bench import compare_samples
+from infra_agent.judgement import rates
 from infra_agent.store.verdict import Evidence, ExperimentResult, Verdict
 from infra_agent.tasks.manifest import Constraint, Metric
 

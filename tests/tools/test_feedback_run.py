@@ -167,7 +167,7 @@ def test_the_two_arm_instruments_share_one_parameter_base() -> None:
 def test_microbench_says_when_a_difference_is_below_the_tasks_minimum_effect(
     verdict: str, low: float, high: float, noted: bool
 ) -> None:
-    from infra_agent.feedback.bench.compare import Comparison
+    from infra_agent.judgement import Comparison
     from infra_agent.tools.sandboxed import Arms
 
     comparison = Comparison(
