@@ -9,12 +9,11 @@ with c solved (1 - C(n-c, k) / C(n, k)); fast_p: the share of attempts whose bes
 not set aside exceeds p (KernelBench's fast_p, correct and faster than p, p in 1.0, 1.2, 1.5,
 2.0); to the first win: medians over the attempts with a win not set aside; disproved: attempts
 whose best win was not IMPROVED again when re-measured on fresh seeds. Intervals are Wilson 95%
-intervals for shares over attempts.
+intervals for shares over attempts (both from the judgement core, `judgement.intervals`).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter
 from typing import Any
@@ -22,23 +21,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from infra_agent.evals.records import AttemptRecord, EvalRecord, SetAsideReason
+from infra_agent.judgement.intervals import pass_at_k, wilson
 
 FAST_P = (1.0, 1.2, 1.5, 2.0)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 0.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def _median(values: list[float]) -> float | None:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable, find_py_spy
 from infra_agent.feedback.gil.threads import KernelThread, kernel_threads, own_pid_namespace
+from infra_agent.judgement.intervals import binom_upper_tail
 
 FRAME = re.compile(r"^(?P<name>.+) \((?P<file>.+):(?P<line>\d+)\)$")
 NESTED = re.compile(r"(?:\.<locals>\.<(?:lambda|listcomp|dictcomp|setcomp|genexpr)>)+$")
@@ -278,8 +279,7 @@ def function_only_in(
     k_low, k_high = round(per_low * low_units), round(per_high * high_units)
     p = high_units / (low_units + high_units)  # a sample's chance to fall in `high` under H0
     n = k_low + k_high
-    tail = sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(k_high, n + 1))
-    return found if tail < odds else None
+    return found if binom_upper_tail(k_high, n, p) < odds else None
 
 
 def profile_while(

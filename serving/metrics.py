@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel
 
+from infra_agent.judgement.describe import percentile
 from infra_agent.serving.workload import WorkloadResult
 
 OBJECTIVE_METRICS: dict[str, tuple[str, str, bool]] = {
@@ -114,7 +115,7 @@ def _pct(values: list[float]) -> dict[str, float]:
     if not values:
         return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
     arr = np.asarray(values) * 1000.0
-    return {f"p{q}": float(np.percentile(arr, q)) for q in (50, 90, 99)}
+    return {f"p{q}": percentile(arr, q) for q in (50, 90, 99)}
 
 
 def summarize(result: WorkloadResult, slo: SLO | None = None) -> RunMetrics:

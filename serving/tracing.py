@@ -14,7 +14,6 @@ diagnosis (`serving.diagnosis`) and the `server_profile` tool both run through h
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +25,7 @@ from pydantic import BaseModel, Field, computed_field
 from infra_agent.errors import UserError
 from infra_agent.feedback.gil import GilReport, ThreadGil, trace_pid
 from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime, profile_pid
+from infra_agent.judgement.intervals import share_error
 from infra_agent.proctree import alive
 from infra_agent.serving.datasets import Session
 from infra_agent.serving.instruments import LoadRun, describe, server_processes
@@ -152,7 +152,7 @@ class ProcessProfile(BaseModel):
     def share_error(self) -> float:
         """The 95% sampling error of a share (at its widest, a 50% share), were the samples
         independent: 1.96 * sqrt(0.25 / samples); 1.0 without samples."""
-        return 1.96 * math.sqrt(0.25 / self.samples) if self.samples else 1.0
+        return share_error(self.samples)
 
     @classmethod
     def of(cls, trace: ProcessTrace, dirs: list[Path]) -> ProcessProfile:

@@ -29,6 +29,7 @@ import orjson
 from pydantic import BaseModel, Field
 
 from infra_agent.feedback.health import StreamGuard
+from infra_agent.judgement.describe import rank_percentiles
 from infra_agent.serving.datasets import Session, Turn
 
 LINE_LIMIT = 1 << 24
@@ -300,15 +301,11 @@ async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadRes
         duration = time.monotonic() - t0
         watch.cancel()
     return WorkloadResult(
-        records=records, duration_s=duration, load=load, client_loop_lag_s=_quantiles(lags)
+        records=records,
+        duration_s=duration,
+        load=load,
+        client_loop_lag_s=rank_percentiles(lags, (50, 99)),
     )
-
-
-def _quantiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    ordered = sorted(values)
-    return {f"p{q}": ordered[min(len(ordered) - 1, len(ordered) * q // 100)] for q in (50, 99)}
 
 
 def run_workload(url: str, sessions: list[Session], load: LoadSpec | None = None) -> WorkloadResult:

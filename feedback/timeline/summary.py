@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from infra_agent.errors import UserError
 from infra_agent.feedback.timeline.events import TraceEvent
 from infra_agent.feedback.timeline.intervals import intersection_length, total, union
+from infra_agent.judgement.describe import percentile
 
 DEFAULT_CLASSES: dict[str, str] = {
     "comm": r"nccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|c10d|"
@@ -173,8 +174,8 @@ def _gap_stats(track: str, events: list[TraceEvent]) -> GapStats | None:
         track=track,
         count=len(gaps),
         total_us=float(g.sum()),
-        p50_us=float(np.percentile(g, 50)),
-        p90_us=float(np.percentile(g, 90)),
+        p50_us=percentile(g, 50),
+        p90_us=percentile(g, 90),
         max_us=float(g.max()),
     )
 
@@ -188,8 +189,8 @@ def _op_stats(samples: dict[str, list[float]], cover: float) -> tuple[list[OpSta
                 count=len(v),
                 total_us=float(sum(v)),
                 share=float(sum(v)) / grand,
-                p50_us=float(np.percentile(v, 50)),
-                p90_us=float(np.percentile(v, 90)),
+                p50_us=percentile(v, 50),
+                p90_us=percentile(v, 90),
             )
             for name, v in samples.items()
         ),
