@@ -1,6 +1,7 @@
 """RPC worker: runs candidate code inside a sandbox. Standalone (stdlib; torch only if preloaded):
-copied into the sandbox with its codec (rpc_codec, loaded by path) and started there, it never
-imports infra_agent, and refuses to let the candidate import it, its codec or the harness.
+copied into the sandbox with its codec (rpc_codec) and its audit guard (rpc_guard), both loaded
+by path, and started there, it never imports infra_agent, and refuses to let the candidate import
+it, its codec, its guard or the harness.
 
 Protocol (over the process's original stdin/stdout, which the candidate cannot print into):
 frames in rpc_codec's format, both ways.
@@ -31,7 +32,6 @@ import gc
 import importlib
 import os
 import sys
-import threading
 from typing import Any
 
 # Worker functions look builtins up in this private copy: a candidate rebinding builtins.len or
@@ -39,22 +39,24 @@ from typing import Any
 globals()["__builtins__"] = dict(vars(builtins))
 CODEC_FILE = "_infra_rpc_codec.py"
 """The codec's file name beside the worker in the sandbox."""
-BLOCKED = ("infra_agent", "harness", "_infra_rpc_worker", "_infra_rpc_codec")
+GUARD_FILE = "_infra_rpc_guard.py"
+"""The audit guard's file name beside the worker in the sandbox."""
 
 if __package__:  # imported on the harness side (tests, type checking)
-    from infra_agent.experiments import rpc_codec
-else:  # in the sandbox: the codec the harness wrote beside this file, loaded by path, not by name
+    from infra_agent.experiments import rpc_codec, rpc_guard
+else:  # in the sandbox: the files the harness wrote beside this one, loaded by path, not by name
     import importlib.util
 
-    def _load_codec() -> Any:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), CODEC_FILE)
-        spec = importlib.util.spec_from_file_location("_infra_rpc_codec", path)
+    def _load(filename: str) -> Any:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
+        spec = importlib.util.spec_from_file_location(filename.removesuffix(".py"), path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
 
-    rpc_codec = _load_codec()
+    rpc_codec = _load(CODEC_FILE)
+    rpc_guard = _load(GUARD_FILE)
 HEADER = rpc_codec.HEADER
 Codec = rpc_codec.Codec
 Tensors = rpc_codec.Tensors
@@ -65,6 +67,7 @@ read_frame_bytes, write_all, described = (
     rpc_codec.write_all,
     rpc_codec.described,
 )
+GUARD, Guard, unguarded = rpc_guard.GUARD, rpc_guard.Guard, rpc_guard.unguarded
 
 _gc_enable, _gc_disable, _gc_callbacks = gc.enable, gc.disable, gc.callbacks
 # The C functions: signal.getsignal converts through enum (Python code that looks up patchable
@@ -72,154 +75,11 @@ _gc_enable, _gc_disable, _gc_callbacks = gc.enable, gc.disable, gc.callbacks
 _getsignal, _valid_signals = _signal.getsignal, _signal.valid_signals
 _modules_get, _import_module = sys.modules.get, importlib.import_module
 _gettrace, _getprofile, _setprofile = sys.gettrace, sys.getprofile, sys.setprofile
+_listdir = os.listdir
 
 
 class Mutation(Exception):
     """A call changed its inputs (reported as kind 'mutation')."""
-
-
-# -- the audit guard ---------------------------------------------------------------------------
-
-AUDIT_EVENTS = {
-    "network": ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"),
-    "processes": ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-                  "os.fork", "os.forkpty", "os.kill", "os.killpg", "pty.spawn"),
-    "introspection": ("gc.get_objects", "gc.get_referrers", "gc.get_referents",
-                      "sys._current_frames", "sys.settrace", "sys.setprofile"),
-}  # fmt: skip
-ALWAYS_DENIED = {
-    "sys.addaudithook": "an audit hook (it would run candidate code in every operation)"
-}
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_os_open, _os_close, _readlink, _getcwd = os.open, os.close, os.readlink, os.getcwd
-_listdir, _get_ident, _O_PATH = os.listdir, threading.get_ident, os.O_PATH
-_trusted: set[int] = set()
-"""Threads doing the worker's own audited work at this moment (the O_PATH opens of `_realpath`,
-preloads, installing the put profiler): the guard lets their events pass. Every other thread is
-guarded from the first request on, between requests too (a thread the task lets live between
-calls is no less the candidate's)."""
-
-
-def _realpath(path: str | bytes) -> str:
-    """`path` with symlinks resolved, by the kernel (an O_PATH descriptor and its /proc link),
-    with no Python code of os.path (a candidate may patch it, or the builtins it uses). A path
-    that does not exist yet resolves through its folder."""
-    me = _get_ident()
-    _trusted.add(me)  # our own O_PATH opens are not the candidate's
-    try:
-        return _resolved(path)
-    finally:
-        _trusted.discard(me)
-
-
-def _resolved(path: str | bytes) -> str:
-    if not isinstance(path, str):  # the audit event's argument: exactly str or bytes
-        path = bytes.decode(path, "utf-8", "surrogateescape")
-    if not path.startswith("/"):
-        path = _getcwd() + "/" + path
-    head, tail = path, ""
-    while head:
-        try:
-            fd = _os_open(head, _O_PATH)
-        except OSError:
-            head, _, name = head.rpartition("/")
-            tail = name + ("/" + tail if tail else "")
-            continue
-        try:
-            real = _readlink(f"/proc/self/fd/{fd}")
-        finally:
-            _os_close(fd)
-        return real.rstrip("/") + ("/" + tail if tail else "") if real != "/" else "/" + tail
-    return "/" + tail
-
-
-def _own(function: Any, *args: Any) -> Any:
-    """Run the worker's own audited work in this thread only, unguarded (see `_trusted`)."""
-    me = _get_ident()
-    _trusted.add(me)
-    try:
-        return function(*args)
-    finally:
-        _trusted.discard(me)
-
-
-def _under(path: str, roots: list[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-class Guard:
-    """Audit hook (cannot be removed once added): while active, denied operations raise
-    PermissionError and are recorded, so the call is reported as a rule violation even if the
-    candidate swallows the exception. It backs up the static rules against obfuscation. Active
-    from the first request on, in every thread but one doing the worker's own trusted work
-    (`_trusted`): during every operation and between operations alike. A violation a thread
-    commits between requests is reported by the next one."""
-
-    def __init__(self) -> None:
-        self.active = False
-        self.events: dict[str, str] = {}
-        self.forbidden: list[str] = []
-        self.exempt: list[str] = []
-        self.writable: list[str] = []
-        self.violations: list[str] = []
-
-    def configure(self, config: dict[str, list[str]]) -> None:
-        for group in config.get("deny", []):
-            for event in AUDIT_EVENTS.get(group, ()):
-                self.events[event] = group
-        self.forbidden = [_realpath(p) for p in config.get("forbidden", [])]
-        self.exempt = [_realpath(p) for p in config.get("exempt", [])]
-        self.writable = [_realpath(p) for p in config.get("writable", [])]
-
-    def _deny(self, what: str) -> None:
-        self.violations.append(what)
-        raise PermissionError(f"infra-agent sandbox: {what} is not allowed")
-
-    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
-        if not self.active or _get_ident() in _trusted:
-            return
-        if event in ALWAYS_DENIED:
-            self._deny(f"{event}: {ALWAYS_DENIED[event]}")
-        group = self.events.get(event)
-        if group is not None:
-            self._deny(f"{event} (rule group '{group}')")
-        if event == "open" and args and type(args[0]) in (str, bytes):
-            path = _realpath(args[0])
-            mode, flags = (
-                (args[1] if len(args) > 1 else "r") or "r",
-                args[2] if len(args) > 2 else 0,
-            )
-            writing = (type(mode) is str and any(c in mode for c in "wax+")) or bool(
-                (flags if type(flags) is int else 0) & _WRITE_FLAGS
-            )
-            if _under(path, self.forbidden) and not _under(path, self.exempt):
-                self._deny(f"opening {path} (the harness or the package)")
-            if writing and not _under(path, self.writable):
-                self._deny(f"writing {path} (outside the workspace)")
-
-
-GUARD = Guard()
-
-
-class _Blocker:
-    """Meta-path finder that refuses the package, the harness and this worker."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name.split(".")[0] in BLOCKED:
-            if GUARD.active:
-                GUARD.violations.append(f"importing {name} (the package or the harness)")
-            raise ImportError(f"{name} is not available to candidate code")
-        return None
-
-
-def _hide_package() -> None:
-    sys.meta_path[:] = [
-        f for f in sys.meta_path if "editable" not in type(f).__module__ + repr(f).lower()
-    ]
-    sys.meta_path.insert(0, _Blocker())
-    for name in list(sys.modules):
-        if name.split(".")[0] in BLOCKED:
-            del sys.modules[name]
 
 
 # -- the worker --------------------------------------------------------------------------------
@@ -231,7 +91,9 @@ class Worker:
 
     def __init__(self, workspace: str) -> None:
         self.workspace = workspace.rstrip("/") + "/"
-        self.own_files = (Worker.handle.__code__.co_filename, Codec.pack.__code__.co_filename)
+        self.own_files = tuple(
+            f.__code__.co_filename for f in (Worker.handle, Codec.pack, Guard.__call__)
+        )
         self.arena: dict[str, tuple[Any, Snapshot | None]] = {}
         self.graveyard: list[Any] = []
         """Values put replaced: freed inside the next call, so a finalizer the candidate attached
@@ -278,11 +140,11 @@ class Worker:
         if not self.called:
             return self._answer(self._request, body)
         self.foreign = []
-        _own(_setprofile, self._watch)  # setprofile is itself an audited event
+        unguarded(_setprofile, self._watch)  # setprofile is itself an audited event
         try:
             return self._answer(self._request, body)
         finally:
-            _own(_setprofile, None)
+            unguarded(_setprofile, None)
             if self.foreign:
                 GUARD.violations.append(
                     "running code outside its call (" + ", ".join(self.foreign) + ")"
@@ -311,7 +173,7 @@ class Worker:
             # Trusted imports before any candidate code exists in the process (the workspace is
             # not on sys.path yet), so the guard has nothing to catch: torch writes temp files.
             for name in message.get("modules", []):
-                _own(_import_module, name)  # e.g. torch, before any candidate code runs
+                unguarded(_import_module, name)  # e.g. torch, before any candidate code runs
             if "torch" in sys.modules and self.tensors is None:
                 self.tensors = Tensors(sys.modules["torch"])
                 self.codec = self.tensors.codec
@@ -427,7 +289,7 @@ def main() -> None:
     os.dup2(null, 0)
     os.dup2(2, 1)  # the candidate's prints go to stderr, never into the protocol
     sys.stdout = sys.stderr
-    _hide_package()
+    rpc_guard.hide_package()
     sys.modules["__main__"] = type(sys)("__main__")  # `import __main__` reaches nothing here
     worker = Worker(os.getcwd())
     sys.addaudithook(GUARD)

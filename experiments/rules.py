@@ -35,7 +35,7 @@ GROUPS = {
 }
 ALWAYS_ENFORCED = frozenset({"harness", "timers"})
 AUDITED_GROUPS = frozenset({"network", "processes", "introspection"})
-"""Groups the RPC worker's audit hook also enforces at run time (see rpc_worker.Guard)."""
+"""Groups the RPC worker's audit hook also enforces at run time (see rpc_guard.Guard)."""
 RUNTIME_GROUPS = {
     "background": "threads outliving a call and working between calls (the process watch)",
 }

@@ -1,8 +1,8 @@
 """The harness side of the RPC worker: `RpcWorker` implements `tasks.harness.Worker`.
 
-It copies `rpc_worker.py` and its codec (`rpc_codec.py`) into a sandbox, starts it there (isolated
-mode: nothing in the workspace shadows the worker's own modules), and talks to it in one safe
-format both ways (`rpc_codec.Codec`: a JSON header and raw tensor bytes, never pickle). Every call has a deadline; past it the sandboxed
+It copies `rpc_worker.py`, its codec (`rpc_codec.py`) and its audit guard (`rpc_guard.py`) into
+a sandbox, starts it there (isolated mode: nothing in the workspace shadows the worker's own
+modules), and talks to it in one safe format both ways (`rpc_codec.Codec`: a JSON header and raw tensor bytes, never pickle). Every call has a deadline; past it the sandboxed
 process tree is killed (CandidateFailure kind='timeout'). The process watch starts before any
 candidate code can run (before preloads and the first import): after each call child processes
 still alive, threads beyond an idle compute pool, or any thread but the worker's own using CPU
@@ -23,16 +23,17 @@ from typing import Any
 
 from infra_agent.experiments.procwatch import ProcessWatch
 from infra_agent.experiments.rpc_codec import Codec
-from infra_agent.experiments.rpc_worker import CODEC_FILE
+from infra_agent.experiments.rpc_worker import CODEC_FILE, GUARD_FILE
 from infra_agent.feedback.pyprofile import WORKER_PREFIX
 from infra_agent.sandboxes.base import Sandbox, SandboxProcess
 from infra_agent.tasks.harness import CandidateFailure, IncorrectOutput
 
 WORKER_SOURCE = Path(__file__).with_name("rpc_worker.py")
 CODEC_SOURCE = Path(__file__).with_name("rpc_codec.py")
+GUARD_SOURCE = Path(__file__).with_name("rpc_guard.py")
 WORKER_FILE = "_infra_rpc_worker.py"
 """Name of the worker script inside the sandbox workspace copy (not editable by patches)."""
-assert WORKER_FILE.startswith(WORKER_PREFIX) and CODEC_FILE.startswith(WORKER_PREFIX)
+assert all(f.startswith(WORKER_PREFIX) for f in (WORKER_FILE, CODEC_FILE, GUARD_FILE))
 HEADER_BYTES = 8
 MAX_RESPONSE_BYTES = 1 << 30
 STARTUP_TIMEOUT_S = 120.0
@@ -94,6 +95,7 @@ class RpcWorker:
         self.sandbox = sandbox
         self.call_timeout_s = call_timeout_s
         sandbox.write_file(CODEC_FILE, CODEC_SOURCE.read_bytes())  # loaded by path
+        sandbox.write_file(GUARD_FILE, GUARD_SOURCE.read_bytes())  # loaded by path
         sandbox.write_file(WORKER_FILE, WORKER_SOURCE.read_bytes())
         python = python or getattr(sandbox, "python", None) or sys.executable
         self.process: SandboxProcess = sandbox.spawn([python, "-I", "-B", WORKER_FILE])

@@ -389,7 +389,7 @@ def test_the_guard_holds_between_calls(sandbox: Sandbox) -> None:
             marker.unlink()
 
 
-@pytest.mark.parametrize("name", ["_infra_rpc_worker", "_infra_rpc_codec"])
+@pytest.mark.parametrize("name", ["_infra_rpc_worker", "_infra_rpc_codec", "_infra_rpc_guard"])
 def test_the_worker_and_its_codec_cannot_be_imported(worker: RpcWorker, name: str) -> None:
     """Both files lie in the workspace, which is on the candidate's path: a fresh copy of either
     would hand the candidate the worker's code to study or to drive; both are refused."""
