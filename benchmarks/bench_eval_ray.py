@@ -73,6 +73,10 @@ def main() -> None:
 
     rows: list[tuple[str, float, float, int]] = []
     with tempfile.TemporaryDirectory(prefix="bench-eval-ray-", dir="/tmp") as tmp:
+        # Ray's cluster utilities write the head's address to $RAY_TMPDIR/ray (else /tmp/ray,
+        # which they do not create)
+        os.environ["RAY_TMPDIR"] = tmp
+        (Path(tmp) / "ray").mkdir()
         task = quick_decode_task(Path(tmp))
         for slots in args.slots:
             local = Path(tmp) / f"local-{slots}"
