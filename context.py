@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.config import Settings, load_settings
+from infra_agent.errors import UserError
 from infra_agent.store import RunStore, open_store
 
 
@@ -35,6 +36,14 @@ class Invocation:
 
     def store_path(self) -> Path:
         return self.settings().store.path()
+
+    def task_search_path(self) -> list[Path]:
+        """The configured task folders (`tasks.search_path`); none where the configuration does
+        not load, so that `tasks list` and `tasks show` work beside a broken file."""
+        try:
+            return list(self.settings().tasks.search_path)
+        except UserError:
+            return []
 
 
 _current = Invocation()

@@ -11,7 +11,7 @@ called by the review UI from any process).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -105,8 +105,10 @@ class RunOutcome(BaseModel):
     """What a person can do now (open the review UI, resume), as commands."""
 
 
-def find_run_task(config: RunConfig) -> Task:
-    return find_task(config.task_root or config.task)
+def find_run_task(config: RunConfig, search_path: Iterable[Path] = ()) -> Task:
+    """The run's task: its recorded folder, else by name (`search_path`: the configured
+    `settings.tasks.search_path`)."""
+    return find_task(config.task_root or config.task, search_path)
 
 
 def _context(
@@ -116,7 +118,7 @@ def _context(
     store: RunStore,
     on_event: Callable[[str], None],
 ) -> AgentContext:
-    task = find_run_task(config)
+    task = find_run_task(config, settings.tasks.search_path)
     policy = DeferredPolicy(
         lambda: build_policy(config, settings.llm, task), config.policy, run.model
     )
@@ -275,7 +277,7 @@ def start_run(
     """Start a new run and drive it until it finishes, stops to wait for review, or fails."""
     store_path = settings.store.path()
     store = open_store(store_path)
-    task = find_run_task(config)
+    task = find_run_task(config, settings.tasks.search_path)
     tools = default_registry(config.feedback, task).names()
     config = config.model_copy(update={"task_root": str(task.root), "tools": tools})
     policy = build_policy(config, settings.llm, task)  # fail on bad input before recording a run

@@ -135,7 +135,9 @@ def register(app: typer.Typer) -> None:
             if strategy not in ("tpe", "random"):
                 raise UserError(f"--search-strategy: '{strategy}' is not tpe or random")
             chosen, reason = resolve_policy(policy, settings.llm, script)
-            the_task = find_run_task(RunConfig(task=task or settings.tasks.default))
+            the_task = find_run_task(
+                RunConfig(task=task or settings.tasks.default), settings.tasks.search_path
+            )
             objective = target or the_task.manifest.objective
             m = the_task.manifest
             if objective != m.objective:

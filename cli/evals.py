@@ -94,7 +94,7 @@ def evaluate(
             chosen, reason = resolve_policy(policy, mine, script)  # type: ignore[arg-type]
         if len(model) > 1:
             reason = f"llm policy: {len(model)} profiles ({', '.join(model)})"
-        label, tasks = resolve(suite, suites_file)
+        label, tasks = resolve(suite, suites_file, settings.tasks.search_path)
         base = RunConfig(
             task="-",
             policy=chosen,  # type: ignore[arg-type]

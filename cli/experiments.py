@@ -91,13 +91,16 @@ def register(app: typer.Typer) -> None:
         sandbox: str = typer.Option("local", "--sandbox", help="Sandbox backend: local|docker."),
     ) -> None:
         """Reproduce a task's symptom and localize it with the instruments, changing no code."""
+        from infra_agent.context import current
         from infra_agent.experiments.arms import parse_params
         from infra_agent.experiments.diagnose import run_diagnosis
         from infra_agent.output import emit, status_console
 
         params = parse_params(param)
         status_console(as_json).print(f"diagnosing {task} (reproduce, then localize)...")
-        result = run_diagnosis(task, params, sandbox=sandbox)
+        result = run_diagnosis(
+            task, params, sandbox=sandbox, search_path=current().task_search_path()
+        )
         emit(result, lambda console: console.print(result.render(), markup=False), as_json=as_json)
 
     @app.command()
@@ -154,7 +157,7 @@ def register(app: typer.Typer) -> None:
                 patch, max_bytes=settings.sandbox.max_patch_bytes, author=author,
                 rationale=rationale,
             )  # fmt: skip
-        found = find_task(task)
+        found = find_task(task, settings.tasks.search_path)
         params = parse_params(param)
         backend = sandbox or settings.sandbox.backend
         # SIGTERM/SIGHUP end the run through the same path as Ctrl-C: sandboxes are cleaned.

@@ -63,9 +63,10 @@ def list_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """List the tasks infra-agent can optimize."""
+    from infra_agent.context import current
     from infra_agent.tasks.registry import list_tasks
 
-    summaries = [TaskSummary.of(t) for t in list_tasks()]
+    summaries = [TaskSummary.of(t) for t in list_tasks(current().task_search_path())]
 
     def render(console: Console) -> None:
         table = Table(title=f"{len(summaries)} tasks")
@@ -84,9 +85,10 @@ def show_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Show a task's manifest and story."""
+    from infra_agent.context import current
     from infra_agent.tasks.registry import find_task
 
-    task = find_task(name)
+    task = find_task(name, current().task_search_path())
     readme_path = task.root / "README.md"
     detail = TaskDetail(
         name=task.name,
@@ -143,7 +145,7 @@ def check_command(
     from infra_agent.tasks.registry import find_task
 
     settings = current().settings()
-    found = find_task(task)
+    found = find_task(task, settings.tasks.search_path)
     with err_console.status(f"checking {found.name}") as status:
         result = check_task(
             found,

@@ -43,13 +43,13 @@ def list_command(
 ) -> None:
     """List the tools a run offers: name, what it needs and the first sentence of its
     description, or with --json exactly the schemas the model sees."""
-    from infra_agent.errors import UserError
+    from infra_agent.context import current
     from infra_agent.tasks.registry import find_task
     from infra_agent.tools.registry import default_registry
 
     if feedback not in ("dense", "sparse"):
         raise UserError(f"--feedback must be 'dense' or 'sparse', got '{feedback}'")
-    task = find_task(task_name) if task_name else None
+    task = find_task(task_name, current().task_search_path()) if task_name else None
     registry = default_registry(feedback, task)
     schemas = registry.schemas()
 
@@ -108,7 +108,7 @@ def run_command(
         raise UserError(
             f"unknown instrument '{name}'; instruments: {', '.join(sorted(instruments))}"
         )
-    task = find_task(task_name)
+    task = find_task(task_name, current().task_search_path())
     registry = default_registry("dense", task)  # what a run on this task offers its model
     if registry.get(name) is None:
         raise UserError(f"{name} does not work for task {task.name} (it needs: {found.needs})")

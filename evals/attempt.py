@@ -6,7 +6,7 @@ Used by the sequential loop (`evals.runner`) and by each attempt process (`evals
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -146,10 +146,13 @@ def with_profile(settings: Settings, profile: str | None) -> Settings:
     return settings.model_copy(update={"llm": llm})
 
 
-def attempt_config(record: EvalRecord, attempt: AttemptRecord) -> RunConfig:
+def attempt_config(
+    record: EvalRecord, attempt: AttemptRecord, search_path: Iterable[Path] = ()
+) -> RunConfig:
     """The attempt's run: the eval's settings on the attempt's task and seed, working toward
-    that task's own objective (an accuracy task's run is not told to raise throughput)."""
-    objective = find_task(attempt.task).manifest.objective
+    that task's own objective (an accuracy task's run is not told to raise throughput). A task
+    named by name is looked up in `search_path` too (`settings.tasks.search_path`)."""
+    objective = find_task(attempt.task, search_path).manifest.objective
     return RunConfig.model_validate(
         {**record.config, "task": attempt.task, "seed": attempt.index, "objective": objective}
     )
@@ -170,7 +173,7 @@ def run_attempt(
     from infra_agent.agent.runner import resume_run, start_run
 
     store_path = settings.store.path()
-    config = attempt_config(record, attempt)
+    config = attempt_config(record, attempt, settings.tasks.search_path)
     mine = with_profile(settings, attempt.profile)
     try:
         outcome = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from infra_agent.config import Settings
@@ -60,13 +61,13 @@ class _Task:
     """What every attempt of one task shares: where it is here, its fingerprint, its request,
     and its folder in the object store (None for a task that comes with the package)."""
 
-    def __init__(self, ref: str) -> None:
+    def __init__(self, ref: str, search_path: list[Path]) -> None:
         import ray
 
         from infra_agent.experiments import task_fingerprint
         from infra_agent.tasks.registry import find_task
 
-        task = find_task(ref)
+        task = find_task(ref, search_path)
         self.root = str(task.root)
         self.fingerprint = task_fingerprint(task)
         self.resources: AttemptResources = attempt_resources(task)
@@ -114,7 +115,9 @@ class ClusterEval:
 
     # -- submitting --------------------------------------------------------------------------
     def submit(self, attempt: AttemptRecord) -> None:
-        task = self.tasks.get(attempt.task) or self.tasks.setdefault(attempt.task, _Task(attempt.task))  # fmt: skip
+        if attempt.task not in self.tasks:
+            self.tasks[attempt.task] = _Task(attempt.task, self.settings.tasks.search_path)
+        task = self.tasks[attempt.task]
         refused = _no_node_fits(task.resources)
         if refused:
             attempt.status, attempt.reason = "failed", refused

@@ -120,7 +120,7 @@ def _task_here(call: NodeCall, archive: TaskArchive | None) -> str:
     from infra_agent.tasks.registry import find_task
 
     ref = str(archive.unpack()) if archive is not None else call.attempt.task
-    mine = task_fingerprint(find_task(ref))
+    mine = task_fingerprint(find_task(ref, call.settings.tasks.search_path))
     if mine != call.fingerprint:
         raise UserError(
             f"task {call.attempt.task} on node {socket.gethostname()} differs from the driver's "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import tomllib
@@ -41,9 +42,12 @@ def load_suites(path: Path = BUNDLED) -> dict[str, list[str]]:
     return out
 
 
-def resolve(refs: list[str], suites_file: Path | None = None) -> tuple[str, list[str]]:
+def resolve(
+    refs: list[str], suites_file: Path | None = None, search_path: Iterable[Path] = ()
+) -> tuple[str, list[str]]:
     """`--suite` arguments -> (suite label, task references). Each argument is a suite name or a
-    task; the tasks are checked to exist before anything is recorded."""
+    task; the tasks are checked to exist (by name also in `search_path`, the configured
+    `settings.tasks.search_path`) before anything is recorded."""
     from infra_agent.tasks.registry import find_task
 
     if not refs:
@@ -55,6 +59,6 @@ def resolve(refs: list[str], suites_file: Path | None = None) -> tuple[str, list
             if item not in tasks:
                 tasks.append(item)
     for item in tasks:
-        find_task(item)  # raises UserError naming the unknown task
+        find_task(item, search_path)  # raises UserError naming the unknown task
     label = refs[0] if len(refs) == 1 and refs[0] in suites else ",".join(refs)
     return label, tasks

@@ -4,6 +4,8 @@ the records and the generic diagnosis are in `tasks.diagnose`)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from infra_agent.experiments.arms import (
@@ -20,10 +22,15 @@ from infra_agent.tasks.tree import workspace_folder
 
 
 def run_diagnosis(
-    task_name: str, params: dict[str, Any] | None = None, *, sandbox: str = "local"
+    task_name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    sandbox: str = "local",
+    search_path: Iterable[Path] = (),
 ) -> Diagnosis:
-    """Reproduce and localize `task_name`'s symptom on its unmodified workspace."""
-    task = find_task(task_name)
+    """Reproduce and localize `task_name`'s symptom on its unmodified workspace (a task name is
+    looked up in `search_path` too: the configured `settings.tasks.search_path`)."""
+    task = find_task(task_name, search_path)
     manifest = task.manifest
     ensure_backend(sandbox)  # docker: starts a private engine when none answers
     resolved = effective_params(manifest, params)

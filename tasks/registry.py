@@ -20,16 +20,6 @@ BUNDLED_DIR = Path(__file__).parent / "bundled"
 ENTRY_POINT_GROUP = "infra_agent.tasks"
 
 
-def _search_path() -> list[Path]:
-    """Folders from `settings.tasks.search_path` (empty outside a CLI invocation's settings)."""
-    try:
-        from infra_agent.context import current
-
-        return list(current().settings().tasks.search_path)
-    except UserError:
-        return []
-
-
 def _plugin_folders() -> list[Path]:
     folders: list[Path] = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
@@ -42,9 +32,9 @@ def _plugin_folders() -> list[Path]:
     return folders
 
 
-def _candidate_folders(search_path: Iterable[Path] | None = None) -> list[Path]:
+def _candidate_folders(search_path: Iterable[Path] = ()) -> list[Path]:
     """Every folder that may be a task, in precedence order (bundled first)."""
-    roots = [BUNDLED_DIR, *(search_path if search_path is not None else _search_path())]
+    roots = [BUNDLED_DIR, *search_path]
     folders: list[Path] = []
     for root in roots:
         if (root / MANIFEST_FILENAME).is_file():
@@ -54,8 +44,9 @@ def _candidate_folders(search_path: Iterable[Path] | None = None) -> list[Path]:
     return folders + _plugin_folders()
 
 
-def list_tasks(search_path: Iterable[Path] | None = None) -> list[Task]:
+def list_tasks(search_path: Iterable[Path] = ()) -> list[Task]:
     """All tasks found, sorted by name; the first folder wins when two share a name.
+    `search_path`: the folders of `settings.tasks.search_path` (the CLI passes them).
 
     A malformed manifest raises UserError naming the file (a broken task is not hidden)."""
     tasks: dict[str, Task] = {}
@@ -65,8 +56,9 @@ def list_tasks(search_path: Iterable[Path] | None = None) -> list[Task]:
     return sorted(tasks.values(), key=lambda t: t.name)
 
 
-def find_task(name_or_path: str | Path, search_path: Iterable[Path] | None = None) -> Task:
-    """A task by name (bundled, search path, plugins) or by folder path."""
+def find_task(name_or_path: str | Path, search_path: Iterable[Path] = ()) -> Task:
+    """A task by folder path, or by name: bundled, in the folders of `search_path` (the
+    configured `settings.tasks.search_path`), or from a plugin."""
     text = str(name_or_path)
     path = Path(text).expanduser()
     if (
@@ -77,6 +69,7 @@ def find_task(name_or_path: str | Path, search_path: Iterable[Path] | None = Non
         if not path.exists():
             raise UserError(f"task folder {path}: not found")
         return load_task(path)
+    search_path = list(search_path)  # read twice: the folders, then the error's list
     for folder in _candidate_folders(search_path):
         if folder.name == text or _manifest_name(folder) == text:
             task = load_task(folder)

@@ -151,3 +151,24 @@ def test_no_story_shows_a_placeholder() -> None:
     for task in list_tasks(search_path=[]):
         for text in (task.manifest.title, task.manifest.story):
             assert not re.search(r"\{[A-Za-z_]+\}", text), f"{task.name}: {text}"
+
+
+def test_the_configured_search_path_comes_from_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`tasks.search_path` in the configuration reaches the registry as an argument from the
+    command; the registry itself reads no configuration (a name on the search path is unknown
+    to a library call that does not pass it)."""
+    import json
+
+    copy_task(tmp_path / "tasks" / "mine", "my-task")
+    config = tmp_path / "infra-agent.toml"
+    config.write_text(f'[tasks]\nsearch_path = ["{tmp_path / "tasks"}"]\n')
+    listed = run_main(monkeypatch, capsys, "--config", str(config), "tasks", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert "my-task" in [row["name"] for row in json.loads(listed.stdout)]
+    shown = run_main(monkeypatch, capsys, "--config", str(config), "tasks", "show", "my-task")
+    assert shown.returncode == 0 and "my-task" in shown.stdout, shown.stderr
+    monkeypatch.chdir(tmp_path)  # where a configuration file would be found by default
+    with pytest.raises(UserError, match="unknown task 'my-task'"):
+        find_task("my-task")
