@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.errors import UserError
+from infra_agent.experiments.rule_groups import AUDITED_GROUPS, normalize_allow
 from infra_agent.experiments.worker import RpcWorker
 from infra_agent.sandboxes.base import Sandbox, SandboxSpec
 from infra_agent.tasks.harness import Arm, Harness
@@ -137,8 +138,6 @@ def preload_modules(task: Task) -> list[str]:
 
 def arm_set(task: Task) -> ArmSet:
     """The arms of one experiment on `task`, with its worker settings."""
-    from infra_agent.experiments.rules import normalize_allow
-
     return ArmSet(
         task.manifest.budget.call_timeout_s,
         preload_modules(task),
@@ -151,8 +150,6 @@ def arm_set(task: Task) -> ArmSet:
 def worker_guard(task: Task) -> dict[str, list[str]]:
     """The worker's audit-hook configuration: rule groups the task does not allow, and paths
     (the task folder, the package) candidate code may never open."""
-    from infra_agent.experiments.rules import AUDITED_GROUPS, normalize_allow
-
     allowed = normalize_allow(task.manifest.allow)
     return {
         "deny": sorted(AUDITED_GROUPS - allowed),

@@ -26,6 +26,7 @@ from infra_agent.experiments.arms import (
 from infra_agent.experiments.extend import Prior
 from infra_agent.experiments.measure import ArmError, ExperimentTimeout, decide, evidence, measure
 from infra_agent.experiments.procwatch import ProcessWatch
+from infra_agent.experiments.rule_groups import normalize_allow
 from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,
@@ -336,9 +337,7 @@ class Experiment:
                     self.evidence.extra["process_watch"] = watched
         self.evidence.log_tail = self.log_tail[-4000:]
         self.evidence.extra["fresh_input_seeds"] = len(self.seeds.used)
-        self.evidence.extra["static_rules_allowed"] = sorted(
-            rules.normalize_allow(self.manifest.allow)
-        )
+        self.evidence.extra["static_rules_allowed"] = sorted(normalize_allow(self.manifest.allow))
         return ExperimentResult(
             task=self.task.name,
             patch_id=self.patch.hash,

@@ -7,7 +7,8 @@ allowed: `harness` (reaching the harness, the package, files outside the workspa
 `timers` (replacing clocks or monkeypatching modules).
 
 Only constructs the patch *adds* count: a rule hit already present in the baseline file is not
-the candidate's doing.
+the candidate's doing. The groups and what belongs to each are `experiments/rule_groups.py`;
+this module reads code against them.
 """
 
 from __future__ import annotations
@@ -15,115 +16,25 @@ from __future__ import annotations
 import ast
 import re
 from collections import Counter
-from dataclasses import dataclass
 
 from infra_agent.experiments.command_rules import PYTHON, Word, command_code, inline_code
+from infra_agent.experiments.rule_groups import (
+    ATTR_GROUPS,
+    ATTRIBUTE_CALLS,
+    DUNDER_ATTRS,
+    DYNAMIC_CALLS,
+    IMPORTERS,
+    OS_CALLS,
+    OS_PREFIXES,
+    SYS_ATTRS,
+    Violation,
+    group_of_module,
+    normalize_allow,
+)
 from infra_agent.experiments.rule_names import canonical, is_module
 from infra_agent.experiments.state_rules import scan_state
 
-GROUPS = {
-    "network": "network access (socket, urllib, http, requests)",
-    "processes": "processes (subprocess, os.system/fork/exec/spawn, multiprocessing, signal, "
-    "psutil, Python run from a string: python -c)",
-    "threads": "threads (threading, _thread, concurrent.futures, asyncio)",
-    "ctypes": "native code (ctypes, cffi, mmap, cpp_extension, torch.ops.load_library, torch.library)",
-    "timers": "clock tampering or monkeypatching imported modules",
-    "introspection": "introspection (gc, inspect, frames, sys.modules, builtins)",
-    "harness": "reaching the harness, infra_agent, files outside the workspace or secrets",
-    "dynamic": "dynamic code (eval, exec, compile, __import__, importlib, pickle)",
-    "state": "state kept across calls (module-level caches, functools.cache, global, f.attr)",
-}
-ALWAYS_ENFORCED = frozenset({"harness", "timers"})
-AUDITED_GROUPS = frozenset({"network", "processes", "introspection"})
-"""Groups the RPC worker's audit hook also enforces at run time (see rpc_guard.Guard)."""
-RUNTIME_GROUPS = {
-    "background": "threads outliving a call and working between calls (the process watch)",
-}
-"""Groups a task may allow that no static rule reads: run-time rules of the worker."""
-ALIASES = {
-    "threading": "threads",
-    "network": "network",
-    "subprocess": "processes",
-    "native": "ctypes",
-}
-
-_MODULE_GROUPS = {
-    "socket": "network", "urllib": "network", "http": "network", "requests": "network",
-    "httpx": "network", "aiohttp": "network", "ssl": "network", "ftplib": "network",
-    "smtplib": "network", "telnetlib": "network", "xmlrpc": "network", "websocket": "network",
-    "torch.library": "ctypes",  # registers or replaces operator kernels (aten ops included)
-    "subprocess": "processes", "multiprocessing": "processes", "pty": "processes",
-    "signal": "processes", "torch.multiprocessing": "processes", "psutil": "processes",
-    "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",
-    "ctypes": "ctypes", "cffi": "ctypes", "mmap": "ctypes", "torch.utils.cpp_extension": "ctypes",
-    "gc": "introspection", "inspect": "introspection", "traceback": "introspection",
-    "builtins": "introspection", "sys": None, "dis": "introspection",
-    "infra_agent": "harness", "harness": "harness", "resource": "harness", "shutil": None,
-    "importlib": "dynamic", "runpy": "dynamic", "pickle": "dynamic", "marshal": "dynamic",
-    "dill": "dynamic", "cloudpickle": "dynamic", "code": "dynamic", "codeop": "dynamic",
-}  # fmt: skip
-_OS_CALLS = {
-    "system": "processes", "popen": "processes", "fork": "processes", "forkpty": "processes",
-    "posix_spawn": "processes", "posix_spawnp": "processes", "kill": "processes",
-    "killpg": "processes", "setsid": "processes", "getenv": "harness", "environ": "harness",
-    "getenvb": "harness", "environb": "harness", "chdir": "harness", "chroot": "harness",
-    "putenv": "harness", "unsetenv": "harness",
-}  # fmt: skip
-_OS_PREFIXES = {"exec": "processes", "spawn": "processes"}
-_SYS_ATTRS = {
-    "_getframe": "introspection", "modules": "introspection", "meta_path": "introspection",
-    "path_hooks": "introspection", "settrace": "introspection", "setprofile": "introspection",
-    "path": "harness", "_current_frames": "introspection", "addaudithook": "introspection",
-    "stdout": "harness", "__stdout__": "harness",
-}  # fmt: skip
-_DUNDER_ATTRS = {
-    "__globals__", "__code__", "__closure__", "__subclasses__", "__builtins__", "__bases__",
-    "__mro__", "f_back", "f_locals", "f_globals", "gi_frame", "tb_frame", "__loader__", "__spec__",
-}  # fmt: skip
-_ATTR_GROUPS = {
-    "load_library": ("ctypes", "loads a native library"),
-    "cpp_extension": ("ctypes", "compiles native code (cpp_extension)"),
-    "multiprocessing": ("processes", "uses torch.multiprocessing"),
-    "set_num_threads": ("threads", "changes the number of compute threads"),
-    "set_num_interop_threads": ("threads", "changes the number of compute threads"),
-    "expanduser": ("harness", "reads the home folder"),
-}
-_DYNAMIC_CALLS = {
-    "eval",
-    "exec",
-    "compile",
-    "__import__",
-    "breakpoint",
-    "globals",
-    "vars",
-    "locals",
-}
-_IMPORTERS = {"__import__", "importlib.import_module", "importlib.__import__"}
-"""Callables that import the module their first argument names."""
-_ATTRIBUTE_CALLS = {"getattr", "setattr", "delattr", "hasattr"}
 _ABSOLUTE = re.compile(r"^(/|~|[A-Za-z]:\\)")
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One forbidden construct: its group, where, and what it is in words."""
-
-    group: str
-    path: str
-    line: int
-    what: str
-
-    def describe(self) -> str:
-        return f"rule '{self.group}': {self.path}:{self.line} {self.what}"
-
-
-def _group_of_module(name: str) -> str | None:
-    parts = name.split(".")
-    for i in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:i])
-        if prefix in _MODULE_GROUPS:
-            return _MODULE_GROUPS[prefix]
-    return None
 
 
 class _Visitor(ast.NodeVisitor):
@@ -139,7 +50,7 @@ class _Visitor(ast.NodeVisitor):
     def _module(self, node: ast.AST, name: str, local: str | None) -> None:
         if local is not None:
             self.modules[local] = name
-        group = _group_of_module(name)
+        group = group_of_module(name)
         if group is not None:
             self._add(group, node, f"imports {name}")
 
@@ -157,15 +68,15 @@ class _Visitor(ast.NodeVisitor):
             owner = full.rpartition(".")[0]
             if owner in ("os", "posix"):
                 self._os_attr(node, alias.name)
-            elif owner == "sys" and alias.name in _SYS_ATTRS:
-                self._add(_SYS_ATTRS[alias.name], node, f"imports sys.{alias.name}")
-            named = node.level == 0 and (_group_of_module(full) or is_module(full))
+            elif owner == "sys" and alias.name in SYS_ATTRS:
+                self._add(SYS_ATTRS[alias.name], node, f"imports sys.{alias.name}")
+            named = node.level == 0 and (group_of_module(full) or is_module(full))
             self._module(node, full if named else base, local)
 
     def _os_attr(self, node: ast.AST, attr: str) -> None:
-        group = _OS_CALLS.get(attr)
+        group = OS_CALLS.get(attr)
         if group is None:
-            group = next((g for p, g in _OS_PREFIXES.items() if attr.startswith(p)), None)
+            group = next((g for p, g in OS_PREFIXES.items() if attr.startswith(p)), None)
         if group is not None:
             self._add(group, node, f"uses os.{attr}")
 
@@ -192,7 +103,7 @@ class _Visitor(ast.NodeVisitor):
             if callee == "getattr" and len(node.args) >= 2:
                 base, attr = self._qual(node.args[0]), _const_str(node.args[1])
                 return canonical(f"{base}.{attr}") if base and attr else None
-            if callee in _IMPORTERS and node.args:
+            if callee in IMPORTERS and node.args:
                 name = _const_str(node.args[0])
                 return canonical(name) if name else None
         return None
@@ -210,15 +121,15 @@ class _Visitor(ast.NodeVisitor):
 
     def _check_attribute(self, node: ast.Attribute) -> None:
         """Rules on `value.attr` (also for `getattr(value, "attr")`)."""
-        if node.attr in _DUNDER_ATTRS:
+        if node.attr in DUNDER_ATTRS:
             self._add("introspection", node, f"uses .{node.attr}")
         qual = self._qual(node)
         if qual is not None:
             self._check_reference(node, qual)
         elif isinstance(node.value, ast.Name):  # os/sys named without an import
             self._check_module_attr(node, node.value.id, node.attr)
-        if node.attr in _ATTR_GROUPS:
-            group, what = _ATTR_GROUPS[node.attr]
+        if node.attr in ATTR_GROUPS:
+            group, what = ATTR_GROUPS[node.attr]
             self._add(group, node, what)
         if (
             node.attr == "fork"
@@ -230,8 +141,8 @@ class _Visitor(ast.NodeVisitor):
     def _check_module_attr(self, node: ast.AST, module: str, attr: str) -> None:
         if module in ("os", "posix"):
             self._os_attr(node, attr)
-        elif module == "sys" and attr in _SYS_ATTRS:
-            self._add(_SYS_ATTRS[attr], node, f"uses sys.{attr}")
+        elif module == "sys" and attr in SYS_ATTRS:
+            self._add(SYS_ATTRS[attr], node, f"uses sys.{attr}")
 
     def _check_reference(self, node: ast.expr, qual: str) -> None:
         """Rules on what `node` refers to (`qual`, resolved through indirection): os and sys
@@ -239,10 +150,10 @@ class _Visitor(ast.NodeVisitor):
         module's attribute, through sys.modules or __dict__, or a submodule)."""
         module, _, attr = qual.rpartition(".")
         self._check_module_attr(node, module, attr)
-        group = _group_of_module(qual)
+        group = group_of_module(qual)
         written = self._written(node)
         if group is not None and (
-            written is None or _group_of_module(written.split(".")[0]) != group
+            written is None or group_of_module(written.split(".")[0]) != group
         ):
             how = f"uses {qual}" if written == qual else f"reaches {qual} as {ast.unparse(node)}"
             self._add(group, node, how)
@@ -316,7 +227,7 @@ class _Visitor(ast.NodeVisitor):
             self._add("introspection", node, f"uses {node.id}")
         qual = self.modules.get(node.id)
         if isinstance(node.ctx, ast.Load) and qual is not None and "." in qual:
-            if _group_of_module(qual) == "processes" and not is_module(qual):
+            if group_of_module(qual) == "processes" and not is_module(qual):
                 self._add("processes", node, f"uses {qual}")  # `from psutil import Process`
 
     def _target_module(self, target: ast.expr) -> str | None:
@@ -354,13 +265,13 @@ class _Visitor(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         self._inline(node, inline_code([self._word(a) for a in node.args]))  # os.execl(...)
         name = self._callee(node)
-        if name in _DYNAMIC_CALLS:
+        if name in DYNAMIC_CALLS:
             self._add("dynamic", node, f"calls {name}()")
-        if name in _IMPORTERS and node.args:
+        if name in IMPORTERS and node.args:
             module = _const_str(node.args[0])
             if module is not None:
                 self._module(node, canonical(module), None)
-        if name in _ATTRIBUTE_CALLS and len(node.args) >= 2:
+        if name in ATTRIBUTE_CALLS and len(node.args) >= 2:
             attr = _const_str(node.args[1])
             if attr is None:
                 self._add("dynamic", node, f"{name}() with a computed attribute name")
@@ -403,11 +314,6 @@ def scan_source(source: str, path: str) -> list[Violation]:
     visitor.visit(tree)
     state = [Violation("state", path, hit.line, hit.what) for hit in scan_state(tree)]
     return visitor.found + state
-
-
-def normalize_allow(allow: list[str]) -> set[str]:
-    groups = {ALIASES.get(a, a) for a in allow}
-    return groups - ALWAYS_ENFORCED
 
 
 def new_violations(
