@@ -12,7 +12,7 @@ check(arm, seed): the accuracy gate, on the measured workload's own requests: on
     what a sample of `seed` sends (same API, streaming, temperature, lengths, warm-up; nothing
     tells a judged request from a measured one). The candidate's outputs are judged against the
     baseline's answers to the same prompts by their likelihood under the baseline server
-    (`serving.accuracy`: teacher-forced log-probs, a signed-rank test over up to
+    (`serving.answers`, `serving.accuracy`: teacher-forced log-probs, a signed-rank test over up to
     `judge_check_prompts` prompt pairs; the baseline may receive scoring requests, the candidate
     never does).
 sample(arm, seed): one workload run -> {output_throughput (tok/s), ttft/tpot percentiles (ms),
@@ -60,13 +60,8 @@ from typing import Any, ClassVar
 
 from infra_agent.feedback.health import HealthReport, compare_health, score_outputs
 from infra_agent.serving import knobs as knob_catalogue
-from infra_agent.serving.accuracy import (
-    DEFAULT_ALPHA,
-    GateConfig,
-    LikelihoodTest,
-    compare_likelihood,
-    score_tokens,
-)
+from infra_agent.serving.accuracy import DEFAULT_ALPHA, GateConfig, LikelihoodTest, score_tokens
+from infra_agent.serving.answers import likelihood_test, verify_counts
 from infra_agent.serving.datasets import Session, random_sessions
 from infra_agent.serving.deployment import DeploymentSpec, load_deployment
 from infra_agent.serving.launch import gpu_count, has_gpu
@@ -75,7 +70,7 @@ from infra_agent.serving.overlay import build_overlay
 from infra_agent.serving.server import Server, ServerFailed
 from infra_agent.serving.tiny_model import VOCAB_SIZE
 from infra_agent.serving.workload import LoadSpec, RequestRecord, WorkloadResult, run_workload
-from infra_agent.tasks.harness import Arm, CheckResult, Harness, IncorrectOutput
+from infra_agent.tasks.harness import Arm, CheckResult, Harness
 from infra_agent.tasks.manifest import TaskManifest
 from infra_agent.tasks.workload import Workload
 
@@ -273,33 +268,13 @@ class ServingHarness(Harness):
         """The likelihood test over up to `limit` prompts (sessions) drawn by `rng` from the runs
         of `seeds` both arms answered, every output scored by the baseline server (once: a
         session's score is kept for later tests)."""
-        base, cand = self.arms["baseline"], self.arms["candidate"]
-        by_arm: dict[str, dict[tuple[int, int], list[RequestRecord]]] = {
-            arm.name: _by_session(arm.state["runs"], seeds) for arm in (base, cand)
-        }
-        shared = sorted(set(by_arm["baseline"]) & set(by_arm["candidate"]))
-        chosen = sorted(rng.sample(shared, min(limit, len(shared))))
-        todo = [
-            (name, key) for name in ("baseline", "candidate") for key in chosen
-            if (name, key) not in self.scored
-        ]  # fmt: skip
-        items = [
-            (r.prompt_ids, r.output_ids or [])
-            for name, key in todo
-            for r in by_arm[name][key]
-            if r.prompt_ids
-        ]
-        scores = iter(self.server(base).call(score_tokens, items) if items else [])
-        for name, key in todo:
-            tokens = [lp for r in by_arm[name][key] if r.prompt_ids for lp in next(scores)]
-            self.scored[(name, key)] = sum(tokens) / len(tokens) if tokens else math.nan
-        kept = [
-            (self.scored[("baseline", key)], self.scored[("candidate", key)]) for key in chosen
-            if not any(math.isnan(self.scored[(name, key)]) for name in ("baseline", "candidate"))
-        ]  # fmt: skip
-        return compare_likelihood(
-            [b for b, _ in kept], [c for _, c in kept], alpha=float(self.params["judge_alpha"])
-        )
+        base = self.arms["baseline"]
+        return likelihood_test(
+            {name: arm.state["runs"] for name, arm in self.arms.items()},
+            seeds, limit, rng, self.scored,
+            score=lambda items: self.server(base).call(score_tokens, items),
+            alpha=float(self.params["judge_alpha"]),
+        )  # fmt: skip
 
     def workload(self, knobs: dict[str, Any]) -> Workload:
         """The load each timed sample sends (no ready setup: the server is the code)."""
@@ -381,43 +356,3 @@ class ServingHarness(Harness):
         from infra_agent.serving.diagnosis import diagnose_throughput
 
         return diagnose_throughput(self, arm)
-
-
-def _by_session(
-    runs: dict[int, list[RequestRecord]], seeds: list[int]
-) -> dict[tuple[int, int], list[RequestRecord]]:
-    """(seed, session) -> its records in turn order, for the runs of `seeds` an arm has."""
-    out: dict[tuple[int, int], list[RequestRecord]] = {}
-    for seed in seeds:
-        for r in sorted(runs.get(seed, []), key=lambda r: (r.session, r.turn)):
-            out.setdefault((seed, r.session), []).append(r)
-    return out
-
-
-def verify_counts(records: list[RequestRecord], sessions: list[Session]) -> None:
-    """Every request was answered with exactly the tokens it asked for, counted by the client:
-    token ids received, never the server's `completion_tokens`, which must agree with them."""
-    failed = [r for r in records if not r.success]
-    if failed:
-        raise IncorrectOutput(
-            f"{len(failed)}/{len(records)} requests failed; first: {failed[0].error}"
-        )
-    wanted = {
-        (i, t): turn.output_len for i, s in enumerate(sessions) for t, turn in enumerate(s.turns)
-    }
-    if len(records) != len(wanted):
-        raise IncorrectOutput(f"{len(records)} of {len(wanted)} requests were answered")
-    for r in records:
-        if r.output_ids is None:
-            raise IncorrectOutput(f"request {r.session}: the stream carried no token ids")
-        claim = r.claimed_tokens
-        if claim is not None and claim != r.output_tokens:
-            raise IncorrectOutput(
-                f"token count inflated: request {r.session} (turn {r.turn}): the server claimed "
-                f"{claim} completion tokens, its stream carried {r.output_tokens}"
-            )
-        n = wanted[(r.session, r.turn)]
-        if r.output_tokens != n:
-            raise IncorrectOutput(
-                f"request {r.session} returned {r.output_tokens} tokens, asked for {n}"
-            )
