@@ -147,6 +147,9 @@ class AgentContext:
     executor: Executor | None = None
     """Runs a reply's experiments as one parallel batch; None: one at a time in this process."""
     fingerprint: str = ""
+    review_policy: Path | None = None
+    """The configured `[review] policy` file that judges the run's proposals (None: the bundled
+    default)."""
     on_event: Callable[[str], None] = field(default=lambda text: None)
     """Progress text for the live view (current step)."""
 

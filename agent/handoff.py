@@ -45,6 +45,7 @@ def submit(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     proposal = submit_proposal(
         ctx.store, task=ctx.task, patch=patch, experiment=record,
         rationale=state.finish_summary or patch.rationale, run_id=state.run_id,
+        policy=ctx.review_policy,
     )  # fmt: skip
     ctx.log.harness(
         f"proposal {proposal.id} submitted: patch {best.patch_id[:12]} ({best.patch_summary}), "

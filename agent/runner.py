@@ -28,7 +28,7 @@ from infra_agent.agent.graph import builder
 from infra_agent.agent.handoff import best_improved
 from infra_agent.agent.runlog import RunLog
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Usage
-from infra_agent.config import Settings, load_settings
+from infra_agent.config import Settings
 from infra_agent.errors import UserError
 from infra_agent.experiments import run_experiment, task_fingerprint
 from infra_agent.experiments.executors import Executor, create_executor
@@ -141,6 +141,7 @@ def _context(
         run_experiment=run_experiment,
         executor=_executor(config),
         fingerprint=task_fingerprint(task),
+        review_policy=settings.review.policy,
         on_event=on_event,
     )
 
@@ -334,13 +335,15 @@ def resume_run(
         store.close()
 
 
-def resume_after_review(store_path: Path | str, run_id: str) -> None:
+def resume_after_review(store_path: Path | str, run_id: str, settings: Settings) -> None:
     """Resume a run that waits at the review interrupt, from any process.
 
     The decision is read from the store (the proposal's status), so call this after
     `review.queue.decide`. An approved patch is applied; requested changes go back to the agent
-    (which then needs its policy: the endpoint is taken from the environment and config file).
+    (which then needs its policy: the endpoint comes from `settings`, the caller's: the CLI
+    passes its invocation's, another process loads them with `config.load_settings`); the run
+    store is the one at `store_path` whatever `settings` name.
     Raises UserError if the run is unknown, finished, or not waiting for review.
     """
-    settings = load_settings(overrides={"store.db": str(store_path)})
-    resume_run(run_id, settings, review_only=True)
+    store = settings.store.model_copy(update={"db": Path(store_path)})
+    resume_run(run_id, settings.model_copy(update={"store": store}), review_only=True)

@@ -60,8 +60,9 @@ def _resume_after_review(store_path: Path, run_id: str) -> None:
     """The review queue resumes a waiting agent run through this (wired here: review does not
     import the agent)."""
     from infra_agent.agent.runner import resume_after_review
+    from infra_agent.context import current
 
-    resume_after_review(store_path, run_id)
+    resume_after_review(store_path, run_id, current().settings())
 
 
 def _register() -> None:

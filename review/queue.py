@@ -103,15 +103,10 @@ class ReviewOutcome(BaseModel):
 # -- submitting ------------------------------------------------------------------------------
 
 
-def configured_policy(policy: RiskPolicy | Path | None) -> RiskPolicy:
-    """The given policy, else the configured one (`[review] policy`), else the bundled default."""
-    if isinstance(policy, RiskPolicy):
-        return policy
-    if policy is None:
-        from infra_agent.context import current
-
-        policy = current().settings().review.policy
-    return load_policy(policy)
+def risk_policy(policy: RiskPolicy | Path | None) -> RiskPolicy:
+    """The given policy, or the policy file at `policy`, or (None) the bundled default. Callers
+    pass the configured `[review] policy`; the queue reads no configuration itself."""
+    return policy if isinstance(policy, RiskPolicy) else load_policy(policy)
 
 
 def expected_gain(result: ExperimentResult) -> float | None:
@@ -141,7 +136,8 @@ def submit_proposal(
     The risk policy sets its risk level and may approve it at once (low risk, IMPROVED, no
     blocking flags) or reject it (a forbidden file); either is audited as a decision by
     'policy'. Earlier proposals of the same run that were sent back, and pending proposals of
-    the same task with the same patch, are marked superseded.
+    the same task with the same patch, are marked superseded. `policy`: the configured
+    `[review] policy` (a loaded policy or its file; None: the bundled default).
     """
     record = patch if isinstance(patch, PatchRecord) else patch.to_record()
     if not isinstance(patch, PatchRecord) and patch.hash != record.id:
@@ -151,7 +147,7 @@ def submit_proposal(
             f"experiment {experiment.id} measured patch {experiment.patch_id[:12]}, "
             f"not the proposed patch {record.id[:12]}"
         )
-    assessment = assess(record, experiment.result, configured_policy(policy))
+    assessment = assess(record, experiment.result, risk_policy(policy))
     proposal = ProposalRecord(
         run_id=run_id,
         task=task.name,

@@ -13,9 +13,9 @@ from infra_agent.experiments import run_experiment, task_fingerprint
 from infra_agent.review.queue import (
     ReviewConflict,
     already_decided,
-    configured_policy,
     expected_gain,
     get_proposal,
+    risk_policy,
 )
 from infra_agent.review.risk import RiskPolicy, assess
 from infra_agent.review.staleness import changed_patch, resolve_task, stored_patch
@@ -59,7 +59,7 @@ def reverify(
     )
     if store.get_experiment(experiment.id) is None:
         store.put_experiment(experiment)
-    assessment = assess(record, experiment.result, configured_policy(policy))
+    assessment = assess(record, experiment.result, risk_policy(policy))
     note = f"; {changed}, so the proposal now carries {record.id[:12]}" if changed else ""
     with store.transaction():
         current = get_proposal(store, proposal.id)

@@ -82,3 +82,33 @@ def test_a_decision_that_ends_the_run_is_logged_and_listed(
     assert listed[0]["review"] == {proposal.id: status}
     human = run_cli("--db", str(db), "runs", "list", env={"COLUMNS": "200"}).stdout
     assert status in human
+
+
+def test_the_configured_review_policy_judges_the_runs_proposal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[review] policy` reaches the queue from the run's settings (the runner passes it down):
+    a policy forbidding the patched file rejects the run's proposal at once."""
+    monkeypatch.setattr(runner, "run_experiment", improved)
+    diff = (find_task("decode-split-norm").root / "reference.patch").read_text()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([
+        {"tool_calls": [{"name": "propose_patch", "arguments": {"diff": diff, "rationale": "hoist"}}]},
+        {"tool_calls": [{"name": "run_experiment", "arguments": {"patch_id": "{{last_patch_id}}"}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "hoisted; 2x"}}]},
+    ]))  # fmt: skip
+    policy = tmp_path / "strict.toml"
+    policy.write_text('[[rule]]\nfiles = ["**"]\naction = "forbid"\nreason = "frozen code"\n')
+    settings = load_settings(
+        overrides={"store.db": str(tmp_path / "runs.db"), "review.policy": str(policy)}
+    )
+    config = RunConfig(task="decode-split-norm", policy="scripted", script=str(script),
+                       budget=Budget(experiments=3))  # fmt: skip
+    outcome = start_run(config, settings)
+    [proposal] = outcome.proposals
+    assert outcome.status != "waiting_review", outcome
+    store = open_store(tmp_path / "runs.db")
+    stored = store.get_proposal(proposal.id)
+    store.close()
+    assert stored is not None and stored.status.value == "rejected", stored
+    assert stored.risk.value == "forbidden"

@@ -138,11 +138,12 @@ def test_scripted_run_waits_for_review_and_an_approval_from_another_process_appl
         "from infra_agent.store import open_store\n"
         "from infra_agent.review.queue import decide\n"
         "from infra_agent.agent.runner import resume_after_review\n"
+        "from infra_agent.config import load_settings\n"
         "db, run_id, pid, patch = sys.argv[1:]\n"
         "store = open_store(db)\n"
         "decide(store, pid, reviewer='ana', action='approve', patch_hash=patch)\n"
         "store.close()\n"
-        "resume_after_review(db, run_id)\n"
+        "resume_after_review(db, run_id, load_settings())\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(db), outcome.run_id, proposal.id, proposal.patch_id],

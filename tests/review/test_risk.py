@@ -135,29 +135,31 @@ def test_auto_approval_and_forbid_are_audited_as_policy(store, task, kit) -> Non
     assert (forbid.status, forbid.risk) == (ProposalStatus.REJECTED, RiskLevel.FORBIDDEN)
 
 
-def test_configured_policy_applies_to_agent_submissions(
+def test_the_policy_given_applies_and_none_is_read_from_the_configuration(
     store, task, kit, tmp_path, monkeypatch
 ) -> None:
-    from infra_agent import context
-
+    """The caller passes the configured policy (the agent's runner from its settings: see
+    tests/agent/test_review_outcome.py); the queue itself reads no configuration file."""
     policy = tmp_path / "strict.toml"
     policy.write_text(
         '[[rule]]\nknobs = ["max_batch"]\naction = "forbid"\nreason = "memory sizing"\n'
     )
-    config = tmp_path / "infra-agent.toml"
-    config.write_text(f'[review]\npolicy = "{policy}"\n')
-    monkeypatch.setattr(context, "_current", context.Invocation(config_path=config))
+    (tmp_path / "infra-agent.toml").write_text(f'[review]\npolicy = "{policy}"\n')
+    monkeypatch.chdir(tmp_path)  # where a configuration file would be found by default
     knobs = kit.knob_patch_record({"max_batch": 32})
-    proposal = submit_proposal(
-        store,
-        task=task,
-        patch=knobs,
-        experiment=kit.experiment_for(task, knobs),
-        rationale="",
+    experiment = kit.experiment_for(task, knobs)
+    given = submit_proposal(
+        store, task=task, patch=knobs, experiment=experiment, rationale="", run_id=None,
+        policy=policy,
+    )  # fmt: skip
+    assert (given.status, given.risk) == (ProposalStatus.REJECTED, RiskLevel.FORBIDDEN)
+    assert "memory sizing" in store.decisions(given.id)[0].comment
+    other = kit.knob_patch_record({"max_batch": 64})
+    default = submit_proposal(
+        store, task=task, patch=other, experiment=kit.experiment_for(task, other), rationale="",
         run_id=None,
-    )
-    assert (proposal.status, proposal.risk) == (ProposalStatus.REJECTED, RiskLevel.FORBIDDEN)
-    assert "memory sizing" in store.decisions(proposal.id)[0].comment
+    )  # fmt: skip
+    assert default.risk is not RiskLevel.FORBIDDEN
 
 
 def test_accuracy_gain_without_performance_stage(kit) -> None:

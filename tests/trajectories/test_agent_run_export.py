@@ -67,7 +67,7 @@ def test_real_scripted_run_exports_in_every_format(
         comment="ok",
     )
     store.close()
-    resume_after_review(db, outcome.run_id)
+    resume_after_review(db, outcome.run_id, settings)
 
     store = open_store(db, readonly=True)
     steps = store.steps(outcome.run_id)
