@@ -1,5 +1,5 @@
 """Inside the server: SGLang's own scheduler step statistics as a per-step timeline and summary.
-(the records and their rendering: `serving/step_report.py`).
+The records and their rendering are `serving/step_report.py`.
 
     spec = instrumented(spec)                         # step lines every decode step, ms clock
     with Server.start(spec, workdir, knobs={**knobs, **STEP_KNOBS}) as server:

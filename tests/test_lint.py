@@ -18,6 +18,7 @@ MYPY_TARGETS = [
     "infra_agent.context",
     "infra_agent.private",
     "infra_agent.redact",
+    "infra_agent.secret_shapes",
     "infra_agent.store",
     "infra_agent.judgement",
     "infra_agent.evals",

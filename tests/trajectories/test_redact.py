@@ -183,7 +183,7 @@ def test_gate_space_class_is_exactly_pythons_unicode_whitespace() -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from infra_agent.redact import _RE2_SPACE
+    from infra_agent.secret_shapes import RE2_SPACE as _RE2_SPACE
 
     chars = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
     python = [re.fullmatch(r"\s", c) is not None for c in chars]

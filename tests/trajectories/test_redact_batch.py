@@ -11,13 +11,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from infra_agent.redact import (
-    _COMPILED,
-    _SHAPES,
-    REDACTED,
-    Redactor,
-    _re2_literal,
-)
+from infra_agent.redact import REDACTED, Redactor
+from infra_agent.secret_shapes import COMPILED as _COMPILED
+from infra_agent.secret_shapes import SHAPES as _SHAPES
+from infra_agent.secret_shapes import re2_literal as _re2_literal
 
 _SECRETS = [
     "Authorization: Bearer abcdefghijklmnop123",
