@@ -195,73 +195,22 @@ def run_bench(
     arms: list[Target] = [_as_target(t, clock) for t in (baseline, candidate)]
     started = time.perf_counter()
     cpu_before = _cpu_state()
+
+    def compare(samples: list[list[float]]) -> Comparison:
+        return compare_samples(
+            samples[0], samples[1], higher_is_better=False, confidence=confidence, seed=seed,
+            paired=True, equivalence=equivalence,
+        )  # fmt: skip
+
     try:
-        warmup_calls = []
-        for arm in arms:
-            warm_end = time.perf_counter() + warmup_s
-            arm.sample(1)
-            calls = 1
-            while time.perf_counter() < warm_end:
-                arm.sample(1)
-                calls += 1
-            warmup_calls.append(calls)
+        warmup_calls = [_warm_up(arm, warmup_s) for arm in arms]
         tried: list[int] = []
         iterations = _calibrate(arms, min_sample_s, max_iterations, tried)
-        samples: list[list[float]] = [[], []]
-        rounds = 0
-        stopped: StopReason = "budget"
-        comparison: Comparison | None = None
-        while True:
-            order = (0, 1) if rounds % 2 == 0 else (1, 0)
-            for i in order:
-                samples[i].append(arms[i].sample(iterations))
-            rounds += 1
-            enough = rounds >= min_samples
-            if enough and (rounds % CHECK_EVERY == 0):
-                comparison = compare_samples(
-                    samples[0],
-                    samples[1],
-                    higher_is_better=False,
-                    confidence=confidence,
-                    seed=seed,
-                    paired=True,
-                    equivalence=equivalence,
-                )
-                if (comparison.ci_high - comparison.ci_low) / comparison.speedup < ci_width:
-                    stopped = "ci_width"
-                    break
-                if _decisive(comparison):
-                    stopped = "decided"
-                    break
-            if rounds >= max_samples:
-                stopped = "max_samples"
-                break
-            if time.perf_counter() - started > budget_s and rounds >= 3:
-                stopped = "budget"
-                break
-        if stopped not in ("ci_width", "decided") or comparison is None:
-            comparison = compare_samples(
-                samples[0],
-                samples[1],
-                higher_is_better=False,
-                confidence=confidence,
-                seed=seed,
-                paired=True,
-                equivalence=equivalence,
-            )
-        extra = _cpu_flags(cpu_before, _cpu_state())
-        short = min(min(s) for s in samples) * iterations
-        if short < min_sample_s / 2:
-            extra.append(("short_samples", f"short_samples: shortest sample {short * 1e3:.3f} ms"))
-        if "high_iqr" in comparison.noise and arms[0].timer in (
-            "perf_counter_ns",
-            "sandbox:perf_counter_ns",
-        ):
-            extra.append(("", "wall clock on a busy machine? clock='cpu' counts only CPU time"))
-        for code, detail in extra:
-            if code and code not in comparison.noise:
-                comparison.noise.append(code)
-            comparison.noise_detail.append(detail)
+        samples, rounds, stopped, comparison = _sample_until_decided(
+            arms, iterations, compare, ci_width=ci_width, min_samples=min_samples,
+            max_samples=max_samples, deadline=started + budget_s,
+        )  # fmt: skip
+        _note_noise(comparison, arms, samples, iterations, min_sample_s, cpu_before)
         counters, unavailable = hardware_counters(arms) if with_counters else (None, None)
         return BenchResult(
             comparison=comparison,
@@ -283,3 +232,71 @@ def run_bench(
     finally:
         for arm in arms:
             arm.close()
+
+
+def _warm_up(arm: Target, warmup_s: float) -> int:
+    """Call `arm` once, then again until `warmup_s` has passed; how many calls it took."""
+    warm_end = time.perf_counter() + warmup_s
+    arm.sample(1)
+    calls = 1
+    while time.perf_counter() < warm_end:
+        arm.sample(1)
+        calls += 1
+    return calls
+
+
+def _sample_until_decided(
+    arms: list[Target], iterations: int, compare: Callable[[list[list[float]]], Comparison], *,
+    ci_width: float, min_samples: int, max_samples: int, deadline: float,
+) -> tuple[list[list[float]], int, StopReason, Comparison]:  # fmt: skip
+    """Alternate the arms' samples (ABBA order) until the interval is narrow enough, the
+    comparison is decisive, `max_samples` rounds ran, or `deadline` (perf_counter) passed after
+    at least 3 rounds: (samples per arm, rounds, why it stopped, the final comparison)."""
+    samples: list[list[float]] = [[], []]
+    rounds = 0
+    stopped: StopReason = "budget"
+    comparison: Comparison | None = None
+    while True:
+        order = (0, 1) if rounds % 2 == 0 else (1, 0)
+        for i in order:
+            samples[i].append(arms[i].sample(iterations))
+        rounds += 1
+        enough = rounds >= min_samples
+        if enough and (rounds % CHECK_EVERY == 0):
+            comparison = compare(samples)
+            if (comparison.ci_high - comparison.ci_low) / comparison.speedup < ci_width:
+                stopped = "ci_width"
+                break
+            if _decisive(comparison):
+                stopped = "decided"
+                break
+        if rounds >= max_samples:
+            stopped = "max_samples"
+            break
+        if time.perf_counter() > deadline and rounds >= 3:
+            stopped = "budget"
+            break
+    if stopped not in ("ci_width", "decided") or comparison is None:
+        comparison = compare(samples)
+    return samples, rounds, stopped, comparison
+
+
+def _note_noise(
+    comparison: Comparison, arms: list[Target], samples: list[list[float]], iterations: int,
+    min_sample_s: float, cpu_before: dict[str, int],
+) -> None:  # fmt: skip
+    """Add to the comparison's noise what the run itself saw: CPU frequency or load changes,
+    samples shorter than asked, a wall clock on a noisy machine."""
+    extra = _cpu_flags(cpu_before, _cpu_state())
+    short = min(min(s) for s in samples) * iterations
+    if short < min_sample_s / 2:
+        extra.append(("short_samples", f"short_samples: shortest sample {short * 1e3:.3f} ms"))
+    if "high_iqr" in comparison.noise and arms[0].timer in (
+        "perf_counter_ns",
+        "sandbox:perf_counter_ns",
+    ):
+        extra.append(("", "wall clock on a busy machine? clock='cpu' counts only CPU time"))
+    for code, detail in extra:
+        if code and code not in comparison.noise:
+            comparison.noise.append(code)
+        comparison.noise_detail.append(detail)
