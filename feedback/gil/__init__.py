@@ -23,7 +23,12 @@ Python API (stable):
 `GilReport.culprit()`: the thread (and its function and stack) to blame.
 """
 
-from infra_agent.feedback.gil.analysis import (
+from infra_agent.feedback.gil.analysis import analyze, classify
+from infra_agent.feedback.gil.holders import HeldGil, merge_holders
+from infra_agent.feedback.gil.inprocess import InProcessSampler
+from infra_agent.feedback.gil.pyspy import PySpyUnavailable, dump_once, parse_dump, sample_pid
+from infra_agent.feedback.gil.record import Recording, record_pid
+from infra_agent.feedback.gil.report import (
     Culprit,
     Frame,
     GilReport,
@@ -31,13 +36,7 @@ from infra_agent.feedback.gil.analysis import (
     ThreadBlame,
     ThreadGil,
     ThreadSample,
-    analyze,
-    classify,
 )
-from infra_agent.feedback.gil.holders import HeldGil, merge_holders
-from infra_agent.feedback.gil.inprocess import InProcessSampler
-from infra_agent.feedback.gil.pyspy import PySpyUnavailable, dump_once, parse_dump, sample_pid
-from infra_agent.feedback.gil.record import Recording, record_pid
 from infra_agent.feedback.gil.trace import Sampler, trace_command, trace_pid
 
 __all__ = [

@@ -15,7 +15,8 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from infra_agent.feedback.gil.analysis import GilReport, HolderEvidence, top_shares
+from infra_agent.feedback.gil.analysis import top_shares
+from infra_agent.feedback.gil.report import GilReport, HolderEvidence
 
 
 class HeldGil(BaseModel):

@@ -25,7 +25,8 @@ import threading
 import time
 from types import FrameType, TracebackType
 
-from infra_agent.feedback.gil.analysis import Frame, GilReport, ThreadSample, analyze
+from infra_agent.feedback.gil.analysis import analyze
+from infra_agent.feedback.gil.report import Frame, GilReport, ThreadSample
 
 BLOCKING = re.compile(
     r"^(sleep|wait|acquire|select|poll|recv|read|accept|get|join|_wait_for_tstate_lock)$"

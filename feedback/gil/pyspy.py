@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.errors import UserError
-from infra_agent.feedback.gil.analysis import Frame, ThreadSample
+from infra_agent.feedback.gil.report import Frame, ThreadSample
 from infra_agent.feedback.gil.threads import kernel_threads, own_pid_namespace
 from infra_agent.proctree import alive
 

@@ -41,12 +41,11 @@ from infra_agent.feedback.gil.analysis import (
     COND_WAIT,
     GIL_ACQUIRE,
     INTERPRETER_MODULE,
-    Frame,
-    ThreadSample,
     blocked_in_syscall,
 )
 from infra_agent.feedback.gil.holders import HeldGil
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable, find_py_spy
+from infra_agent.feedback.gil.report import Frame, ThreadSample
 
 DEFAULT_INTERVAL_S = 0.1
 """Seconds between samples (10/s): after the first sample, pauses are ~1 ms per sample."""

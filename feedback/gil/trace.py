@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Literal
 
 from infra_agent.errors import UserError
-from infra_agent.feedback.gil.analysis import GilReport, ThreadSample, analyze
+from infra_agent.feedback.gil.analysis import analyze
 from infra_agent.feedback.gil.holders import merge_holders
 from infra_agent.feedback.gil.inprocess import METHOD as INPROCESS_METHOD
 from infra_agent.feedback.gil.pyspy import DEFAULT_INTERVAL_S as DUMP_INTERVAL_S
 from infra_agent.feedback.gil.pyspy import PySpyUnavailable, sample_pid
 from infra_agent.feedback.gil.record import DEFAULT_INTERVAL_S as RECORD_INTERVAL_S
 from infra_agent.feedback.gil.record import Recording, record_pid
+from infra_agent.feedback.gil.report import GilReport, ThreadSample
 from infra_agent.feedback.gil.threads import own_pid_namespace
 
 Sampler = Literal["record", "dump"]
