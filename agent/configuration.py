@@ -22,6 +22,7 @@ from infra_agent.experiments.executors import Executor
 from infra_agent.store import RunStore
 from infra_agent.store.records import ExperimentRecord
 from infra_agent.tasks.manifest import Task
+from infra_agent.tasks.patch import DEFAULT_MAX_PATCH_BYTES
 from infra_agent.tools.base import ToolRegistry
 from infra_agent.tools.context import ToolContext
 from infra_agent.tools.looks import LOOK_TOOLS
@@ -150,6 +151,8 @@ class AgentContext:
     review_policy: Path | None = None
     """The configured `[review] policy` file that judges the run's proposals (None: the bundled
     default)."""
+    max_patch_bytes: int = DEFAULT_MAX_PATCH_BYTES
+    """The configured `sandbox.max_patch_bytes`: the run's experiments reject a larger diff."""
     on_event: Callable[[str], None] = field(default=lambda text: None)
     """Progress text for the live view (current step)."""
 

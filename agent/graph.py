@@ -266,6 +266,7 @@ def _run(
                     ctx.task, patch, sandbox=ctx.config.sandbox, params=ctx.config.params or None,
                     store=ctx.store, run_id=state.run_id, seed=seed, extend=extends.get(call.id),
                     progress=lambda stage: ctx.on_event(f"{where}: {stage}"),  # noqa: B023
+                    max_patch_bytes=ctx.max_patch_bytes,
                 )  # fmt: skip
             except UserError as exc:
                 out[call.id] = str(exc)
@@ -274,7 +275,7 @@ def _run(
     requests = [
         ExperimentRequest(id=call.id, task=str(ctx.task.root), patch=patch, sandbox=ctx.config.sandbox,
                           params=ctx.config.params, seed=seed + i, run_id=state.run_id,
-                          extend=extends.get(call.id))
+                          extend=extends.get(call.id), max_patch_bytes=ctx.max_patch_bytes)
         for i, (call, patch) in enumerate(todo)
     ]  # fmt: skip
     for done in run_batch(executor, requests):

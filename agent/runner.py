@@ -142,6 +142,7 @@ def _context(
         executor=_executor(config),
         fingerprint=task_fingerprint(task),
         review_policy=settings.review.policy,
+        max_patch_bytes=settings.sandbox.max_patch_bytes,
         on_event=on_event,
     )
 

@@ -176,6 +176,7 @@ def register(app: typer.Typer) -> None:
                 record = run_experiment(
                     found, loaded, sandbox=backend, params=params, store=store,
                     progress=progress, detect=detect, extend=earlier,
+                    max_patch_bytes=settings.sandbox.max_patch_bytes,
                 )  # fmt: skip
             except KeyboardInterrupt as exc:
                 # Raised as an error (not left to typer, which turns it into a return value):

@@ -19,6 +19,7 @@ from infra_agent.sandboxes.base import Sandbox, SandboxSpec
 from infra_agent.tasks.harness import Arm, Harness
 from infra_agent.tasks.manifest import Task, TaskManifest
 from infra_agent.tasks.patch import (
+    DEFAULT_MAX_PATCH_BYTES,
     NotEditableError,
     Patch,
     PatchError,
@@ -246,14 +247,14 @@ class ArmSet:
             sandbox.cleanup()
 
 
-def patch_refusal(patch: Patch, task: Task) -> str | None:
-    """Why `task` cannot take `patch` at all (it cannot be applied to a copy), or None. A patch
-    touching a non-editable file is judged by the cascade (a rule, also REJECTED)."""
+def patch_refusal(patch: Patch, task: Task, max_bytes: int = DEFAULT_MAX_PATCH_BYTES) -> str | None:
+    """Why `task` cannot take `patch` at all (it cannot be applied to a copy, or its diff is over
+    `max_bytes`: the configured `sandbox.max_patch_bytes`), or None. A patch touching a
+    non-editable file is judged by the cascade (a rule, also REJECTED)."""
     try:
         effective_knobs(patch, task.manifest)
-        limit = _max_patch_bytes()
-        if len(patch.diff.encode()) > limit:
-            return f"patch is {len(patch.diff.encode())} bytes, above the limit of {limit}"
+        if len(patch.diff.encode()) > max_bytes:
+            return f"patch is {len(patch.diff.encode())} bytes, above the limit of {max_bytes}"
         if patch.kind == "diff":
             shutil.rmtree(preview_apply(patch, task), ignore_errors=True)
     except NotEditableError:
@@ -263,14 +264,3 @@ def patch_refusal(patch: Patch, task: Task) -> str | None:
     except UserError as exc:  # a knob's value out of range or of the wrong type
         return str(exc)
     return None
-
-
-def _max_patch_bytes() -> int:
-    try:
-        from infra_agent.context import current
-
-        return current().settings().sandbox.max_patch_bytes
-    except UserError:
-        from infra_agent.tasks.patch import DEFAULT_MAX_PATCH_BYTES
-
-        return DEFAULT_MAX_PATCH_BYTES

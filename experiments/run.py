@@ -22,7 +22,7 @@ from infra_agent.store.base import RunStore
 from infra_agent.store.records import ExperimentRecord, now
 from infra_agent.store.verdict import Evidence, ExperimentResult, Verdict
 from infra_agent.tasks.manifest import Task
-from infra_agent.tasks.patch import Patch
+from infra_agent.tasks.patch import DEFAULT_MAX_PATCH_BYTES, Patch
 from infra_agent.tasks.tree import workspace_tree
 
 
@@ -51,6 +51,7 @@ def run_experiment(
     seed: int | None = None,
     detect: float | None = None,
     extend: ExperimentRecord | None = None,
+    max_patch_bytes: int = DEFAULT_MAX_PATCH_BYTES,
 ) -> ExperimentRecord:
     """Run one experiment and return its record (also stored when `store` is given).
 
@@ -62,7 +63,8 @@ def run_experiment(
     `detect` asks for a finer resolution than the task's (0.05: see a 5% change); the verdict
     says when the budget could not reach it. `extend` continues an unresolved NO_CHANGE of
     the same patch on the same arms (experiments/extend.py: its pairs first, then at most the
-    task's max_samples more, at its resolution); any other is a UserError saying why."""
+    task's max_samples more, at its resolution); any other is a UserError saying why.
+    `max_patch_bytes`: the configured `sandbox.max_patch_bytes` (a larger diff is REJECTED)."""
     from infra_agent.sandboxes import create_sandbox, ensure_backend
 
     _check_detect(task, detect)
@@ -72,7 +74,7 @@ def run_experiment(
         prior = _prior(task, patch, extend, detect=detect, params=resolved, sandbox=sandbox)
     ensure_backend(sandbox)  # docker: starts a private engine when none answers
     started_at, t0 = now(), time.monotonic()
-    refused = patch_refusal(patch, task)
+    refused = patch_refusal(patch, task, max_patch_bytes)
     if refused is not None:
         result = ExperimentResult(
             task=task.name, patch_id=patch.hash, verdict=Verdict.REJECTED,

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from infra_agent.store.records import ExperimentRecord
 from infra_agent.store.verdict import ExperimentResult, Verdict
-from infra_agent.tasks.patch import Patch
+from infra_agent.tasks.patch import DEFAULT_MAX_PATCH_BYTES, Patch
 
 
 class Resources(BaseModel):
@@ -49,6 +49,8 @@ class ExperimentRequest(BaseModel):
     """Wall-clock limit for the whole experiment, queueing excluded."""
     extend: ExperimentRecord | None = None
     """An unresolved NO_CHANGE of the same patch this experiment continues (experiments.extend)."""
+    max_patch_bytes: int = DEFAULT_MAX_PATCH_BYTES
+    """The configured `sandbox.max_patch_bytes`: a larger diff is REJECTED."""
 
 
 class ExecutionOutcome(BaseModel):
@@ -149,6 +151,7 @@ def execute_request(
         record = run_experiment(
             task, request.patch, sandbox=request.sandbox, params=dict(request.params) or None,
             run_id=request.run_id, seed=request.seed, extend=request.extend,
+            max_patch_bytes=request.max_patch_bytes,
         )  # fmt: skip
     except Exception as exc:  # an executor must hand back a record, whatever happened
         wall = time.perf_counter() - start

@@ -20,7 +20,13 @@ from support import stoppable
 
 from infra_agent.errors import UserError
 from infra_agent.experiments import run_experiment
-from infra_agent.experiments.arms import ArmSet, SeedSource, load_harness, sandbox_spec
+from infra_agent.experiments.arms import (
+    ArmSet,
+    SeedSource,
+    load_harness,
+    patch_refusal,
+    sandbox_spec,
+)
 from infra_agent.experiments.measure import Measurement, decide, measure
 from infra_agent.feedback.bench import compare_samples
 from infra_agent.sandboxes import create_sandbox
@@ -243,6 +249,18 @@ def test_refused_patches_are_rejected_and_recorded(pytask, make_patch, tmp_path:
         assert store.get_experiment(record.id) is not None
         assert store.get_patch(patch.hash) is not None
     assert len(store.experiments()) == 3
+
+
+def test_a_diff_over_the_size_limit_given_is_rejected(pytask, make_patch) -> None:
+    """The limit is the caller's (the configured `sandbox.max_patch_bytes`), not read from a
+    configuration by the cascade: the same patch passes the default limit."""
+    task = pytask()
+    good = make_patch(task, "kernel.py", FAST)
+    size = len(good.diff.encode())
+    record = run_experiment(task, good, max_patch_bytes=size - 1)
+    assert record.result.verdict == Verdict.REJECTED
+    assert f"patch is {size} bytes, above the limit of {size - 1}" in record.result.reasons[0]
+    assert patch_refusal(good, task) is None
 
 
 def test_non_editable_file_is_rejected_and_recorded(pytask, tmp_path: Path) -> None:
