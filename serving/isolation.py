@@ -35,9 +35,8 @@ from typing import Literal
 from pydantic import BaseModel
 
 from infra_agent.config import default_data_dir
-from infra_agent.sandboxes import cgroups, confinement, limits
+from infra_agent.sandboxes import cgroups, confinement, fileview, limits, netns
 from infra_agent.sandboxes.base import SandboxSpec
-from infra_agent.serving import fileview, netns
 from infra_agent.serving.deployment import DeploymentSpec
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]

@@ -5,8 +5,8 @@
 
 A source patch runs inside the server, so the server is confined like any candidate
 (`serving/isolation.py`, the sandbox layer's own code): its own pid namespace, uid, rlimits and
-cgroup, a network namespace with only a loopback (`serving/netns.py`) and a file view in which
-the originals of the modules its arm changed do not exist (`serving/fileview.py`,
+cgroup, a network namespace with only a loopback (`sandboxes/netns.py`) and a file view in which
+the originals of the modules its arm changed do not exist (`sandboxes/fileview.py`,
 `serving/overlay.py`); `server.confinement.render()` (third line of its log) says what it really
 had. Requests go through `server.call(fn, *args)`, which runs `fn(url, *args)` on a thread
 inside that namespace; `server.url` is a host-loopback relay for callers that only take a URL.
@@ -36,9 +36,10 @@ from typing import Any, TypeVar
 
 from infra_agent.proctree import descendants
 from infra_agent.sandboxes import cleanup as cleanup_registry
+from infra_agent.sandboxes import fileview, netns
 from infra_agent.sandboxes import processes as sandbox_processes
 from infra_agent.sandboxes.confined import ConfinedProcesses
-from infra_agent.serving import fileview, isolation, netns
+from infra_agent.serving import isolation
 from infra_agent.serving import overlay as overlays
 from infra_agent.serving.deployment import ArgValue, DeploymentSpec
 from infra_agent.serving.launch import SHIM_DIR, free_port, gpu_count, launch_command

@@ -23,7 +23,7 @@ from support import stoppable
 from infra_agent.errors import UserError
 from infra_agent.proctree import alive as _alive
 from infra_agent.proctree import descendants
-from infra_agent.serving import netns
+from infra_agent.sandboxes import netns
 from infra_agent.serving.deployment import DeploymentSpec, load_deployment
 from infra_agent.serving.server import Server
 
@@ -229,7 +229,7 @@ def test_killed_owner_leaves_no_process_and_no_namespace(
             import time
             from pathlib import Path
             from infra_agent.serving.deployment import DeploymentSpec
-            from infra_agent.serving import netns
+            from infra_agent.sandboxes import netns
             from infra_agent.serving.server import Server
             spec = DeploymentSpec.model_validate_json({spec.model_dump_json()!r})
             server = Server.start(spec, Path({str(tmp_path)!r}))

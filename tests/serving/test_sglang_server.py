@@ -17,7 +17,7 @@ from support import sglang_server_marks
 from infra_agent.errors import UserError
 from infra_agent.proctree import alive as _alive
 from infra_agent.proctree import descendants
-from infra_agent.serving import fileview, netns
+from infra_agent.sandboxes import fileview, netns
 from infra_agent.serving.accuracy import compare_likelihood, score_tokens
 from infra_agent.serving.datasets import coding_agent_sessions, random_sessions
 from infra_agent.serving.deployment import load_deployment

@@ -134,7 +134,7 @@ def test_tiny_model_files(tmp_path: Path) -> None:
 def test_file_view_shows_the_paths_a_command_names(tmp_path: Path) -> None:
     """The paths a server's command names are what its confined view shows read-only (the
     binds themselves are built by sandboxes.confinement, tested with the sandboxes)."""
-    from infra_agent.serving.fileview import FileView, paths_named
+    from infra_agent.sandboxes.fileview import FileView, paths_named
 
     venv = tmp_path / "env"
     (venv / "bin").mkdir(parents=True)

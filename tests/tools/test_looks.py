@@ -62,8 +62,8 @@ def test_the_graph_counts_looks_in_its_state_and_the_budget_line_shows_them(
     from infra_agent.agent.graph import tools
     from infra_agent.agent.runlog import RunLog
     from infra_agent.agent.state import AgentState
-    from infra_agent.serving.fileview import FileView
-    from infra_agent.serving.netns import Network
+    from infra_agent.sandboxes.fileview import FileView
+    from infra_agent.sandboxes.netns import Network
     from infra_agent.serving.workload import WorkloadResult
     from infra_agent.store.records import RunRecord, ToolCall
 

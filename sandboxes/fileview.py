@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from infra_agent.serving import netns
+from infra_agent.sandboxes import netns
 
 FileSystemMode = Literal["confined", "host"]
 
