@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from infra_agent import __version__
-from infra_agent.context import Invocation, reset
+from infra_agent.cli.context import Invocation, reset
 from infra_agent.errors import UserError
 
 # Only importable as part of infra_agent, never as a bare top-level name that could collide.
@@ -60,7 +60,7 @@ def _resume_after_review(store_path: Path, run_id: str) -> None:
     """The review queue resumes a waiting agent run through this (wired here: review does not
     import the agent)."""
     from infra_agent.agent.runner import resume_after_review
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
 
     resume_after_review(store_path, run_id, current().settings())
 

@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
         from infra_agent.agent.runner import find_run_task, resume_run, start_run
         from infra_agent.agent.state import Budget
         from infra_agent.agent.view import LiveView, render_outcome
-        from infra_agent.context import current
+        from infra_agent.cli.context import current
         from infra_agent.experiments.arms import effective_params, parse_params
         from infra_agent.output import emit, err_console
 
@@ -241,7 +241,7 @@ def save_from_proposal(
     """Save a reviewed, proven patch as a new skeleton the agent can look up in later runs."""
     from pydantic import ValidationError
 
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
     from infra_agent.tools.skeletons import save_skeleton, skeleton_from_proposal
 
     store = current().store(readonly=True)

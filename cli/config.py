@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from infra_agent.agent.model.dialects import SGLANG_GLM_FLAGS, dialect_of
+from infra_agent.cli.context import current
 from infra_agent.config import BUILTIN_PROFILES, LLMProfile, masked
-from infra_agent.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit
 

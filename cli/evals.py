@@ -57,7 +57,7 @@ def evaluate(
     from infra_agent.agent.configuration import RunConfig, resolve_policy
     from infra_agent.agent.state import Budget
     from infra_agent.cli.agent import parse_budget
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
     from infra_agent.evals.attempt import with_profile
     from infra_agent.evals.runner import create_eval, run_eval
     from infra_agent.evals.suites import resolve
@@ -158,7 +158,7 @@ def _run_on_ray(eval_id: str, settings: Any, address: str | None, out: Any) -> N
 
 
 def _report(eval_ids: list[str], *, as_json: bool, html_file: Path | None) -> None:
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
     from infra_agent.evals.metrics import summarize
     from infra_agent.evals.records import EvalStore
     from infra_agent.evals.report import render_html, render_terminal
@@ -217,7 +217,7 @@ def list_evals(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """The evals in the run store, newest first."""
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
     from infra_agent.evals.records import EvalStore
     from infra_agent.output import emit
 

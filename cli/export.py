@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from infra_agent.cli.context import current
 from infra_agent.config import Settings
-from infra_agent.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit
 from infra_agent.redact import Redactor

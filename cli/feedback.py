@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.panel import Panel
 
-from infra_agent.context import current
+from infra_agent.cli.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit, err_console
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from infra_agent.context import current
+from infra_agent.cli.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit, status_console
 from infra_agent.review.apply import after_decision, apply_approved

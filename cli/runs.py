@@ -7,7 +7,7 @@ from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from infra_agent.context import current
+from infra_agent.cli.context import current
 from infra_agent.errors import UserError
 from infra_agent.output import emit
 from infra_agent.store.records import ProposalStatus, RunRecord, StepRecord

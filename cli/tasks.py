@@ -63,7 +63,7 @@ def list_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """List the tasks infra-agent can optimize."""
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
     from infra_agent.tasks.registry import list_tasks
 
     summaries = [TaskSummary.of(t) for t in list_tasks(current().task_search_path())]
@@ -85,7 +85,7 @@ def show_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Show a task's manifest and story."""
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
     from infra_agent.tasks.registry import find_task
 
     task = find_task(name, current().task_search_path())
@@ -138,7 +138,7 @@ def check_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Measure a task's symptom, its reference fix and its wrong fix (exit 1 if any is off)."""
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
     from infra_agent.experiments.arms import parse_params
     from infra_agent.experiments.check import check_task
     from infra_agent.output import emit, err_console

@@ -43,7 +43,7 @@ def list_command(
 ) -> None:
     """List the tools a run offers: name, what it needs and the first sentence of its
     description, or with --json exactly the schemas the model sees."""
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
     from infra_agent.tasks.registry import find_task
     from infra_agent.tools.registry import default_registry
 
@@ -95,8 +95,8 @@ def run_command(
 ) -> None:
     """Run one of the agent's instruments on a task's workspace, exactly as the model calls it:
     print the text the model reads, or with --json the typed record."""
+    from infra_agent.cli.context import current
     from infra_agent.cli.feedback import store_feedback
-    from infra_agent.context import current
     from infra_agent.experiments.arms import parse_params
     from infra_agent.tasks.registry import find_task
     from infra_agent.tools.context import ToolContext
@@ -180,7 +180,7 @@ def _json_or_text(value: str) -> Any:
 @contextmanager
 def _tool_store(settings: Settings) -> Iterator[RunStore]:
     """The configured run store, or a throwaway one (it only holds the --patch) without one."""
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
     from infra_agent.store import open_store
 
     if settings.store.db is not None:

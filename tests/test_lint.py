@@ -15,7 +15,6 @@ MYPY_TARGETS = [
     "infra_agent.config",
     "infra_agent.errors",
     "infra_agent.output",
-    "infra_agent.context",
     "infra_agent.private",
     "infra_agent.redact",
     "infra_agent.secret_shapes",

@@ -119,7 +119,7 @@ def test_the_cli_wires_the_agents_resumer_into_review() -> None:
     from typer.testing import CliRunner
 
     from infra_agent.cli import _resume_after_review, app
-    from infra_agent.context import current
+    from infra_agent.cli.context import current
 
     CliRunner().invoke(app, ["config", "show", "--json"])
     assert current().resume_run is _resume_after_review

@@ -1,4 +1,7 @@
-"""Per-invocation state shared by CLI commands: the effective settings and the run store."""
+"""Per-invocation state shared by the commands: the effective settings and the run store.
+
+Only the `cli` package reads it: a command passes what the library needs (a search path, a
+policy, a size limit, the settings themselves) down as arguments."""
 
 from __future__ import annotations
 
