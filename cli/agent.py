@@ -1,8 +1,8 @@
-"""`infra-agent optimize`: run the agent loop on a task, live, and report what it proved."""
+"""`infra-agent optimize`: run the agent loop on a task, live, and report what it proved;
+`infra-agent skeletons list|show|save`: the optimization patterns the agent looks up."""
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,47 +12,6 @@ import typer
 from infra_agent.agent.policies import POLICIES
 from infra_agent.errors import UserError
 from infra_agent.store.records import ProposalStatus, RunStatus
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_BUDGET_KEYS = {
-    "experiments": "experiments",
-    "exp": "experiments",
-    "wall": "wall_s",
-    "time": "wall_s",
-    "tokens": "tokens",
-    "cost": "cost_usd",
-    "turns": "turns",
-    "looks": "looks",
-}
-
-
-def parse_budget(text: str | None) -> dict[str, Any]:
-    """'8' (experiments) or 'experiments=8,wall=30m,tokens=200k,turns=40,cost=2.5,looks=16'."""
-    if not text:
-        return {}
-    if text.strip().isdigit():
-        return {"experiments": int(text)}
-    out: dict[str, Any] = {}
-    for part in text.split(","):
-        key, _, raw = part.partition("=")
-        key, raw = key.strip(), raw.strip().lower()
-        if key not in _BUDGET_KEYS or not raw:
-            raise UserError(
-                f"--budget: '{part}' is not NAME=VALUE with NAME one of experiments, wall, tokens, turns, cost, looks"
-            )
-        field = _BUDGET_KEYS[key]
-        m = re.fullmatch(r"([0-9.]+)([smhk]?)", raw)
-        if m is None:
-            raise UserError(f"--budget: '{raw}' is not a number (e.g. 8, 30m, 200k)")
-        value = float(m.group(1))
-        if field == "wall_s":
-            value *= _UNITS.get(m.group(2) or "s", 1.0)
-        elif m.group(2) == "k":
-            value *= 1000
-        elif m.group(2):
-            raise UserError(f"--budget: unit '{m.group(2)}' does not apply to {key}")
-        out[field] = int(value) if field in ("experiments", "tokens", "turns", "looks") else value
-    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -107,7 +66,8 @@ def register(app: typer.Typer) -> None:
         from infra_agent.agent.state import Budget
         from infra_agent.agent.view import LiveView, render_outcome
         from infra_agent.cli.context import current
-        from infra_agent.experiments.arms import effective_params, parse_params
+        from infra_agent.cli.options import parse_budget, parse_params
+        from infra_agent.experiments.arms import effective_params
         from infra_agent.output import emit, err_console
 
         settings = current().settings()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -56,8 +57,8 @@ def evaluate(
         return
     from infra_agent.agent.configuration import RunConfig, resolve_policy
     from infra_agent.agent.state import Budget
-    from infra_agent.cli.agent import parse_budget
     from infra_agent.cli.context import current
+    from infra_agent.cli.options import parse_budget
     from infra_agent.evals.attempt import with_profile
     from infra_agent.evals.runner import create_eval, run_eval
     from infra_agent.evals.suites import resolve
@@ -146,7 +147,10 @@ def _run_on_ray(eval_id: str, settings: Any, address: str | None, out: Any) -> N
     from infra_agent.evals.runner import ClusterOptions, run_eval
 
     if not out.is_terminal:
-        run_eval(eval_id, settings, progress=out.print, cluster=ClusterOptions(address))
+        # Ray's driver prints cluster events (a node that died) on sys.stdout, which holds the
+        # report's JSON with --json: they go to stderr (a terminal's Live display takes them).
+        with contextlib.redirect_stdout(sys.stderr):
+            run_eval(eval_id, settings, progress=out.print, cluster=ClusterOptions(address))
         return
     with Live(Board().render(), console=out, auto_refresh=False, transient=False) as live:
 

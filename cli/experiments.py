@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Reproduce a task's symptom and localize it with the instruments, changing no code."""
         from infra_agent.cli.context import current
-        from infra_agent.experiments.arms import parse_params
+        from infra_agent.cli.options import parse_params
         from infra_agent.experiments.diagnose import run_diagnosis
         from infra_agent.output import emit, status_console
 
@@ -129,7 +129,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Verify a patch against its task's baseline and print the verdict with its evidence."""
         from infra_agent.cli.context import current
-        from infra_agent.experiments.arms import parse_params
+        from infra_agent.cli.options import parse_params
         from infra_agent.experiments.extend import extendable
         from infra_agent.experiments.run import run_experiment
         from infra_agent.experiments.verdict_text import verdict_text

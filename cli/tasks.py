@@ -139,7 +139,7 @@ def check_command(
 ) -> None:
     """Measure a task's symptom, its reference fix and its wrong fix (exit 1 if any is off)."""
     from infra_agent.cli.context import current
-    from infra_agent.experiments.arms import parse_params
+    from infra_agent.cli.options import parse_params
     from infra_agent.experiments.check import check_task
     from infra_agent.output import emit, err_console
     from infra_agent.tasks.registry import find_task

@@ -97,7 +97,7 @@ def run_command(
     print the text the model reads, or with --json the typed record."""
     from infra_agent.cli.context import current
     from infra_agent.cli.feedback import store_feedback
-    from infra_agent.experiments.arms import parse_params
+    from infra_agent.cli.options import parse_params
     from infra_agent.tasks.registry import find_task
     from infra_agent.tools.context import ToolContext
     from infra_agent.tools.registry import AGENT_TOOLS, default_registry

@@ -50,18 +50,6 @@ def effective_params(manifest: TaskManifest, overrides: dict[str, Any] | None) -
     return params
 
 
-def parse_params(items: list[str]) -> dict[str, str]:
-    """`--param NAME=VALUE` options as overrides for `effective_params` (which converts each
-    value to its default's type). A malformed item is a UserError."""
-    params: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UserError(f"--param {item!r}: expected NAME=VALUE")
-        params[name.strip()] = value.strip()
-    return params
-
-
 def _coerce(name: str, value: Any, default: Any) -> Any:
     if not isinstance(value, str) or isinstance(default, str):
         return value

@@ -12,7 +12,7 @@ from infra_agent.agent.configuration import resolve_policy
 from infra_agent.agent.policies.scripted import ScriptedPolicy, load_script
 from infra_agent.agent.policies.search import SearchPolicy
 from infra_agent.agent.state import AgentState, ExperimentOutcome, Message
-from infra_agent.cli.agent import parse_budget
+from infra_agent.cli.options import parse_budget
 from infra_agent.config import LLMSettings
 from infra_agent.errors import UserError
 from infra_agent.tasks.registry import find_task
