@@ -17,6 +17,13 @@ About 17 float32 ulps (eps = 1.19e-7): BLAS picks different blockings for differ
 shapes, so even a batch-invariant combine differs by a few ulps (1.08e-6 was measured once)."""
 SANITY_REL_ERR = 3e-2
 """Outputs further than this from float64 (relative to scale) are wrong, not imprecise."""
+ROUTING_TIE = 1e-4
+"""Tokens whose float64 router logits put the k-th and (k+1)-th expert closer than this are left
+out of the sanity error: float32 logits (error about 1e-6 here) may pick either expert, and a
+token routed to the other one differs from float64 by a whole expert's share (a baseline once
+failed its own check with err 0.283 that way; 0 of 20,000 seeded batches of 64 flipped here, so
+the odds are below about 1e-4 per batch). Measured on seeds 0-19,999: 3.0% of batches leave one
+token of 64 out, 0.05% two, the rest none."""
 WEIGHT_SEED = 0x0E
 """Seed of the layer's weights (inputs use the per-check/per-sample seeds)."""
 
@@ -49,6 +56,12 @@ def float64_moe(x: torch.Tensor, weights: tuple[torch.Tensor, ...], top_k: int) 
             e = int(top_idx[t, s])
             out[t] += gates[t, s] * (F.gelu(x[t] @ w_in[e]) @ w_out[e])
     return out
+
+
+def routing_is_clear(x: torch.Tensor, router: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Per token: is its top-k expert set the same at float32 precision (margin >= ROUTING_TIE)?"""
+    ranked = torch.sort(x.double() @ router.double(), dim=-1, descending=True).values
+    return (ranked[:, top_k - 1] - ranked[:, top_k]) >= ROUTING_TIE
 
 
 SETUP = """\
@@ -138,7 +151,8 @@ class TaskHarness(Harness):
         ):
             gaps[b] = float((y[:probes] - alone).abs().max()) / scale
         ref = float64_moe(x, self.weights, self.params["top_k"])
-        err = float((outs[-1].double() - ref).abs().max() / ref.abs().max())
+        clear = routing_is_clear(x, self.weights[0], self.params["top_k"])
+        err = float((outs[-1].double() - ref)[clear].abs().max() / ref.abs().max())
         return gaps, err, seconds
 
     def check(self, arm: Arm, seed: int) -> CheckResult:
