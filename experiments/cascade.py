@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from infra_agent.errors import describe
 from infra_agent.experiments import rules
 from infra_agent.experiments.arms import (
     ArmStartError,
@@ -64,7 +65,7 @@ def _failure(arm: str, error: BaseException) -> _Stop:
     if arm == "baseline":
         return _Stop(
             Verdict.FAILED,
-            f"baseline failed, so nothing can be compared (task or sandbox problem): {error}",
+            f"baseline failed, so nothing can be compared (task or sandbox problem): {describe(error)}",
             flags=(Flag.BASELINE_FAILED,),
         )
     if isinstance(error, IncorrectOutput):
@@ -80,7 +81,7 @@ def _failure(arm: str, error: BaseException) -> _Stop:
         return _Stop(Verdict.FAILED, f"candidate {what.get(error.kind, 'crashed')}: {error}")
     return _Stop(
         Verdict.FAILED,
-        f"harness error while running the candidate: {type(error).__name__}: {error}",
+        f"harness error while running the candidate: {describe(error, typed=True)}",
     )
 
 
