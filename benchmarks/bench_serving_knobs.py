@@ -16,11 +16,11 @@ import tempfile
 from pathlib import Path
 
 from infra_agent.feedback.bench import compare_samples
-from infra_agent.serving.datasets import random_sessions
 from infra_agent.serving.deployment import load_deployment
-from infra_agent.serving.metrics import summarize
+from infra_agent.serving.load.datasets import random_sessions
+from infra_agent.serving.load.generator import LoadSpec, run_workload
+from infra_agent.serving.load.metrics import summarize
 from infra_agent.serving.server import Server
-from infra_agent.serving.workload import LoadSpec, run_workload
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "bundled" / "sglang-cpu-tiny"
 

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra_agent.proctree import cpu_by_name
-from infra_agent.serving.datasets import random_sessions
 from infra_agent.serving.deployment import load_deployment
-from infra_agent.serving.metrics import summarize
+from infra_agent.serving.load.datasets import random_sessions
+from infra_agent.serving.load.generator import LoadSpec, run_workload
+from infra_agent.serving.load.metrics import summarize
 from infra_agent.serving.server import Server
-from infra_agent.serving.workload import LoadSpec, run_workload
 from infra_agent.tasks.manifest import load_task
 from infra_agent.tasks.patch import effective_knobs
 

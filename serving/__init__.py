@@ -1,16 +1,15 @@
-"""The SGLang serving target: environment, server lifecycle, workloads, knobs and accuracy gate.
+"""The SGLang serving target, by concern.
 
-- `env`: the cached SGLang virtual environment (`python -m infra_agent.serving.env --ensure`).
-- `tiny_model`: a tiny Llama-architecture model generated locally (no downloads).
-- `deployment`: the deployment spec (TOML) of a serving task.
-- `server`: start on a free port, wait for readiness, capture logs, stop the whole process tree.
-- `kernel_shim/`: the `sgl_kernel` CPU compatibility module (servers without a GPU only).
-- `datasets`, `workload`, `metrics`: request sets, the async load generator, throughput/TTFT/TPOT.
-- `knobs`: the typed catalogue of server arguments, checked against `launch_server --help`.
-- `accuracy`: the accuracy gate (greedy tokens + top-k log-probability distance).
-- `overlay`: source patches to SGLang through a private PYTHONPATH overlay.
-- `stress`: the same request N times under background load, anomalies per 10,000.
-- `harness`: `ServingHarness`, the harness serving tasks subclass.
+The runtime, at the top: `env` (the cached SGLang virtual environment, `python -m
+infra_agent.serving.env --ensure`), `tiny_model` (a tiny Llama model generated locally),
+`deployment` (a task's deployment spec), `knobs` (the typed catalogue of server arguments),
+`launch` (the command line, port and GPUs), `overlay` (source patches through a private
+PYTHONPATH), `isolation` (the server's confinement, from `sandboxes/`), `server` (start, ready,
+pause, stop) and `kernel_shim/` (the `sgl_kernel` CPU module, servers without a GPU only).
+- `load/`: request datasets, the async load generator, a run's metrics, stress reproduction.
+- `instruments/`: profiles, GIL traces, scheduler steps, captures, precision, diagnosis.
+- `harness/`: `ServingHarness` and the harnesses of accuracy and corruption-under-load tasks,
+  with the judgement of what an arm answered.
 The output health guard lives in `infra_agent.feedback.health`.
 """
 

@@ -12,7 +12,7 @@ seeds and applies the instruments that fit it:
   `feedback.timeline` overlap where the fix must keep it;
 - serving tasks (a live SGLang server): profiles of the server's processes under the workload,
   GIL traces, accuracy probes and outputs under load against the same requests alone
-  (`serving/diagnosis.py`).
+  (`serving/instruments/diagnosis.py`).
 
 A harness opts in with a method `diagnose(self, arm) -> Diagnosis`; tasks without one get the
 generic diagnosis (correctness check and a few samples of the metric).

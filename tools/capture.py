@@ -1,5 +1,5 @@
 """`capture`: a named SGLang function's real arguments, recorded on the live server while the
-task's workload runs (`serving.capture`), for `microbench` and `accuracy_diff` to replay
+task's workload runs (`serving.instruments.capture`), for `microbench` and `accuracy_diff` to replay
 (`captured=<capture id>`, `tools.replay`).
 
 The server is the task's, patched or not, started as an experiment's arm is (overlay of the
@@ -25,8 +25,8 @@ from infra_agent.tools.base import ToolResult, instrument
 from infra_agent.tools.context import ToolContext
 
 if TYPE_CHECKING:
-    from infra_agent.serving.capture import CaptureLimits, CaptureRecord, Target
     from infra_agent.serving.harness import ServingHarness
+    from infra_agent.serving.instruments.capture import CaptureLimits, CaptureRecord, Target
     from infra_agent.tasks.patch import Patch
 
 RECORD_FILE = "capture.json"
@@ -57,7 +57,7 @@ def captures_folder(ctx: ToolContext) -> Path:
 
 def load_capture(ctx: ToolContext, capture_id: str) -> tuple[CaptureRecord, Path]:
     """A capture of this run by id, and its folder; a one-line error naming the known ones."""
-    from infra_agent.serving.capture import CaptureRecord
+    from infra_agent.serving.instruments.capture import CaptureRecord
 
     root = captures_folder(ctx)
     folder = root / capture_id
@@ -80,7 +80,7 @@ def load_capture(ctx: ToolContext, capture_id: str) -> tuple[CaptureRecord, Path
     needs="serving",
 )
 def capture(p: CaptureParams, ctx: ToolContext) -> ToolResult:
-    from infra_agent.serving.capture import CaptureLimits, Target
+    from infra_agent.serving.instruments.capture import CaptureLimits, Target
     from infra_agent.tools.looks import describe_patch, take_look
 
     target = Target.parse(p.function)
@@ -96,7 +96,7 @@ def capture(p: CaptureParams, ctx: ToolContext) -> ToolResult:
 def _check_installed(ctx: ToolContext, target: Target, patch_id: str | None, version: str) -> None:
     """An unknown module or function is refused before a look is spent: checked against the
     installed package unless the patch changes that module (then the arm's copy decides)."""
-    from infra_agent.serving.capture import check_defined, module_source
+    from infra_agent.serving.instruments.capture import check_defined, module_source
 
     if patch_id is not None and any(f in ctx.patch(patch_id).files for f in target.relpaths()):
         return
@@ -126,7 +126,11 @@ def run_capture(
 ) -> CaptureRecord:
     """Start the hooked server, run the task's workload, keep the calls; the server is stopped."""
     from infra_agent.experiments.arms import arm_set
-    from infra_agent.serving.capture import CaptureRecord, instrument_workspace, read_capture
+    from infra_agent.serving.instruments.capture import (
+        CaptureRecord,
+        instrument_workspace,
+        read_capture,
+    )
     from infra_agent.serving.server import ServerFailed
     from infra_agent.tools.sandboxed import open_sandbox
 
@@ -183,8 +187,12 @@ def _new_folder(root: Path) -> Path:
 def _run(server: Any, sessions: list[Any], load: Any) -> tuple[str, list[str]]:
     """The workload, the scheduler profiled meanwhile: (one line about it, the functions with
     the most self time)."""
-    from infra_agent.serving.instruments import describe
-    from infra_agent.serving.tracing import ProcessProfile, package_dirs_of, trace_during
+    from infra_agent.serving.instruments.live import describe
+    from infra_agent.serving.instruments.tracing import (
+        ProcessProfile,
+        package_dirs_of,
+        trace_during,
+    )
 
     started = time.monotonic()
     traces, result = trace_during(server, sessions, load, ["scheduler"], gil_s=None)
@@ -210,7 +218,7 @@ def _not_called(target: Target, seen: int, n: int, errors: list[str], top: list[
 
 def describe_calls(record: CaptureRecord) -> str:
     """'RMSNorm.forward, 12 calls captured (arg1: bfloat16[32,64] ...)' for a replay's text."""
-    from infra_agent.serving.capture import signature
+    from infra_agent.serving.instruments.capture import signature
 
     shapes = sorted({signature(c) for c in record.calls}, key=len)
     more = f" +{len(shapes) - 1} more shapes" if len(shapes) > 1 else ""

@@ -5,7 +5,7 @@ a patch (a source patch, knobs, or both) started exactly as an experiment starts
 (`ServingHarness.prepare`: the overlay of a workspace copy with the task's injected fault and the
 patch, the knobs as server arguments, confinement, a warm-up), so the model can look at a patch
 before it spends an experiment on it, and again after a win. Every look server logs each
-scheduler step (`serving.steps`: one log line per step, for `server_steps`), so one server per
+scheduler step (`serving.instruments.steps`: one log line per step, for `server_steps`), so one server per
 patch serves all three instruments.
 
 The servers are kept for the run, one per patch and knob set (the last `tools.kept_servers.KEPT_SERVERS`;
@@ -116,8 +116,8 @@ def start_look_server(ctx: ToolContext, patch: Patch | None, knobs: dict[str, An
     """The task's server with `patch` (its workspace copy and knobs) and `knobs` as server
     arguments, logging every scheduler step, started as an experiment's arm is."""
     from infra_agent.experiments.arms import arm_set
+    from infra_agent.serving.instruments.steps import STEP_KNOBS, instrumented
     from infra_agent.serving.server import ServerFailed
-    from infra_agent.serving.steps import STEP_KNOBS, instrumented
     from infra_agent.tools.sandboxed import open_sandbox
     from infra_agent.tools.workload import task_harness
 

@@ -27,7 +27,7 @@ from infra_agent.tools.sandboxed import ArmParams, Arms, open_sandbox, resolve_a
 
 if TYPE_CHECKING:
     from infra_agent.sandboxes.base import Sandbox
-    from infra_agent.serving.capture import CaptureRecord
+    from infra_agent.serving.instruments.capture import CaptureRecord
     from infra_agent.tasks.patch import Patch
 
 REPLAY_DIR = ".replay"
@@ -113,9 +113,9 @@ def sglang_arm(
     """(a sandboxed workspace copy with `patch` that imports the real SGLang package, SGLang's
     interpreter, the code its scripts run first: the modules on the path and, with a capture,
     `replayed`, `CALLS` and `replay_all()`)."""
-    from infra_agent.serving.capture import HOOK_MODULE, HOOK_SOURCE, Target
     from infra_agent.serving.env import ensure_sglang_env, env_python
     from infra_agent.serving.harness import ServingHarness
+    from infra_agent.serving.instruments.capture import HOOK_MODULE, HOOK_SOURCE, Target
     from infra_agent.serving.launch import SHIM_DIR, has_gpu
     from infra_agent.serving.overlay import build_overlay
 

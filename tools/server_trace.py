@@ -3,11 +3,11 @@
 A look (`tools.looks`): on the task's server with a patch (source, knobs or both; default the
 baseline), kept for later looks at it as `serving_workload`'s is, it runs the experiment's
 published workload against it (or fewer requests / in flight, when asked) and,
-while it runs, attaches py-spy to the chosen SGLang processes (`serving.tracing`, the path the
+while it runs, attaches py-spy to the chosen SGLang processes (`serving.instruments.tracing`, the path the
 serving diagnosis uses): per process, the hottest SGLang functions by self and by total time
 with their shares of the active samples and their hottest lines, names whole, and per thread its GIL states (holds / waits /
 runs without it / idle) with who held the GIL while a thread waited. The typed
-`serving.tracing.ServerProfile` is the data, with the look's record. A workload too short for
+`serving.instruments.tracing.ServerProfile` is the data, with the look's record. A workload too short for
 `MIN_SAMPLES` active samples is sent again, longer, and each process states its sampling error. A look is one sample, not a
 verdict, and counts against the run's looks budget.
 """
@@ -64,7 +64,7 @@ class ServerProfileParams(BaseModel):
 )
 def server_profile(p: ServerProfileParams, ctx: ToolContext) -> ToolResult:
     from infra_agent.feedback.gil.pyspy import find_py_spy
-    from infra_agent.serving.tracing import ROLES, profile_server
+    from infra_agent.serving.instruments.tracing import ROLES, profile_server
 
     if ctx.task.manifest.kind != "serving":
         raise UserError(f"task {ctx.task.name} is not a serving task (no server to profile)")

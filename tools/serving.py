@@ -6,8 +6,8 @@ looks at the same patch, and drives the task's own workload through it (its harn
 and load: what run_experiment sends, unless the call gives another shape):
 
 - `serving_workload`: throughput, TTFT/TPOT percentiles and failures
-  (`serving.metrics.RunMetrics.render`);
-- `server_steps`: the scheduler's own step statistics during the workload (`serving.steps`):
+  (`serving.load.metrics.RunMetrics.render`);
+- `server_steps`: the scheduler's own step statistics during the workload (`serving.instruments.steps`):
   running and queued requests, tokens per batch, prefill vs decode steps, time per step;
 - `server_profile` (`tools.server_trace`): py-spy and the GIL tracer on the server's processes.
 
@@ -61,7 +61,7 @@ class TaskRun:
     server: Any
     sessions: list[Any]
     load: Any
-    """The `serving.workload.LoadSpec` the task's harness sends, with the call's overrides."""
+    """The `serving.load.generator.LoadSpec` the task's harness sends, with the call's overrides."""
     knobs: dict[str, Any]
     label: str
     """The patch ('baseline', or its id and what it changes) and the workload sent, in words."""
@@ -104,8 +104,8 @@ def task_server(
     needs="serving",
 )
 def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
-    from infra_agent.serving.metrics import summarize
-    from infra_agent.serving.workload import run_workload
+    from infra_agent.serving.load.generator import run_workload
+    from infra_agent.serving.load.metrics import summarize
 
     with task_server(ctx, **p.model_dump()) as run:
         result = run.server.call(run_workload, run.sessions, run.load)
@@ -137,8 +137,8 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
     needs="serving",
 )
 def server_steps(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
-    from infra_agent.serving.instruments import describe
-    from infra_agent.serving.steps import run_with_steps
+    from infra_agent.serving.instruments.live import describe
+    from infra_agent.serving.instruments.steps import run_with_steps
 
     with task_server(ctx, **p.model_dump()) as run:
         result, report = run_with_steps(run.server, run.sessions, run.load, knobs=run.knobs)

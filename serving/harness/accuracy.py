@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from infra_agent.serving.datasets import FIRST_ID
+from infra_agent.serving.load.datasets import FIRST_ID
 
 
 class GateConfig(BaseModel):

@@ -10,9 +10,9 @@ import math
 import random
 from collections.abc import Callable, Sequence
 
-from infra_agent.serving.accuracy import LikelihoodTest, compare_likelihood
-from infra_agent.serving.datasets import Session
-from infra_agent.serving.workload import RequestRecord
+from infra_agent.serving.harness.accuracy import LikelihoodTest, compare_likelihood
+from infra_agent.serving.load.datasets import Session
+from infra_agent.serving.load.generator import RequestRecord
 from infra_agent.tasks.harness import IncorrectOutput
 
 Scorer = Callable[[Sequence[tuple[list[int], list[int]]]], list[list[float]]]

@@ -12,9 +12,9 @@ check(arm, seed): the accuracy gate, on the measured workload's own requests: on
     what a sample of `seed` sends (same API, streaming, temperature, lengths, warm-up; nothing
     tells a judged request from a measured one). The candidate's outputs are judged against the
     baseline's answers to the same prompts by their likelihood under the baseline server
-    (`serving.answers`, `serving.accuracy`: teacher-forced log-probs, a signed-rank test over up to
-    `judge_check_prompts` prompt pairs; the baseline may receive scoring requests, the candidate
-    never does).
+    (`serving.harness.answers`, `serving.harness.accuracy`: teacher-forced log-probs, a
+    signed-rank test over up to `judge_check_prompts` prompt pairs; the baseline may receive
+    scoring requests, the candidate never does).
 sample(arm, seed): one workload run -> {output_throughput (tok/s), ttft/tpot percentiles (ms),
     goodput, output_tokens_per_cpu_s, ...}. The client counts: output tokens are the token ids
     each stream carried; every request must return exactly its max_new_tokens (no truncation
@@ -33,7 +33,7 @@ health(arm, seed): the output health guard over every output the arm produced in
     likelihood test over up to `judge_prompts` prompt pairs drawn at random from all of them.
     health_problems names each rule the candidate trips more often, and a failed likelihood test.
 diagnose(arm): the task's throughput, and where the server spends its time, from a GIL trace
-    and function profiles of the scheduler process (`serving/diagnosis.py`).
+    and function profiles of the scheduler process (`serving/instruments/diagnosis.py`).
 
 The server runs as a process on this machine, in its own network namespace (loopback only: patched
 SGLang code reaches neither the network nor the host's services; `serving/netns.py`), and every
@@ -60,16 +60,21 @@ from typing import Any, ClassVar
 
 from infra_agent.feedback.health import HealthReport, compare_health, score_outputs
 from infra_agent.serving import knobs as knob_catalogue
-from infra_agent.serving.accuracy import DEFAULT_ALPHA, GateConfig, LikelihoodTest, score_tokens
-from infra_agent.serving.answers import likelihood_test, verify_counts
-from infra_agent.serving.datasets import Session, random_sessions
 from infra_agent.serving.deployment import DeploymentSpec, load_deployment
+from infra_agent.serving.harness.accuracy import (
+    DEFAULT_ALPHA,
+    GateConfig,
+    LikelihoodTest,
+    score_tokens,
+)
+from infra_agent.serving.harness.answers import likelihood_test, verify_counts
 from infra_agent.serving.launch import gpu_count, has_gpu
-from infra_agent.serving.metrics import summarize
+from infra_agent.serving.load.datasets import Session, random_sessions
+from infra_agent.serving.load.generator import LoadSpec, RequestRecord, WorkloadResult, run_workload
+from infra_agent.serving.load.metrics import summarize
 from infra_agent.serving.overlay import build_overlay
 from infra_agent.serving.server import Server, ServerFailed
 from infra_agent.serving.tiny_model import VOCAB_SIZE
-from infra_agent.serving.workload import LoadSpec, RequestRecord, WorkloadResult, run_workload
 from infra_agent.tasks.harness import Arm, CheckResult, Harness
 from infra_agent.tasks.manifest import TaskManifest
 from infra_agent.tasks.workload import Workload
@@ -352,7 +357,7 @@ class ServingHarness(Harness):
 
     def diagnose(self, arm: Arm) -> Any:
         """Throughput and where the server spends it: GIL trace and profiles of the scheduler
-        under the task's load (`serving.diagnosis`)."""
-        from infra_agent.serving.diagnosis import diagnose_throughput
+        under the task's load (`serving.instruments.diagnosis`)."""
+        from infra_agent.serving.instruments.diagnosis import diagnose_throughput
 
         return diagnose_throughput(self, arm)

@@ -17,7 +17,7 @@ sample(arm, seed): `num_prompts` coding-agent conversations served together (a p
     upper bound.
 check, health: as `ServingHarness` (the gate against the baseline, the output health guard).
 diagnose(arm): the rate under load, the same requests at a low concurrency, and which requests
-    were corrupted (`serving.corruption`).
+    were corrupted (`serving.harness.corruption_diagnosis`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import httpx
 from pydantic import BaseModel
 
 from infra_agent.judgement.intervals import poisson_upper
-from infra_agent.serving.datasets import Session, Turn, coding_agent_sessions
-from infra_agent.serving.harness import ServingHarness
+from infra_agent.serving.harness.base import ServingHarness
+from infra_agent.serving.load.datasets import Session, Turn, coding_agent_sessions
 from infra_agent.tasks.harness import Arm, IncorrectOutput
 
 TOP_K = 5
@@ -229,6 +229,6 @@ class LoadCorruptionHarness(ServingHarness):
         }
 
     def diagnose(self, arm: Arm) -> Any:
-        from infra_agent.serving.corruption import diagnose_corruption
+        from infra_agent.serving.harness.corruption_diagnosis import diagnose_corruption
 
         return diagnose_corruption(self, arm)

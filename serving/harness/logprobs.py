@@ -5,16 +5,17 @@
 
 sample(arm, seed): answers with top-k log-probs to a fresh prompt set (the gate's shape), sampled
     at temperature 1 with per-prompt seeds (SGLang's seeded sampling picks the same tokens from
-    the same logits), and the same prompts answered by the reference engine (`serving.reference`: the installed
-    SGLang without the task's fault or any patch); the metric `logprob_err` is the mean absolute
+    the same logits), and the same prompts answered by the reference engine
+    (`serving.harness.reference`: the installed SGLang without the task's fault or any patch);
+    the metric `logprob_err` is the mean absolute
     difference of the log-probabilities of the tokens both top-k lists hold, at every position up
     to and including the first token where the answers part (after it the contexts differ).
     Values below `FLOOR_NATS` count as the floor: an engine that matches the reference to the
     last bit is not infinitely better than one off by 1e-6 nats.
 check, health: as `ServingHarness` (the gate against the baseline, the output health guard).
 diagnose(arm): the distance over a few prompt sets, the reference's own spread (the same
-    prompts in another batch order), and where precision is lost: `serving.precision` profiles
-    the arm's scheduler with torch.profiler and names the SGLang function that runs
+    prompts in another batch order), and where precision is lost:
+    `serving.instruments.precision` profiles the arm's scheduler with torch.profiler and names the SGLang function that runs
     reduced-precision math on the sampling path.
 """
 
@@ -24,9 +25,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from infra_agent.serving.accuracy import Answer, answer, gate_prompts
-from infra_agent.serving.harness import ServingHarness
-from infra_agent.serving.reference import ReferenceEngine
+from infra_agent.serving.harness.accuracy import Answer, answer, gate_prompts
+from infra_agent.serving.harness.base import ServingHarness
+from infra_agent.serving.harness.reference import ReferenceEngine
 from infra_agent.tasks.harness import Arm
 from infra_agent.tasks.manifest import TaskManifest
 
@@ -97,7 +98,7 @@ class LogprobHarness(ServingHarness):
         return logprob_distance(again, first)
 
     def diagnose(self, arm: Arm) -> Any:
-        from infra_agent.serving.precision import audit_sampling_precision
+        from infra_agent.serving.instruments.precision import audit_sampling_precision
         from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis
 
         seeds = [DIAGNOSE_SEED + i for i in range(3)]

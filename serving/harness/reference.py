@@ -18,8 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from infra_agent.serving.accuracy import Answer, GateConfig, answer
 from infra_agent.serving.deployment import DeploymentSpec
+from infra_agent.serving.harness.accuracy import Answer, GateConfig, answer
 from infra_agent.serving.server import Server
 
 

@@ -6,7 +6,7 @@
     record = read_capture(out_dir, target, limits, workload="128 requests ...")
     record.render()   # "RMSNorm.forward: 12 of 4,096 calls kept (x: bfloat16[32,64] ...)"
 
-The hook (`serving/capture_hook.py`) is copied into the arm's workspace copy as a new SGLang
+The hook (`serving/instruments/capture_hook.py`) is copied into the arm's workspace copy as a new SGLang
 module, and the target's module (the workspace's, patched or injected, else the installed one)
 gets two lines at its end that wrap the function: the server's overlay serves both, so the
 capture rides on the same path as any source patch (`serving.overlay`). The harness reads only

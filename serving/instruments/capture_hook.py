@@ -1,7 +1,7 @@
 """Runs inside the server: wraps one engine function and keeps some of its calls' arguments.
 
 This file is copied into the server's SGLang overlay as `sglang/_infra_agent_capture.py`, and the
-target function's module gets two lines at its end (`serving.capture.instrument_workspace`):
+target function's module gets two lines at its end (`serving.instruments.capture.instrument_workspace`):
 
     from sglang._infra_agent_capture import install as _infra_agent_capture
     _infra_agent_capture(globals(), "RMSNorm.forward", OUT, KEEP, MAX_TENSOR_BYTES, MAX_CALL_BYTES)

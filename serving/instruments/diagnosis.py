@@ -27,10 +27,10 @@ from typing import Any
 
 from infra_agent.feedback.gil import PySpyUnavailable
 from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime
-from infra_agent.serving.datasets import random_sessions
-from infra_agent.serving.instruments import describe
+from infra_agent.serving.instruments.live import describe
+from infra_agent.serving.instruments.tracing import trace_during
+from infra_agent.serving.load.datasets import random_sessions
 from infra_agent.serving.overlay import installed_package
-from infra_agent.serving.tracing import trace_during
 from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
 LIGHT_CONCURRENCY = 4

@@ -19,9 +19,9 @@ from types import TracebackType
 from typing import Any
 
 from infra_agent.proctree import descendants
-from infra_agent.serving.datasets import Session
+from infra_agent.serving.load.datasets import Session
+from infra_agent.serving.load.generator import LoadSpec, WorkloadResult, run_workload
 from infra_agent.serving.server import Server
-from infra_agent.serving.workload import LoadSpec, WorkloadResult, run_workload
 
 ROLE_TITLES = {"sglang::scheduler": "scheduler", "sglang::detokenizer": "detokenizer"}
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from infra_agent.serving.accuracy import answer, gate_prompts
+from infra_agent.serving.harness.accuracy import answer, gate_prompts
 from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Localization
 
 REDUCED_TYPES = {"c10::BFloat16", "c10::Half"}
@@ -150,7 +150,7 @@ def qualified(frame: str, roots: list[Path]) -> str:
 
 
 def audit_sampling_precision(harness: Any, arm: Any) -> PrecisionAudit:
-    from infra_agent.serving.diagnosis import package_dirs
+    from infra_agent.serving.instruments.diagnosis import package_dirs
 
     try:
         events = record_trace(harness, arm)

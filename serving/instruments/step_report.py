@@ -1,7 +1,7 @@
 """The scheduler's steps as records: one step as its log line tells it (`SchedulerStep`), a slice
 of the timeline (`Bucket`) and a workload's report (`StepReport`), with its rendering for a
 model: the headline first (who waited, behind what, how long a step took), then the split,
-the step time by batch size and a bounded timeline. Built by `serving/steps.py`.
+the step time by batch size and a bounded timeline. Built by `serving/instruments/steps.py`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Inside the server: SGLang's own scheduler step statistics as a per-step timeline and summary.
-The records and their rendering are `serving/step_report.py`.
+The records and their rendering are `serving/instruments/step_report.py`.
 
     spec = instrumented(spec)                         # step lines every decode step, ms clock
     with Server.start(spec, workdir, knobs={**knobs, **STEP_KNOBS}) as server:
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.serving.deployment import ArgValue, DeploymentSpec
-from infra_agent.serving.step_report import Bucket, SchedulerStep, StepKind, StepReport
+from infra_agent.serving.instruments.step_report import Bucket, SchedulerStep, StepKind, StepReport
 
 STEP_KNOBS: dict[str, ArgValue] = {"decode-log-interval": 1}
 """Server arguments of an instrumented server: a step line after every decode step."""
@@ -226,7 +226,7 @@ def run_with_steps(
 ) -> tuple[Any, StepReport]:
     """Run a workload on an instrumented server started with `knobs`; (WorkloadResult, the
     steps it caused)."""
-    from infra_agent.serving.workload import run_workload
+    from infra_agent.serving.load.generator import run_workload
 
     cap, overlap = server_settings(server, knobs)
     log: Path = server.log_path

@@ -9,7 +9,7 @@ the server shares this machine's process table), a function profile for the whol
 (`feedback.pyprofile.profile_pid`, non-blocking) and a GIL trace over its first `gil_s` seconds
 (`feedback.gil.trace_pid`). A process that is missing, died, or that py-spy cannot attach to
 gets an error line in its trace instead; the other processes' results stand. The serving
-diagnosis (`serving.diagnosis`) and the `server_profile` tool both run through here.
+diagnosis (`serving.instruments.diagnosis`) and the `server_profile` tool both run through here.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from infra_agent.feedback.gil import GilReport, ThreadGil, trace_pid
 from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime, profile_pid
 from infra_agent.judgement.intervals import share_error
 from infra_agent.proctree import alive
-from infra_agent.serving.datasets import Session
-from infra_agent.serving.instruments import LoadRun, describe, server_processes
+from infra_agent.serving.instruments.live import LoadRun, describe, server_processes
+from infra_agent.serving.load.datasets import Session
+from infra_agent.serving.load.generator import LoadSpec, WorkloadResult
 from infra_agent.serving.overlay import installed_package
 from infra_agent.serving.server import Server
-from infra_agent.serving.workload import LoadSpec, WorkloadResult
 
 ROLES = ("scheduler", "tokenizer", "detokenizer")
 """The SGLang processes instruments attach to (`server_processes`' roles)."""

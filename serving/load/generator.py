@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from infra_agent.feedback.health import StreamGuard
 from infra_agent.judgement.describe import rank_percentiles
-from infra_agent.serving.datasets import Session, Turn
+from infra_agent.serving.load.datasets import Session, Turn
 
 LINE_LIMIT = 1 << 24
 """Longest line of a response stream the client reads, bytes."""

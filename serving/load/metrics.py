@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from infra_agent.judgement.describe import percentile
-from infra_agent.serving.workload import WorkloadResult
+from infra_agent.serving.load.generator import WorkloadResult
 
 OBJECTIVE_METRICS: dict[str, tuple[str, str, bool]] = {
     "throughput": ("output_throughput", "tok/s", True),

@@ -21,8 +21,8 @@ import aiohttp
 from pydantic import BaseModel, Field
 
 from infra_agent.feedback.health import check_output
-from infra_agent.serving.datasets import FIRST_ID, random_sessions
-from infra_agent.serving.workload import LINE_LIMIT, LoadSpec, RequestRecord, _send
+from infra_agent.serving.load.datasets import FIRST_ID, random_sessions
+from infra_agent.serving.load.generator import LINE_LIMIT, LoadSpec, RequestRecord, _send
 
 
 class StressSpec(BaseModel):

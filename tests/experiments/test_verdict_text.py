@@ -20,7 +20,7 @@ from infra_agent.experiments.cascade import Experiment, _correctness, _Stop
 from infra_agent.experiments.measure import Measurement, decide, evidence, measure
 from infra_agent.experiments.verdict_text import verdict_text
 from infra_agent.feedback.health import HealthReport, compare_health
-from infra_agent.serving.accuracy import compare_likelihood
+from infra_agent.serving.harness.accuracy import compare_likelihood
 from infra_agent.store.records import ExperimentRecord
 from infra_agent.store.verdict import Evidence, ExperimentResult, Flag, StopReason, Verdict
 from infra_agent.tasks.harness import Arm

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from infra_agent.errors import UserError
-from infra_agent.serving import capture_hook
-from infra_agent.serving.capture import Target, check_defined, read_capture, signature
+from infra_agent.serving.instruments import capture_hook
+from infra_agent.serving.instruments.capture import Target, check_defined, read_capture, signature
 
 
 def _module(source: str) -> dict[str, object]:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from infra_agent.serving.corruption_harness import LoadCorruptionHarness, Scored, logprob_shift
+from infra_agent.serving.harness.corruption import LoadCorruptionHarness, Scored, logprob_shift
 
 
 def flat(ids: list[int], p: float = 0.04) -> dict[int, float]:

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from infra_agent.feedback.pyprofile import profile_pid
-from infra_agent.serving.accuracy import Answer
-from infra_agent.serving.logprob_harness import logprob_distance
-from infra_agent.serving.precision import findings, qualified
+from infra_agent.serving.harness.accuracy import Answer
+from infra_agent.serving.harness.logprobs import logprob_distance
+from infra_agent.serving.instruments.precision import findings, qualified
 
 SAMPLER = textwrap.dedent(
     """
@@ -120,7 +120,7 @@ def test_logprob_distance_compares_up_to_the_first_divergence() -> None:
 
 def test_growth_entry_names_where_work_that_grows_with_the_load_enters(tmp_path: Path) -> None:
     from infra_agent.feedback.pyprofile import FunctionProfile
-    from infra_agent.serving.diagnosis import growth_entry
+    from infra_agent.serving.instruments.diagnosis import growth_entry
 
     root = tmp_path / "sglang"
     f = str(root / "srt" / "sched.py")

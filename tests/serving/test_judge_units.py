@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from infra_agent.serving.accuracy import compare_likelihood, signed_rank
-from infra_agent.serving.answers import verify_counts
-from infra_agent.serving.datasets import random_sessions
-from infra_agent.serving.workload import RequestRecord
+from infra_agent.serving.harness.accuracy import compare_likelihood, signed_rank
+from infra_agent.serving.harness.answers import verify_counts
+from infra_agent.serving.load.datasets import random_sessions
+from infra_agent.serving.load.generator import RequestRecord
 from infra_agent.tasks.harness import IncorrectOutput
 
 MODEL, SD = -5.85, 0.27

@@ -18,15 +18,15 @@ from infra_agent.errors import UserError
 from infra_agent.proctree import alive as _alive
 from infra_agent.proctree import descendants
 from infra_agent.sandboxes import fileview, netns
-from infra_agent.serving.accuracy import compare_likelihood, score_tokens
-from infra_agent.serving.datasets import coding_agent_sessions, random_sessions
 from infra_agent.serving.deployment import load_deployment
 from infra_agent.serving.harness import ServingHarness
+from infra_agent.serving.harness.accuracy import compare_likelihood, score_tokens
 from infra_agent.serving.knobs import check_flags
-from infra_agent.serving.metrics import summarize
+from infra_agent.serving.load.datasets import coding_agent_sessions, random_sessions
+from infra_agent.serving.load.generator import LoadSpec, run_workload
+from infra_agent.serving.load.metrics import summarize
+from infra_agent.serving.load.stress import StressSpec, run_stress
 from infra_agent.serving.server import Server, ServerFailed
-from infra_agent.serving.stress import StressSpec, run_stress
-from infra_agent.serving.workload import LoadSpec, run_workload
 from infra_agent.store.verdict import Verdict
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import knob_patch, load_patch

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.serving import steps as steps_mod
-from infra_agent.serving.steps import StepKind, parse_steps, read_report
+from infra_agent.serving.instruments import steps as steps_mod
+from infra_agent.serving.instruments.steps import StepKind, parse_steps, read_report
 from infra_agent.store import open_store
 from infra_agent.tasks.registry import find_task
 from infra_agent.tools.context import ToolContext

@@ -1,4 +1,4 @@
-"""Profiles and GIL traces of server processes during a workload (`serving.tracing`) and the
+"""Profiles and GIL traces of server processes during a workload (`serving.instruments.tracing`) and the
 `server_profile` tool's refusals, on real processes without an SGLang server: a busy Python
 child stands in for the scheduler, a workload that only waits stands in for the load."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from infra_agent.feedback.gil import GilReport, PySpyUnavailable, ThreadBlame, ThreadGil, pyspy
 from infra_agent.feedback.pyprofile import FunctionTime
-from infra_agent.serving import tracing
-from infra_agent.serving.workload import LoadSpec, WorkloadResult
+from infra_agent.serving.instruments import tracing
+from infra_agent.serving.load.generator import LoadSpec, WorkloadResult
 from infra_agent.store import open_store
 from infra_agent.tasks.registry import find_task
 from infra_agent.tools.context import ToolContext

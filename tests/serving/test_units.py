@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 
 from infra_agent.errors import UserError
-from infra_agent.serving.datasets import (
+from infra_agent.serving.knobs import CATALOGUE, check_device, check_flags, task_knobs
+from infra_agent.serving.load.datasets import (
     coding_agent_sessions,
     random_sessions,
     replay_sessions,
 )
-from infra_agent.serving.knobs import CATALOGUE, check_device, check_flags, task_knobs
-from infra_agent.serving.metrics import SLO, summarize
+from infra_agent.serving.load.generator import LoadSpec, RequestRecord, WorkloadResult
+from infra_agent.serving.load.metrics import SLO, summarize
 from infra_agent.serving.tiny_model import VOCAB_SIZE, train_tokenizer, write_tiny_model
-from infra_agent.serving.workload import LoadSpec, RequestRecord, WorkloadResult
 from infra_agent.tasks.registry import find_task
 
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra_agent.serving.datasets import random_sessions
-from infra_agent.serving.stress import StressSpec, run_stress
-from infra_agent.serving.workload import LoadSpec, run_workload
+from infra_agent.serving.load.datasets import random_sessions
+from infra_agent.serving.load.generator import LoadSpec, run_workload
+from infra_agent.serving.load.stress import StressSpec, run_stress
 
 
 def _chunk(i: int, claim: int = 1) -> bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra_agent.serving.workload import LoadSpec, RequestRecord, _absorb, _payload
+from infra_agent.serving.load.generator import LoadSpec, RequestRecord, _absorb, _payload
 
 
 def test_generate_asks_for_logprobs_with_top_n_and_text() -> None:

@@ -64,7 +64,7 @@ def test_the_graph_counts_looks_in_its_state_and_the_budget_line_shows_them(
     from infra_agent.agent.state import AgentState
     from infra_agent.sandboxes.fileview import FileView
     from infra_agent.sandboxes.netns import Network
-    from infra_agent.serving.workload import WorkloadResult
+    from infra_agent.serving.load.generator import WorkloadResult
     from infra_agent.store.records import RunRecord, ToolCall
 
     class StandIn:

@@ -1,11 +1,11 @@
 """sglang-logprob-drift: log-probabilities returned with sampled tokens, against the un-injected engine.
 
-Everything is in `infra_agent.serving.logprob_harness.LogprobHarness`; this file names the deployment.
+Everything is in `infra_agent.serving.harness.logprobs.LogprobHarness`; this file names the deployment.
 """
 
 from pathlib import Path
 
-from infra_agent.serving.logprob_harness import LogprobHarness
+from infra_agent.serving.harness.logprobs import LogprobHarness
 
 
 class TaskHarness(LogprobHarness):

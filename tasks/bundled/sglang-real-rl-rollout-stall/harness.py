@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from infra_agent.serving.harness import ServingHarness
-from infra_agent.serving.workload import LoadSpec
+from infra_agent.serving.load.generator import LoadSpec
 from infra_agent.tasks.workload import Workload
 
 
