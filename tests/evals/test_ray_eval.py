@@ -15,13 +15,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ExperimentGate, quick_decode_task, run_cli
+from support import ExperimentGate, needs_sglang_env, quick_decode_task, run_cli
 
 from infra_agent.evals.records import AttemptRecord, EvalStore
 from infra_agent.store import open_store
@@ -35,30 +37,54 @@ ENV = {"RAY_AUTH_MODE": "disabled", "RAY_memory_monitor_refresh_ms": "0"}
 other work here fills (SGLang servers of other tests), and would kill this cluster's workers."""
 
 
-class LocalCluster:
-    """A head (no CPUs: the driver and its inbox only) and two worker nodes that differ."""
+SHARED_NODES: dict[str, dict[str, Any]] = {
+    "small": {"num_cpus": 2, "memory": 10 << 30},
+    "large": {"num_cpus": 3, "memory": 15 << 30},
+}
+"""The module cluster's worker nodes (each also offers a custom resource, `<name>_node`)."""
 
-    def __init__(self) -> None:
+
+class LocalCluster:
+    """A head (no CPUs: the driver and its inbox only) and worker nodes that differ. The nodes'
+    temporary folders (TMPDIR: an attempt's scratch store and experiment folders) are inside the
+    cluster's own, so a node killed mid-attempt leaves nothing behind once the cluster is reaped."""
+
+    def __init__(self, workers: dict[str, dict[str, Any]] = SHARED_NODES) -> None:
         os.environ.update(ENV)
         self.temp = Path(tempfile.mkdtemp(prefix="ray-h38-", dir="/tmp"))  # short: socket paths
+        self.tmpdir = self.temp / "tmp"
+        (self.tmpdir / "ray").mkdir(parents=True)  # Ray writes the head's address there
         common: dict[str, Any] = {"object_store_memory": 80 * MB, "temp_dir": str(self.temp)}
         self.cluster = Cluster()
+        outer = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = str(self.tmpdir)  # the nodes' processes inherit it
         try:
             self.cluster.add_node(**common, num_cpus=0, include_dashboard=False)
-            self.small = self.cluster.add_node(
-                **common, num_cpus=2, memory=10 << 30, resources={"small_node": 1}
-            )
-            self.large = self.cluster.add_node(
-                **common, num_cpus=3, memory=15 << 30, resources={"large_node": 1}
-            )
+            self.workers = {
+                name: self.cluster.add_node(**common, **args, resources={f"{name}_node": 1})
+                for name, args in workers.items()
+            }
             self.cluster.wait_for_nodes()
         except BaseException:  # a node that did not start: stop the ones that did
             self.shutdown()
             self.reap()
             raise
+        finally:
+            if outer is None:
+                del os.environ["TMPDIR"]
+            else:
+                os.environ["TMPDIR"] = outer
+
+    @property
+    def small(self) -> Any:
+        return self.workers["small"]
+
+    @property
+    def large(self) -> Any:
+        return self.workers["large"]
 
     def node(self, node_id: str) -> Any:
-        return next(n for n in (self.small, self.large) if n.node_id == node_id)
+        return next(n for n in self.workers.values() if n.node_id == node_id)
 
     def shutdown(self) -> None:
         self.cluster.shutdown()
@@ -73,26 +99,33 @@ class LocalCluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    """One cluster for the module (a start is 25-35 s here): the Ctrl-C test leaves it as it
-    found it (that is what it checks), and the node test, which removes a node, runs last.
-    A node that does not register within Ray's fixed 30 s (seen at load 27) is started again,
-    once."""
+@contextmanager
+def _running_cluster(workers: dict[str, dict[str, Any]] = SHARED_NODES) -> Iterator[LocalCluster]:
+    """A cluster for the `with` body; afterwards no raylet, GCS or worker of it is left. A node
+    that does not register within Ray's fixed 30 s (seen at load 27) is started again, once."""
     try:
-        started = LocalCluster()
+        started = LocalCluster(workers)
     except Exception as exc:
         if "timed out during startup" not in str(exc):
             raise
-        started = LocalCluster()
+        started = LocalCluster(workers)
     try:
         yield started
         started.shutdown()
-        left = _wait_gone(str(started.temp))  # no raylet, GCS or worker of the cluster
+        left = _wait_gone(str(started.temp))
         assert not left, left
     finally:
         started.shutdown()
         started.reap()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    """One cluster for the module's fast tests (a start is 25-35 s here): the Ctrl-C test leaves
+    it as it found it (that is what it checks), and the node test, which removes a node, runs
+    last."""
+    with _running_cluster() as started:
+        yield started
 
 
 REJECTED_DIFF = "\n".join(["--- a/attention.py", "+++ b/attention.py", "@@ -8,4 +8,5 @@",
@@ -123,15 +156,20 @@ def _task(tmp_path: Path) -> tuple[Path, ExperimentGate, Path]:
     return task, gate, script
 
 
-def _driver(db: Path, task: Path, script: Path, attempts: int, address: str, log: Path) -> Any:
-    args = ["--db", str(db), "eval", "--suite", str(task), "--policy", "scripted", "--script",
-            str(script), "--attempts", str(attempts), "--no-reverify", "--executor", "ray",
-            "--address", address, "--json"]  # fmt: skip
+def _driver(db: Path, address: str, log: Path, *eval_args: str) -> Any:
+    """`infra-agent eval ... --executor ray --address ADDR --json` in its own session."""
+    args = ["--db", str(db), "eval", *eval_args, "--executor", "ray", "--address", address,
+            "--json"]  # fmt: skip
     with log.open("wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "infra_agent.cli", *args], env={**os.environ, **ENV},
             stdout=subprocess.PIPE, stderr=err, start_new_session=True,
         )  # fmt: skip
+
+
+def _scripted(task: Path, script: Path, attempts: int) -> list[str]:
+    return ["--suite", str(task), "--policy", "scripted", "--script", str(script), "--attempts",
+            str(attempts), "--no-reverify"]  # fmt: skip
 
 
 def _attempts(db: Path) -> list[AttemptRecord]:
@@ -183,6 +221,178 @@ def _wait_gone(*tokens: str, limit_s: float = 30) -> list[str]:
     return left
 
 
+SERVING_NODES: dict[str, dict[str, Any]] = {
+    "lean": {"num_cpus": 4, "memory": 6 << 30},  # a serving attempt's cores, not its memory
+    "large": {"num_cpus": 3, "memory": 12 << 30},
+    "larger": {"num_cpus": 4, "memory": 14 << 30},
+}
+"""Worker nodes for the serving eval: a serving attempt (3 CPUs, 8.75 GiB) fits on two of
+them, so it can go on after one is killed; a Python attempt (1 CPU, 4.75 GiB) fits on each."""
+
+
+class NodeProcesses:
+    """Every process that ran under the worker nodes' raylets (psutil, every 0.2 s on a thread),
+    so that one reparented when its node was killed is still known."""
+
+    def __init__(self, nodes: dict[str, Any]) -> None:
+        import psutil
+
+        self.raylets = {
+            n.node_id: psutil.Process(n.all_processes["raylet"][0].process.pid)
+            for n in nodes.values()
+        }
+        self.seen: dict[tuple[int, float], tuple[str, Any, str]] = {}
+        """(pid, start time) -> (its node's id, the psutil.Process, name and command line)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            for node_id, raylet in self.raylets.items():
+                try:
+                    below = raylet.children(recursive=True)
+                except psutil.Error:  # the node is gone
+                    continue
+                for p in below:
+                    try:
+                        key = (p.pid, p.create_time())
+                        if key not in self.seen:
+                            self.seen[key] = (node_id, p, " ".join([p.name(), *p.cmdline()]))
+                    except psutil.Error:
+                        pass
+            self._stop.wait(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def not_ray(self, node_id: str | None = None) -> list[tuple[str, Any, str]]:
+        """Those that are not Ray's own (workers, agents): attempts' sandboxes, SGLang servers."""
+        return [
+            (n, p, text)
+            for n, p, text in list(self.seen.values())
+            if (node_id is None or n == node_id) and "ray::" not in text and "/ray/" not in text
+        ]
+
+    @staticmethod
+    def alive(found: list[tuple[str, Any, str]]) -> list[str]:
+        import psutil
+
+        out = []
+        for _, p, text in found:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(f"{p.pid} {text[:160]}")
+            except psutil.Error:
+                pass
+        return out
+
+
+def _quick_copy(parent: Path, name: str) -> Path:
+    """Another quick decode task, under its own name."""
+    folder = quick_decode_task(parent)
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace('"decode-split-norm-quick"', f'"{name}"'))
+    return folder.rename(parent / name)
+
+
+@pytest.mark.long
+@pytest.mark.slow
+@pytest.mark.sglang
+@pytest.mark.timeout(3600)
+@needs_sglang_env()
+def test_an_eval_with_a_serving_attempt_survives_losing_its_node(tmp_path: Path) -> None:
+    """Long tier (a real SGLang serving experiment is minutes on this machine, twice here).
+    An eval of four attempts, the search policy with one experiment each, on a cluster of three
+    worker nodes: three bundled CPU attempts (decode-split-norm by name, two copies of it with a
+    smaller problem shipped as folders) and one on sglang-cpu-tiny (two real SGLang servers on
+    the CPU). The serving attempt asks Ray for both arms' server cores and memory, so it never
+    lands on the node that has the cores but not the memory. Once its servers are starting, its
+    node is killed (SIGKILL, no grace): the attempt starts again on the other node that can hold
+    it, every attempt finishes exactly once in the driver's store (one run, one experiment), and
+    nothing that ran under a worker node is left (no SGLang server, no sandbox or attempt
+    process; after the cluster's shutdown, no Ray process either).
+    Covered in the main tier by the module's node-loss and Ctrl-C tests (bundled CPU task) and
+    test_an_attempt_asks_for_what_its_task_needs (a serving task's request)."""
+    from infra_agent.evals.resources import ATTEMPT_PROCESS_MB
+    from infra_agent.tasks.registry import find_task
+
+    serving_cap = find_task("sglang-cpu-tiny").manifest.budget.memory_mb
+    quick, quick_b = quick_decode_task(tmp_path), _quick_copy(tmp_path / "b", "decode-quick-b")
+    db, log = tmp_path / "runs.db", tmp_path / "eval.log"
+    with _running_cluster(SERVING_NODES) as started:
+        watcher = NodeProcesses(started.workers)
+        args = ["--suite", "decode-split-norm", "--suite", str(quick), "--suite", str(quick_b),
+                "--suite", "sglang-cpu-tiny", "--policy", "search", "--budget", "1",
+                "--attempts", "1", "--no-reverify"]  # fmt: skip
+        proc = _driver(db, started.cluster.address, log, *args)
+        try:
+            deadline = time.monotonic() + 1800
+            while True:  # until the serving attempt's SGLang servers are starting on its node
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                found = [a for a in _attempts(db) if a.task == "sglang-cpu-tiny"]
+                place = found[0].placements[-1] if found and found[0].placements else None
+                if place is not None and place.outcome == "running":
+                    mine = watcher.not_ray(place.node_id)
+                    if any("sglang.launch_server" in text for _, _, text in mine):
+                        break
+                time.sleep(0.5)
+            killed = place.node_id
+            servers = [s for s in watcher.not_ray(killed) if "sglang" in s[2]]
+            started.cluster.remove_node(started.node(killed), allow_graceful=False)
+            out, _ = proc.communicate(timeout=3000)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert proc.returncode == 0, log.read_text()[-3000:]
+        assert out.startswith(b"{"), out[:3000]  # stdout: the report's JSON only
+        report = json.loads(out)
+        attempts = {Path(a["task"]).name: a for a in report["attempts"]}
+        assert len(attempts) == 4 and all(a["status"] == "finished" for a in attempts.values()), [
+            (name, a["status"], a["reason"]) for name, a in attempts.items()
+        ]
+        for a in attempts.values():  # exactly once: one run per attempt, one experiment each
+            assert len(_experiments(db, a["run_id"])) == a["result"]["experiments"] == 1, a
+        store = open_store(db, readonly=True)
+        assert {r.id for r in store.list_runs()} == {a["run_id"] for a in attempts.values()}
+        store.close()
+
+        serving = attempts["sglang-cpu-tiny"]
+        assert serving["result"]["verdicts"][0] != "FAILED", log.read_text()[-3000:]
+        first, *rest = serving["placements"]
+        assert (first["node_id"], first["outcome"]) == (killed, "lost")
+        assert [(p["outcome"], p["from_experiments"]) for p in rest] == [("finished", 0)]
+        asked = first["requested"]
+        memory = float((ATTEMPT_PROCESS_MB + 2 * serving_cap) << 20)
+        assert asked == {"CPU": 3.0, "GPU": 0.0, "memory": memory}
+        lean = started.workers["lean"].node_id
+        for p in serving["placements"]:  # only where both arms' servers fit
+            offered = p["ray_resources"]
+            assert p["node_id"] != lean
+            assert offered["CPU"] >= asked["CPU"] and offered["memory"] >= asked["memory"]
+        for a in attempts.values():  # a try lost with the node is followed by one that finished
+            outcomes = [p["outcome"] for p in a["placements"]]
+            assert outcomes in (["finished"], ["lost", "finished"]), (a["task"], outcomes)
+
+        # Nothing that ran under a worker node is left but Ray's own processes of the live ones.
+        assert servers and watcher.alive(servers) == [], servers  # the killed node's servers
+        deadline = time.monotonic() + 30
+        while (left := watcher.alive(watcher.not_ray())) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, left
+        assert not _wait_gone("infra-agent attempt", "infra-agent-attempt-", str(quick))
+        lost = sum(p["outcome"] == "lost" for a in attempts.values() for p in a["placements"])
+        scratch = list(started.tmpdir.glob("infra-agent-attempt-*"))
+        assert len(scratch) <= lost, scratch  # only lost tries' (reaped with the cluster)
+    watcher.stop()
+    assert watcher.alive(list(watcher.seen.values())) == []  # Ray's too, after the shutdown
+
+
 @pytest.mark.slow
 def test_ctrl_c_on_the_driver_cancels_the_cluster_work(
     cluster: LocalCluster, tmp_path: Path
@@ -197,7 +407,7 @@ def test_ctrl_c_on_the_driver_cancels_the_cluster_work(
     the 10 s the cancelled tries get (84 s at load 24, 203 s at load 40)."""
     task, gate, script = _task(tmp_path)
     db, log = tmp_path / "runs.db", tmp_path / "eval.log"
-    proc = _driver(db, task, script, 2, cluster.cluster.address, log)
+    proc = _driver(db, cluster.cluster.address, log, *_scripted(task, script, 2))
     try:
         held = gate.wait_held(proc, log, limit_s=300)
         os.kill(proc.pid, signal.SIGINT)
@@ -244,7 +454,7 @@ def test_a_worker_node_lost_mid_attempt_costs_one_experiment(
     a 2-core machine, two measured experiments at a time (122 s at load 35, 128 s at load 14)."""
     task, gate, script = _task(tmp_path)
     db, log = tmp_path / "runs.db", tmp_path / "eval.log"
-    proc = _driver(db, task, script, 4, cluster.cluster.address, log)
+    proc = _driver(db, cluster.cluster.address, log, *_scripted(task, script, 4))
     try:
         deadline = time.monotonic() + 300
         while True:
