@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra_agent.proctree import cpu_by_name
+from infra_agent.sandboxes.proctree import cpu_by_name
 from infra_agent.serving.deployment import load_deployment
 from infra_agent.serving.load.datasets import random_sessions
 from infra_agent.serving.load.generator import LoadSpec, run_workload

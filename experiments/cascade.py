@@ -26,8 +26,8 @@ from infra_agent.experiments.arms import (
 )
 from infra_agent.experiments.extend import Prior
 from infra_agent.experiments.measure import ArmError, ExperimentTimeout, decide, evidence, measure
-from infra_agent.experiments.procwatch import ProcessWatch
 from infra_agent.experiments.rule_groups import normalize_allow
+from infra_agent.sandboxes.procwatch import ProcessWatch
 from infra_agent.store.verdict import (
     CorrectnessEvidence,
     Evidence,

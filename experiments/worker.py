@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra_agent.experiments.procwatch import ProcessWatch
 from infra_agent.experiments.rpc_codec import Codec
 from infra_agent.experiments.rpc_worker import CODEC_FILE, GUARD_FILE
 from infra_agent.feedback.pyprofile import WORKER_PREFIX
 from infra_agent.sandboxes.base import Sandbox, SandboxProcess
+from infra_agent.sandboxes.procwatch import ProcessWatch
 from infra_agent.tasks.harness import CandidateFailure, IncorrectOutput
 
 WORKER_SOURCE = Path(__file__).with_name("rpc_worker.py")

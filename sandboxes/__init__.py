@@ -1,4 +1,7 @@
-"""Isolation for candidate code: a small Sandbox interface with local and docker backends."""
+"""Isolation for candidate code: a small Sandbox interface with local and docker backends, and
+the pieces any confined process is held with: its process tree (`proctree`), a watch on it from
+outside (`procwatch`), its processes frozen, counted and killed together (`confined`), its own
+network namespace (`netns`) and file view (`fileview`)."""
 
 # Only importable as part of infra_agent, never as a bare top-level name that could collide.
 if __name__ != "infra_agent.sandboxes":

@@ -6,7 +6,7 @@ everything that ran in it, and `terminate()` sends SIGTERM, waits, then kills th
 and waits until none is alive (the confinement's own processes too). A process in the cgroup
 outside the command's process tree (double-forked, orphaned: reparented to the namespace's init)
 is a violation, named in `violations`; `find_strays` records it. Without a writable cgroup,
-pause, terminate and the CPU time fall back to the process tree (`infra_agent/proctree.py`).
+pause, terminate and the CPU time fall back to the process tree (`sandboxes/proctree.py`).
 
     group = ConfinedProcesses(proc, cgroup, wrappers=2, owner="server")
     group.pause(); group.resume(); group.cpu_seconds(); group.terminate(timeout_s=30, alone=True)
@@ -20,8 +20,7 @@ import subprocess
 import sys
 import time
 
-from infra_agent import proctree
-from infra_agent.sandboxes import cgroups
+from infra_agent.sandboxes import cgroups, proctree
 
 
 def kill(pid: int, sig: int) -> None:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from infra_agent.proctree import stat_fields
+from infra_agent.sandboxes.proctree import stat_fields
 
 SANDBOX_VAR = "INFRA_AGENT_SANDBOX"
 PROCESS_VAR = "INFRA_AGENT_SANDBOX_PROC"

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from infra_agent.proctree import alive
+from infra_agent.sandboxes.proctree import alive
 
 PREFIX = "infra-agent-sandbox-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")

@@ -34,11 +34,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from infra_agent.proctree import descendants
 from infra_agent.sandboxes import cleanup as cleanup_registry
 from infra_agent.sandboxes import fileview, netns
 from infra_agent.sandboxes import processes as sandbox_processes
 from infra_agent.sandboxes.confined import ConfinedProcesses
+from infra_agent.sandboxes.proctree import descendants
 from infra_agent.serving import isolation
 from infra_agent.serving import overlay as overlays
 from infra_agent.serving.deployment import ArgValue, DeploymentSpec

@@ -24,7 +24,7 @@ from typing import Any
 from infra_agent.errors import UserError
 from infra_agent.feedback.gil.report import Frame, ThreadSample
 from infra_agent.feedback.gil.threads import kernel_threads, own_pid_namespace
-from infra_agent.proctree import alive
+from infra_agent.sandboxes.proctree import alive
 
 DEFAULT_INTERVAL_S = 1.0
 """Seconds between snapshots of the `dump` sampler."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from infra_agent.proctree import descendants
+from infra_agent.sandboxes.proctree import descendants
 from infra_agent.serving.load.datasets import Session
 from infra_agent.serving.load.generator import LoadSpec, WorkloadResult, run_workload
 from infra_agent.serving.server import Server

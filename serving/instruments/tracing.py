@@ -26,7 +26,7 @@ from infra_agent.errors import UserError
 from infra_agent.feedback.gil import GilReport, ThreadGil, trace_pid
 from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime, profile_pid
 from infra_agent.judgement.intervals import share_error
-from infra_agent.proctree import alive
+from infra_agent.sandboxes.proctree import alive
 from infra_agent.serving.instruments.live import LoadRun, describe, server_processes
 from infra_agent.serving.load.datasets import Session
 from infra_agent.serving.load.generator import LoadSpec, WorkloadResult

@@ -23,9 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent import proctree
 from infra_agent.experiments import rules
-from infra_agent.sandboxes import fileview
+from infra_agent.sandboxes import fileview, proctree
 from infra_agent.sandboxes.processes import pids_with_cmdline
 from infra_agent.serving.env import find_sglang_env
 from infra_agent.serving.overlay import installed_package

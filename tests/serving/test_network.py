@@ -21,9 +21,9 @@ import pytest
 from support import stoppable
 
 from infra_agent.errors import UserError
-from infra_agent.proctree import alive as _alive
-from infra_agent.proctree import descendants
 from infra_agent.sandboxes import netns
+from infra_agent.sandboxes.proctree import alive as _alive
+from infra_agent.sandboxes.proctree import descendants
 from infra_agent.serving.deployment import DeploymentSpec, load_deployment
 from infra_agent.serving.server import Server
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support import stoppable
 
-from infra_agent import proctree
+from infra_agent.sandboxes import proctree
 from infra_agent.sandboxes.processes import pids_with_cmdline
 from infra_agent.serving.deployment import DeploymentSpec
 from infra_agent.serving.server import Server, ServerFailed

@@ -15,9 +15,9 @@ import pytest
 from support import sglang_server_marks
 
 from infra_agent.errors import UserError
-from infra_agent.proctree import alive as _alive
-from infra_agent.proctree import descendants
 from infra_agent.sandboxes import fileview, netns
+from infra_agent.sandboxes.proctree import alive as _alive
+from infra_agent.sandboxes.proctree import descendants
 from infra_agent.serving.deployment import load_deployment
 from infra_agent.serving.harness import ServingHarness
 from infra_agent.serving.harness.accuracy import compare_likelihood, score_tokens

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra_agent.proctree import stat_fields
+from infra_agent.sandboxes.proctree import stat_fields
 
 PROC = Path("/proc")
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
