@@ -34,9 +34,8 @@ from infra_agent.judgement.decision import (
     SUSPICIOUS,
     Decision,
     Rule,
-    beyond_min_effect,
     caveats,
-    sign_overrules,
+    settled,
 )
 from infra_agent.judgement.decision import decide as decide_comparison
 from infra_agent.store.verdict import Flag, PerformanceEvidence, StopReason, Verdict
@@ -217,14 +216,9 @@ def _standing(
             seed=bootstrap_seed,
             equivalence=manifest.min_effect,
         )
-        se = power.se_of_interval(comparison.ci_low, comparison.ci_high)
-        # A resolved interval the sign test would overrule is not an answer yet: more pairs
-        # settle it (with 6-8 pairs the sign test needs every pair on one side).
         ratios = _ratios(base[metric][:n], cand[metric][:n], manifest.metric.higher_is_better)
-        side = beyond_min_effect(
-            comparison.speedup, comparison.ci_low, comparison.ci_high, manifest.min_effect
-        )
-        done = se <= se_goal and (side is None or sign_overrules(side, ratios) is None)
+        done = settled(comparison, rule(manifest), ratios, se_goal)
+        se = power.se_of_interval(comparison.ci_low, comparison.ci_high)
         seen = power.detectable_effect(se, manifest.min_effect)
         shown = (
             f"{gain_name(manifest)} {comparison.speedup:.3f}x "

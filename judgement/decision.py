@@ -23,6 +23,7 @@ from typing import Literal
 
 from infra_agent.judgement.comparison import BenchVerdict, Comparison
 from infra_agent.judgement.intervals import sign_interval
+from infra_agent.judgement.power import se_of_interval
 from infra_agent.store.verdict import Flag, Verdict
 
 Side = Literal["better", "worse"]
@@ -100,6 +101,16 @@ def sign_overrules(side: Side, ratios: list[float]) -> tuple[float, float] | Non
     if sign is None or (sign[0] > 1.0 if side == "better" else sign[1] < 1.0):
         return None
     return sign
+
+
+def settled(c: Comparison, rule: Rule, ratios: list[float], se_goal: float) -> bool:
+    """Sampling may stop on this comparison: its interval is as precise as asked (the log
+    standard error it implies at most `se_goal`, judgement.power) and, where it shows a side,
+    the sign test agrees. A resolved interval the sign test would overrule is not an answer
+    yet: more pairs settle it (with 6-8 pairs the sign test needs every pair on one side)."""
+    side = beyond_min_effect(c.speedup, c.ci_low, c.ci_high, rule.min_effect)
+    precise = se_of_interval(c.ci_low, c.ci_high) <= se_goal
+    return precise and (side is None or sign_overrules(side, ratios) is None)
 
 
 def _verdict(c: Comparison, effect: float, shown: Side | None) -> tuple[Verdict, list[str]]:
