@@ -24,6 +24,7 @@ comes from `serving/launch.py`.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -288,8 +289,6 @@ class Server:
 
     def _check_identity(self) -> None:
         """The answer on our port must come from our server (same model path), not a stranger."""
-        import json
-
         want = (
             self.argv[self.argv.index("--model-path") + 1] if "--model-path" in self.argv else None
         )
@@ -391,8 +390,6 @@ class Server:
 
     def info(self) -> dict[str, Any]:
         """What the server says about itself (GET /get_server_info), {} if it cannot say."""
-        import json
-
         try:
             status, body = self.get("/get_server_info")
             return json.loads(body) if status == 200 else {}
