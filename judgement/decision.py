@@ -24,7 +24,7 @@ from typing import Literal
 from infra_agent.judgement.comparison import BenchVerdict, Comparison
 from infra_agent.judgement.intervals import sign_interval
 from infra_agent.judgement.power import se_of_interval
-from infra_agent.store.verdict import Flag, Verdict
+from infra_agent.store.verdict import SIGN_OVERRULED, Flag, Verdict
 
 Side = Literal["better", "worse"]
 
@@ -145,7 +145,7 @@ def decide(c: Comparison, rule: Rule, ratios: list[float] | None = None) -> Deci
         if sign is not None:
             verdict = Verdict.NO_CHANGE
             reasons = [
-                "not shown: the sign test's 95% interval of per-pair ratios "
+                f"{SIGN_OVERRULED} 95% interval of per-pair ratios "
                 f"({sign[0]:.3f}-{sign[1]:.3f}) includes 1.0"
             ]
     band = 1.0 + c.equivalence

@@ -196,7 +196,8 @@ class ExperimentResult(_Record):
         flags = f" [{', '.join(f.value for f in self.flags)}]" if self.flags else ""
         perf = self.evidence.performance
         head = f"{self.verdict.value}{flags}"
-        lines = [head + (f": {_headline(perf)}" if perf is not None else "")]
+        overruled = any(r.startswith(SIGN_OVERRULED) for r in self.reasons)
+        lines = [head + (f": {_headline(perf, overruled)}" if perf is not None else "")]
         lines.extend(f"- {r}" for r in self.reasons)
         corr = self.evidence.correctness
         if corr is not None:
@@ -211,14 +212,22 @@ UNBOUNDED = 1e6
 saw no event)."""
 
 
-def _headline(perf: PerformanceEvidence) -> str:
-    """The gain, its 95% interval, the pairs it rests on and the metric's medians."""
+SIGN_OVERRULED = "not shown: the sign test's"
+"""How a reason starts when the sign test overruled the bootstrap interval (judgement.decision)."""
+
+
+def _headline(perf: PerformanceEvidence, overruled: bool = False) -> str:
+    """The gain, its 95% interval, the pairs it rests on and the metric's medians; an interval
+    the sign test overruled says so, since it alone would read as a change."""
     high = "unbounded" if perf.ci_high >= UNBOUNDED else f"{perf.ci_high:.3f}"
+    interval = f"95% CI {perf.ci_low:.3f}-{high}"
+    if overruled:
+        interval = f"bootstrap {interval}, overruled by the sign test below"
     pairs = f"n={perf.n_samples}/arm"
     if perf.extended_from is not None:
-        pairs += f", extended: {perf.reused_pairs} of them from {perf.extended_from}"
+        pairs += f", {perf.reused_pairs} of them reused from {perf.extended_from} (extended)"
     return (
-        f"{perf.gain} {perf.speedup:.3f}x (95% CI {perf.ci_low:.3f}-{high}, {pairs}); "
+        f"{perf.gain} {perf.speedup:.3f}x ({interval}, {pairs}); "
         f"{perf.metric} median {perf.baseline_median:.4g} -> {perf.candidate_median:.4g} {perf.unit}"
     )
 

@@ -66,7 +66,7 @@ def test_an_extension_continues_from_the_earlier_pairs(manifest: TaskManifest) -
         assert values == [s["output_throughput"] for s in taken[: perf.n_samples]]
     assert perf.wanted_effect == earlier.wanted_effect  # asked what its start asked
     head = later.result.render().splitlines()[0]
-    assert f"n={perf.n_samples}/arm, extended: 12 of them from {first.id})" in head, head
+    assert f"n={perf.n_samples}/arm, 12 of them reused from {first.id} (extended))" in head, head
 
 
 def _result(

@@ -22,7 +22,14 @@ from infra_agent.experiments.verdict_text import verdict_text
 from infra_agent.feedback.health import HealthReport, compare_health
 from infra_agent.serving.harness.accuracy import compare_likelihood
 from infra_agent.store.records import ExperimentRecord
-from infra_agent.store.verdict import Evidence, ExperimentResult, Flag, StopReason, Verdict
+from infra_agent.store.verdict import (
+    Evidence,
+    ExperimentResult,
+    Flag,
+    PerformanceEvidence,
+    StopReason,
+    Verdict,
+)
 from infra_agent.tasks.harness import Arm
 from infra_agent.tasks.manifest import TaskManifest
 from infra_agent.tasks.registry import find_task
@@ -148,3 +155,33 @@ def test_health_is_one_line_when_clean_and_names_the_rule_when_not(pytask, make_
             "- health check: health rule repetition_loop: candidate tripped it in 40/256 "
             "outputs vs baseline 0/256"
         ], text
+
+
+def test_an_interval_the_sign_test_overruled_says_so_in_the_headline() -> None:
+    """Eight pairs, seven of them 2x faster and one slower: the bootstrap interval of medians
+    lies above 1, the sign test's interval of per-pair ratios does not, so NO_CHANGE. The
+    headline's interval, which alone would read as a win, is labelled as overruled."""
+    from infra_agent.judgement.bootstrap import compare_samples
+    from infra_agent.judgement.decision import Rule
+    from infra_agent.judgement.decision import decide as judge
+
+    baseline = [10.0, 10.2, 9.9, 10.1, 10.0, 9.8, 10.3, 10.0]
+    candidate = [5.0, 5.1, 4.9, 5.2, 5.0, 5.1, 4.8, 11.0]
+    comparison = compare_samples(baseline, candidate, higher_is_better=False, paired=True)
+    ratios = [b / c for b, c in zip(baseline, candidate, strict=True)]
+    decision = judge(comparison, Rule(min_effect=0.05), ratios)
+    assert decision.verdict == Verdict.NO_CHANGE and comparison.ci_low > 1.05, decision
+    perf = PerformanceEvidence(
+        metric="latency_ms", unit="ms", higher_is_better=False, n_samples=8,
+        baseline_median=10.0, candidate_median=5.05, speedup=comparison.speedup,
+        ci_low=comparison.ci_low, ci_high=comparison.ci_high,
+    )  # fmt: skip
+    result = ExperimentResult(
+        task="t", patch_id="p", verdict=decision.verdict, reasons=decision.reasons,
+        evidence=Evidence(performance=perf),
+    )  # fmt: skip
+    head, reason = result.render().splitlines()[:2]
+    assert "(bootstrap 95% CI" in head and "overruled by the sign test below" in head, head
+    assert reason.startswith("- not shown: the sign test's 95% interval"), reason
+    clean = result.model_copy(update={"verdict": Verdict.IMPROVED, "reasons": ["better"]})
+    assert "overruled" not in clean.render().splitlines()[0]
