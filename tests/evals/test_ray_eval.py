@@ -305,7 +305,8 @@ def _quick_copy(parent: Path, name: str) -> Path:
 @pytest.mark.timeout(3600)
 @needs_sglang_env()
 def test_an_eval_with_a_serving_attempt_survives_losing_its_node(tmp_path: Path) -> None:
-    """Long tier (a real SGLang serving experiment is minutes on this machine, twice here).
+    """Long tier: a real SGLang serving experiment is minutes on this machine (this test: 659 s
+    at load 10-16, 413 s at load 6-11; its retried serving try alone ran 9 minutes at load 10-16).
     An eval of four attempts, the search policy with one experiment each, on a cluster of three
     worker nodes: three bundled CPU attempts (decode-split-norm by name, two copies of it with a
     smaller problem shipped as folders) and one on sglang-cpu-tiny (two real SGLang servers on
