@@ -262,8 +262,9 @@ def _run(
             where = f"experiment on {patch.hash[:12]}"
             ctx.on_event(where)
             try:
+                checked = ctx.tool_context.checked_patch(patch.hash)  # as proposing checked it
                 out[call.id] = ctx.run_experiment(
-                    ctx.task, patch, sandbox=ctx.config.sandbox, params=ctx.config.params or None,
+                    ctx.task, checked, sandbox=ctx.config.sandbox, params=ctx.config.params or None,
                     store=ctx.store, run_id=state.run_id, seed=seed, extend=extends.get(call.id),
                     progress=lambda stage: ctx.on_event(f"{where}: {stage}"),  # noqa: B023
                     max_patch_bytes=ctx.max_patch_bytes,

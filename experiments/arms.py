@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,16 +15,10 @@ from infra_agent.errors import UserError
 from infra_agent.experiments.rule_groups import AUDITED_GROUPS, normalize_allow
 from infra_agent.experiments.worker import RpcWorker
 from infra_agent.sandboxes.base import Sandbox, SandboxSpec
+from infra_agent.tasks.checked import CheckedPatch, checked
 from infra_agent.tasks.harness import Arm, Harness
 from infra_agent.tasks.manifest import Task, TaskManifest
-from infra_agent.tasks.patch import (
-    DEFAULT_MAX_PATCH_BYTES,
-    NotEditableError,
-    Patch,
-    PatchError,
-    effective_knobs,
-)
-from infra_agent.tasks.tree import preview_apply
+from infra_agent.tasks.patch import DEFAULT_MAX_PATCH_BYTES, Patch
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SANDBOX_ENV = {
@@ -235,20 +228,17 @@ class ArmSet:
             sandbox.cleanup()
 
 
-def patch_refusal(patch: Patch, task: Task, max_bytes: int = DEFAULT_MAX_PATCH_BYTES) -> str | None:
+def patch_refusal(
+    patch: Patch | CheckedPatch, task: Task, max_bytes: int = DEFAULT_MAX_PATCH_BYTES
+) -> str | None:
     """Why `task` cannot take `patch` at all (it cannot be applied to a copy, or its diff is over
     `max_bytes`: the configured `sandbox.max_patch_bytes`), or None. A patch touching a
-    non-editable file is judged by the cascade (a rule, also REJECTED)."""
-    try:
-        effective_knobs(patch, task.manifest)
-        if len(patch.diff.encode()) > max_bytes:
-            return f"patch is {len(patch.diff.encode())} bytes, above the limit of {max_bytes}"
-        if patch.kind == "diff":
-            shutil.rmtree(preview_apply(patch, task), ignore_errors=True)
-    except NotEditableError:
+    non-editable file is judged by the cascade (a rule, also REJECTED). A checked patch's check
+    is read, not repeated; a plain one is checked here."""
+    found = checked(patch, task)
+    size = len(found.patch.diff.encode())  # 0 for a knob assignment
+    if size > max_bytes:
+        return f"patch is {size} bytes, above the limit of {max_bytes}"
+    if found.refusal is None or found.not_editable:
         return None
-    except PatchError as exc:
-        return str(exc)
-    except UserError as exc:  # a knob's value out of range or of the wrong type
-        return str(exc)
-    return None
+    return str(found.refusal)

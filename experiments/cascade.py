@@ -10,7 +10,6 @@ run and recorded by `experiments/run.py`.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +35,7 @@ from infra_agent.store.verdict import (
     SandboxEvidence,
     Verdict,
 )
+from infra_agent.tasks.checked import CheckedPatch, checked
 from infra_agent.tasks.harness import Arm, CandidateFailure, CheckResult, Harness, IncorrectOutput
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import (
@@ -44,7 +44,7 @@ from infra_agent.tasks.patch import (
     apply_patch,
     effective_knobs,
 )
-from infra_agent.tasks.tree import preview_apply, workspace_folder, workspace_tree
+from infra_agent.tasks.tree import workspace_folder
 
 Progress = Callable[[str], None]
 WARMUP_SEEDS = 2
@@ -89,11 +89,12 @@ class Experiment:
     """State of one run of the cascade."""
 
     def __init__(
-        self, task: Task, patch: Patch, *, backend: str, params: dict[str, Any],
+        self, task: Task, patch: Patch | CheckedPatch, *, backend: str, params: dict[str, Any],
         progress: Progress | None, bootstrap_seed: int, detect: float | None = None,
         prior: Prior | None = None,
     ) -> None:  # fmt: skip
-        self.task, self.patch, self.backend = task, patch, backend
+        self.checked = checked(patch, task)
+        self.task, self.patch, self.backend = task, self.checked.patch, backend
         self.manifest = task.manifest
         self.params = params
         self.progress = progress or (lambda _msg: None)
@@ -111,20 +112,13 @@ class Experiment:
     # -- stages ----------------------------------------------------------------------------
 
     def static(self) -> None:
-        """Apply the patch to a scratch copy and read the code it adds."""
+        """Read the code the patch adds, as its check applied it (`tasks.checked`)."""
         if self.patch.kind != "diff":
             return
-        tree = workspace_tree(self.task)
-        scratch = preview_apply(self.patch, self.task)
-        try:
-            before: dict[str, str | None] = {}
-            after: dict[str, str | None] = {}
-            for rel in self.patch.files:
-                new = scratch / "ws" / rel
-                before[rel] = tree.read_text(rel) if tree.is_file(rel) else None
-                after[rel] = new.read_text(errors="replace") if new.is_file() else None
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        if self.checked.refusal is not None:  # not editable: REJECTED by `run`
+            raise self.checked.refusal
+        before = {f.path: _text(f.before, newlines=False) for f in self.checked.files}
+        after = {f.path: _text(f.after, newlines=True) for f in self.checked.files}
         found = rules.new_violations(before, after, self.manifest.allow)
         if found:
             self.evidence.rule_violations = [v.describe() for v in found]
@@ -347,6 +341,15 @@ class Experiment:
             flags=list(dict.fromkeys(self.flags)),
             evidence=self.evidence,
         )
+
+
+def _text(content: bytes | None, *, newlines: bool) -> str | None:
+    """A file's text as the static rules read it; `newlines`: with universal newlines, as a
+    patched file was read from the scratch copy."""
+    if content is None:
+        return None
+    text = content.decode(errors="replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if newlines else text
 
 
 def _correctness(

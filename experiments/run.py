@@ -21,6 +21,7 @@ from infra_agent.experiments.extend import Prior, extension_refusal, same_arms_r
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import ExperimentRecord, now
 from infra_agent.store.verdict import Evidence, ExperimentResult, Verdict
+from infra_agent.tasks.checked import CheckedPatch, check_patch, checked
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import DEFAULT_MAX_PATCH_BYTES, Patch
 from infra_agent.tasks.tree import workspace_tree
@@ -41,7 +42,7 @@ def task_fingerprint(task: Task) -> str:
 
 def run_experiment(
     task: Task,
-    patch: Patch,
+    patch: Patch | CheckedPatch,
     *,
     sandbox: str = "local",
     params: dict[str, Any] | None = None,
@@ -64,17 +65,24 @@ def run_experiment(
     says when the budget could not reach it. `extend` continues an unresolved NO_CHANGE of
     the same patch on the same arms (experiments/extend.py: its pairs first, then at most the
     task's max_samples more, at its resolution); any other is a UserError saying why.
-    `max_patch_bytes`: the configured `sandbox.max_patch_bytes` (a larger diff is REJECTED)."""
+    `max_patch_bytes`: the configured `sandbox.max_patch_bytes` (a larger diff is REJECTED).
+    A checked patch (tasks.checked, as the agent's tools build it) is not checked again; a plain
+    one is checked here, once, and its check read by every stage."""
     from infra_agent.sandboxes import create_sandbox, ensure_backend
 
     _check_detect(task, detect)
+    if isinstance(patch, CheckedPatch):
+        patch, found = patch.patch, checked(patch, task)
+    else:
+        found = None
     resolved = effective_params(task.manifest, params)
     prior = None
     if extend is not None:
         prior = _prior(task, patch, extend, detect=detect, params=resolved, sandbox=sandbox)
     ensure_backend(sandbox)  # docker: starts a private engine when none answers
     started_at, t0 = now(), time.monotonic()
-    refused = patch_refusal(patch, task, max_patch_bytes)
+    found = found or check_patch(patch, task)
+    refused = patch_refusal(found, task, max_patch_bytes)
     if refused is not None:
         result = ExperimentResult(
             task=task.name, patch_id=patch.hash, verdict=Verdict.REJECTED,
@@ -83,7 +91,7 @@ def run_experiment(
         )  # fmt: skip
     else:
         experiment = Experiment(
-            task, patch, backend=sandbox, params=resolved, progress=progress,
+            task, found, backend=sandbox, params=resolved, progress=progress,
             bootstrap_seed=seed if seed is not None else 0, detect=detect, prior=prior,
         )  # fmt: skip
         result = experiment.run(create_sandbox)

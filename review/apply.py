@@ -22,12 +22,10 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +51,9 @@ from infra_agent.store.records import (
     ProposalStatus,
     RunStatus,
 )
+from infra_agent.tasks.checked import PatchedFile, check_patch
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import Patch
-from infra_agent.tasks.tree import preview_apply
 
 BRANCH_PREFIX = "infra-agent/"
 _GIT_ENV = {
@@ -82,37 +80,15 @@ def _git(
     return out.strip()
 
 
-@dataclass(frozen=True)
-class VerifiedFile:
-    """One file a verified patch touched: its bytes before (the measured baseline) and after
-    (as the experiment applied the patch); None where the file does not exist."""
-
-    path: str
-    before: bytes | None
-    after: bytes | None
-    mode: str
-    """git file mode of `after`: 100644 or 100755."""
+VerifiedFile = PatchedFile
+"""One file a verified patch touched: its bytes before (the measured baseline) and after (as the
+experiment applied the patch), and its git file mode after."""
 
 
 def verified_files(patch: Patch, task: Task) -> list[VerifiedFile]:
-    """The files `patch` touches in `task`'s workspace, applied as an experiment applies it."""
-    scratch = preview_apply(patch, task)
-    try:
-        files = []
-        for rel in patch.files:
-            old, new = task.workspace / rel, scratch / "ws" / rel
-            executable = new.is_file() and bool(new.stat().st_mode & stat.S_IXUSR)
-            files.append(
-                VerifiedFile(
-                    rel,
-                    old.read_bytes() if old.is_file() else None,
-                    new.read_bytes() if new.is_file() else None,
-                    "100755" if executable else "100644",
-                )
-            )
-        return files
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    """The files `patch` touches in `task`'s workspace, applied as an experiment applies it: the
+    stored proposal is checked here, once, against the task as it is now."""
+    return list(check_patch(patch, task).accepted().files)
 
 
 def _blob(repo: Path, commit: str, path: str) -> bytes | None:

@@ -25,6 +25,7 @@ MYPY_TARGETS = [
     "infra_agent.tasks.manifest",
     "infra_agent.tasks.harness",
     "infra_agent.tasks.patch",
+    "infra_agent.tasks.checked",
     "infra_agent.tasks.registry",
     "infra_agent.tasks.tree",
     "infra_agent.sandboxes",

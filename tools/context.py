@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from infra_agent.tools.kept_servers import KeptServers
 
 if TYPE_CHECKING:
     from infra_agent.store import RunStore
+    from infra_agent.tasks.checked import CheckedPatch
     from infra_agent.tasks.manifest import Task
     from infra_agent.tasks.patch import Patch
     from infra_agent.tools.looks import LookServer
@@ -29,6 +30,8 @@ class ToolContext:
     """Provenance written on patches the model proposes (the policy or model name)."""
     known_patches: list[str] = field(default_factory=list)
     """Ids of the patches proposed so far in this run (kept in the graph state)."""
+    checked: dict[str, CheckedPatch] = field(default_factory=dict)
+    """Patch id -> the patch as its proposal checked it, for its experiment to reuse."""
     looks_used: int = 0
     """Looks (serving_workload, server_steps, server_profile) run so far in this run (kept in
     the graph state's usage)."""
@@ -53,10 +56,15 @@ class ToolContext:
                 f"no patch with id '{patch_id}' (patch ids in this run: {known}); "
                 "propose or edit a patch first (its answer gives the patch_id)"
             )
-        return Patch(
-            kind=record.kind.value,
-            diff=record.diff,
-            knobs=record.knobs,
-            author=record.author,
-            rationale=record.rationale,
-        )
+        return Patch.from_record(record)
+
+    def checked_patch(self, patch_id: str) -> CheckedPatch:
+        """A patch proposed earlier in this run with its check (`tasks.checked`): as its proposal
+        checked it, or, when this process did not (a resumed run), checked now."""
+        from infra_agent.tasks.checked import check_patch
+
+        stored = self.patch(patch_id)  # the stored provenance (the first proposal's)
+        found = self.checked.get(patch_id)
+        if found is None:
+            found = self.checked[patch_id] = check_patch(stored, self.task)
+        return replace(found, patch=stored)

@@ -7,14 +7,16 @@ reason, before an experiment is spent on it. Accepted patches go to the run stor
 
 from __future__ import annotations
 
-import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, model_validator
 
 from infra_agent.tasks.manifest import Task, TaskManifest
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
+
+if TYPE_CHECKING:
+    from infra_agent.tasks.patch import Patch
 
 
 def describe_knobs(manifest: TaskManifest) -> list[str]:
@@ -105,16 +107,17 @@ def published_deployment(task: Task, params: dict[str, Any]) -> str:
     return view.render() if view is not None else ""
 
 
-def check_and_store(patch: Any, ctx: ToolContext) -> ToolResult:
-    """Check a proposed patch on a scratch copy, store it, and answer with its patch_id (the
+def check_and_store(patch: Patch, ctx: ToolContext) -> ToolResult:
+    """Check a proposed patch on a scratch copy (once: the check is kept for its experiment),
+    store it, and answer with its patch_id (the
     one path every patch the model proposes goes through: propose_patch, propose_knobs,
     edit_file)."""
-    from infra_agent.tasks.patch import effective_knobs
-    from infra_agent.tasks.tree import preview_apply
+    from infra_agent.tasks.checked import check_patch
 
-    shutil.rmtree(preview_apply(patch, ctx.task), ignore_errors=True)  # raises with the reason
-    knobs = effective_knobs(patch, ctx.task.manifest)
+    checked = check_patch(patch, ctx.task).accepted()  # raises with the reason
+    knobs = checked.knobs
     ctx.store.put_patch(patch.to_record())
+    ctx.checked[patch.hash] = checked  # run_experiment reuses the check
     if patch.hash in ctx.known_patches:  # most recent last: edit_file builds on the latest
         ctx.known_patches.remove(patch.hash)
     ctx.known_patches.append(patch.hash)

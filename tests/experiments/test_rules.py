@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from infra_agent.experiments.cascade import preview_apply
 from infra_agent.experiments.rules import new_violations, scan_source
 from infra_agent.tasks.patch import parse_diff
 from infra_agent.tasks.registry import find_task
-from infra_agent.tasks.tree import workspace_tree
+from infra_agent.tasks.tree import preview_apply, workspace_tree
 
 BUNDLED = Path(__file__).parents[2] / "tasks" / "bundled"
 
