@@ -8,66 +8,9 @@ from pathlib import Path
 from types import FrameType
 
 import typer
-from pydantic import BaseModel, Field
 from rich.console import Console
 
 from infra_agent.errors import UserError
-from infra_agent.store.records import ExperimentRecord
-from infra_agent.store.verdict import (
-    CorrectnessEvidence,
-    Evidence,
-    Flag,
-    SandboxEvidence,
-    Verdict,
-)
-
-
-class PerformanceSummary(BaseModel):
-    metric: str
-    unit: str
-    higher_is_better: bool
-    baseline_median: float
-    candidate_median: float
-    speedup: float
-    """> 1 means the candidate is better."""
-    ci_low: float
-    ci_high: float
-    confidence: float = 0.95
-    n_samples: int
-    """Samples per arm."""
-
-
-class ExperimentReport(BaseModel):
-    """What `infra-agent experiment --json` prints: the verdict and the numbers behind it."""
-
-    experiment_id: str
-    task: str
-    patch_id: str
-    verdict: Verdict
-    reasons: list[str]
-    flags: list[Flag] = Field(default_factory=list)
-    correctness: CorrectnessEvidence | None = None
-    performance: PerformanceSummary | None = None
-    sandbox: SandboxEvidence | None = None
-    durations_s: dict[str, float] = Field(default_factory=dict)
-    evidence: Evidence
-
-    @classmethod
-    def of(cls, record: ExperimentRecord) -> ExperimentReport:
-        result, perf = record.result, record.result.evidence.performance
-        return cls(
-            experiment_id=record.id,
-            task=record.task,
-            patch_id=record.patch_id,
-            verdict=result.verdict,
-            reasons=result.reasons,
-            flags=result.flags,
-            correctness=result.evidence.correctness,
-            performance=None if perf is None else PerformanceSummary(**perf.model_dump()),
-            sandbox=result.evidence.sandbox,
-            durations_s=result.evidence.durations_s,
-            evidence=result.evidence,
-        )
 
 
 class Interrupted(UserError):
@@ -183,11 +126,10 @@ def register(app: typer.Typer) -> None:
                 # exit status 130, nothing recorded, sandboxes already cleaned by the cascade.
                 why = str(exc) or "Ctrl-C"
                 raise Interrupted(f"experiment interrupted ({why}); nothing recorded") from None
-        report = ExperimentReport.of(record)
 
         def render(console: Console) -> None:
             # markup off: '[underpowered]' is text, not a style tag
             console.print(verdict_text(record, found.manifest), markup=False, highlight=False)
             console.print(f"[dim]recorded as {record.id} ({record.duration_s:.1f} s)[/dim]")
 
-        emit(report, render, as_json=as_json)
+        emit(record.report(), render, as_json=as_json)

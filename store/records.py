@@ -156,6 +156,26 @@ class ExperimentRecord(BaseModel):
     target_fingerprint: str = ""
     """Hash of the task + baseline workspace the experiment ran against (staleness check)."""
 
+    def report(self) -> dict[str, Any]:
+        """What `infra-agent experiment --json` prints: the verdict, its reasons and flags, the
+        decisive evidence at the top (correctness, the performance summary without samples, the
+        sandbox, stage durations) and the whole evidence under `evidence`."""
+        result, evidence = self.result, self.result.evidence.model_dump(mode="json")
+        perf = self.result.evidence.performance
+        return {
+            "experiment_id": self.id,
+            "task": self.task,
+            "patch_id": self.patch_id,
+            "verdict": result.verdict.value,
+            "reasons": list(result.reasons),
+            "flags": [flag.value for flag in result.flags],
+            "correctness": evidence["correctness"],
+            "performance": None if perf is None else perf.summary(),
+            "sandbox": evidence["sandbox"],
+            "durations_s": evidence["durations_s"],
+            "evidence": evidence,
+        }
+
 
 class ProposalStatus(str, Enum):
     PENDING = "pending"

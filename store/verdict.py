@@ -137,6 +137,13 @@ class PerformanceEvidence(_Record):
     reused_pairs: int = 0
     """Pairs taken over from `extended_from` (counted in `n_samples`)."""
 
+    def summary(self) -> dict[str, Any]:
+        """The decisive numbers without the samples: the gain with its 95% interval, the
+        medians and the pairs (what `infra-agent experiment --json` shows at its top)."""
+        head = self.model_dump(mode="json", include=SUMMARY_FIELDS)
+        n_samples = head.pop("n_samples")  # last, after the interval's level
+        return head | {"confidence": 0.95, "n_samples": n_samples}
+
     @field_validator(
         "baseline_median", "candidate_median", "speedup", "ci_low", "ci_high", mode="before"
     )
@@ -144,6 +151,13 @@ class PerformanceEvidence(_Record):
     def _null_is_nan(cls, value: Any) -> Any:
         """A NaN an earlier version stored as null reads back as NaN."""
         return math.nan if value is None else value
+
+
+SUMMARY_FIELDS = {
+    "metric", "unit", "higher_is_better", "baseline_median", "candidate_median", "speedup",
+    "ci_low", "ci_high", "n_samples",
+}  # fmt: skip
+"""The fields of `PerformanceEvidence.summary` (with `confidence`: the interval's level)."""
 
 
 class SandboxEvidence(_Record):
