@@ -3,14 +3,17 @@ functions, as installed and with the task's inject.patch applied, timed on the t
 tokenizer as an output grows.
 
     ~/.cache/infra-agent/sglang-0.5.23-venv/bin/python benchmarks/bench_sglang_real_faults.py \
-        --tokenizer FOLDER [--requests 16] [--positions 32,128,512]
+        --tokenizer FOLDER [--requests 16] [--positions 32,128,512] [--queue-lens 64,128,256,512]
 
 (run with SGLang's interpreter: it imports the installed `sglang`; FOLDER holds the tiny model's
 tokenizer, e.g. written by `infra_agent.serving.tiny_model.write_tiny_model`). Prints, per task
 and output position, the CPU milliseconds of one streamed step for `--requests` requests with the
 installed code and with the fault, and their ratio. A step here is only the faulty function's
 work (detokenizing one step's outputs; converting one chunk's logprobs), not a server's whole
-step: the ratio says how the fault's work grows, the task's experiment says what it costs.
+step: the ratio says how the fault's work grows, the task's experiment says what it costs. For
+the scheduling task the unit is one priority pass of the scheduler over a waiting queue of each
+`--queue-lens` length (what every scheduling pass with room in the batch runs). For the numerics
+task, the top-5 log-probability error that bfloat16 logits carry by themselves.
 """
 
 from __future__ import annotations
@@ -125,11 +128,61 @@ def logprob_chunk_ms(
     return out
 
 
+def priority_pass_ms(mod: ModuleType, queue_lens: list[int]) -> list[float]:
+    """CPU ms of one longest-prefix-first priority pass (`SchedulePolicy.calc_priority`) over a
+    waiting queue of each length in `queue_lens` (32-token random prompts, an empty cache)."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import Req  # type: ignore[import-not-found]
+    from sglang.srt.mem_cache.radix_cache import RadixCache  # type: ignore[import-not-found]
+    from sglang.srt.sampling.sampling_params import SamplingParams  # type: ignore[import-not-found]
+
+    # The pass reads two server-wide settings; give it the defaults a plain server runs with.
+    mod.get_disagg = lambda: SimpleNamespace(disaggregation_mode="null")
+    mod.get_memory = lambda: SimpleNamespace(radix_eviction_policy="lru")
+    rng = random.Random(0)
+    out = []
+    for n in queue_lens:
+        queue = [
+            Req(
+                rid=f"r{i}",
+                origin_input_text="",
+                origin_input_ids=array("q", (rng.randrange(3, 1024) for _ in range(32))),
+                sampling_params=SamplingParams(max_new_tokens=16),
+            )
+            for i in range(n)
+        ]
+        policy = mod.SchedulePolicy("lpm", RadixCache.create_simulated(), False, False, False)
+        started = time.process_time()
+        for _ in range(5):
+            policy.calc_priority(list(queue))
+        out.append((time.process_time() - started) / 5 * 1e3)
+    return out
+
+
+def bf16_logprob_err_nats(
+    requests: int, vocab: int = 1024, std: float = 1.5
+) -> tuple[float, float]:
+    """Mean and max absolute difference (nats) between the top-5 log-probabilities computed
+    from float32 logits and from the same logits rounded to bfloat16 (the logits' type when they
+    leave the logits processor unconverted), for `requests` rows of `vocab` logits with the tiny
+    model's spread (std 1.5 after the final norm, `serving.tiny_model`)."""
+    import torch  # type: ignore[import-not-found]
+
+    logits = torch.randn(requests, vocab, generator=torch.Generator().manual_seed(0)) * std
+    exact = torch.log_softmax(logits, dim=-1)
+    rounded = torch.log_softmax(logits.to(torch.bfloat16), dim=-1).float()
+    top = exact.topk(5, dim=-1).indices
+    diff = (exact.gather(1, top) - rounded.gather(1, top)).abs()
+    return diff.mean().item(), diff.max().item()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--positions", default="32,128,512")
+    parser.add_argument("--queue-lens", default="64,128,256,512")
     args = parser.parse_args()
     if not (args.tokenizer / "tokenizer.json").is_file():
         sys.exit(f"{args.tokenizer}: no tokenizer.json")
@@ -137,18 +190,25 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
     positions = [int(p) for p in args.positions.split(",")]
+    queue_lens = [int(n) for n in args.queue_lens.split(",")]
     runs = [
         ("sglang-real-long-stream-slowdown", "sglang/srt/managers/detokenizer_manager.py",
-         lambda m: detok_step_ms(m, tokenizer, args.requests, positions)),
+         "position", positions, lambda m: detok_step_ms(m, tokenizer, args.requests, positions)),
         ("sglang-real-rl-rollout-stall", "sglang/srt/managers/tokenizer_manager.py",
+         "position", positions,
          lambda m: logprob_chunk_ms(m, tokenizer, args.requests, positions, 5)),
+        ("sglang-real-burst-queue-stall", "sglang/srt/managers/schedule_policy.py",
+         "queue", queue_lens, lambda m: priority_pass_ms(m, queue_lens)),
     ]  # fmt: skip
-    for task, rel, measure in runs:
+    for task, rel, unit, xs, measure in runs:
         clean = measure(module(rel, None))
         fault = measure(module(rel, TASKS / task / "inject.patch"))
-        for pos, c, f in zip(positions, clean, fault, strict=True):
-            print(f"{task}  position {pos:5d}  installed {c:8.2f} ms  fault {f:8.2f} ms  "
+        for x, c, f in zip(xs, clean, fault, strict=True):
+            print(f"{task}  {unit} {x:5d}  installed {c:8.2f} ms  fault {f:8.2f} ms  "
                   f"ratio {f / c if c else float('nan'):6.1f}x")  # fmt: skip
+    mean, worst = bf16_logprob_err_nats(args.requests)
+    print(f"sglang-real-rollout-logprob-mismatch  top-5 logprob error of bfloat16 logits: "
+          f"mean {mean:.2e} nats, max {worst:.2e} nats (float32 logits: 0)")  # fmt: skip
 
 
 if __name__ == "__main__":
