@@ -416,7 +416,14 @@ def _no_horizontal_scroll(page) -> None:  # type: ignore[no-untyped-def]
     overflow = page.evaluate(
         """() => {
             const bad = [];
-            if (document.documentElement.scrollWidth > window.innerWidth) bad.push('page');
+            if (document.documentElement.scrollWidth > window.innerWidth) {
+                // name what sticks out, so a failure says which element and text
+                const out = [...document.querySelectorAll('body *')].filter(
+                    (e) => e.getBoundingClientRect().right > window.innerWidth + 1);
+                const last = out[out.length - 1];
+                bad.push('page' + (last ? ': ' + last.tagName + '#' + last.id + '.' +
+                    last.className + ' ' + (last.textContent || '').slice(0, 120) : ''));
+            }
             document.querySelectorAll('table').forEach((t, i) => {
                 if (t.scrollWidth > t.parentElement.clientWidth + 1) bad.push('table ' + i + ' ' + (t.id || t.className));
             });
