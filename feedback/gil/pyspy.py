@@ -117,22 +117,28 @@ def sample_pid(
     Stops early, keeping what it has, when the process exits. A non-blocking dump reads the
     threads while they run and now and then catches one mid-update ("Failed to get stack traces":
     seen on a confined SGLang scheduler under load); such a snapshot is skipped, and the sampling
-    fails only when most attempts do.
+    fails only when at least three attempts and over two thirds of them did (a full-suite run
+    at load 5-8 failed a 4-second trace on two torn reads in a row when two were the limit), or
+    when it ends without a snapshot.
     """
     snapshots: list[list[ThreadSample]] = []
     failed = 0
+    last: PySpyUnavailable | None = None
     start = time.perf_counter()
     while time.perf_counter() - start < duration_s and len(snapshots) < max_snapshots:
         tick = time.perf_counter()
         try:
             snapshots.append(dump_once(pid, native=native, nonblocking=nonblocking))
-        except PySpyUnavailable:
+        except PySpyUnavailable as exc:
             if snapshots and not alive(pid):
                 break
             failed += 1
-            if not nonblocking or failed > len(snapshots) + 1:
+            if not nonblocking or (failed >= 3 and failed > 2 * len(snapshots)):
                 raise
+            last = exc
         rest = interval_s - (time.perf_counter() - tick)
         if rest > 0:
             time.sleep(rest)
+    if not snapshots and last is not None:
+        raise last
     return snapshots, time.perf_counter() - start
