@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from infra_agent.errors import describe
 from infra_agent.serving.harness.accuracy import answer, gate_prompts
 from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Localization
 
@@ -154,10 +155,12 @@ def audit_sampling_precision(harness: Any, arm: Any) -> PrecisionAudit:
 
     try:
         events = record_trace(harness, arm)
-    except (RuntimeError, OSError, ValueError) as exc:
+    except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
+        # httpx.HTTPError: the server dropped the profiled request (seen on a bfloat16-logits
+        # fault, sglang-real-rollout-logprob-mismatch); the rest of the diagnosis still stands
         return PrecisionAudit(
-            localization=Localization(detail=f"no precision audit: {exc}"),
-            evidence=[f"precision audit failed: {exc}"],
+            localization=Localization(detail=f"no precision audit: {describe(exc, typed=True)}"),
+            evidence=[f"precision audit failed: {describe(exc, typed=True)}"],
         )
     found = findings(events, harness.vocab)
     ops = sum(1 for e in events if e.get("cat") == "cpu_op")

@@ -199,3 +199,21 @@ def test_a_function_in_a_handful_of_samples_is_not_where_only_aborts_go(tmp_path
         function_only_in(profile(abort=10), profile(abort=40), [root], low_units=n, high_units=n)
         is None
     )
+
+
+def test_a_dropped_profiled_request_is_a_failed_audit_not_a_crash(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """sglang-real-rollout-logprob-mismatch's server dropped the precision audit's profiled
+    request (httpx.RemoteProtocolError), which ended the whole `diagnose`."""
+    import httpx
+
+    from infra_agent.serving.instruments import precision
+
+    def dropped(harness: object, arm: object) -> list[dict[str, object]]:
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+    monkeypatch.setattr(precision, "record_trace", dropped)
+    audit = precision.audit_sampling_precision(object(), object())
+    assert audit.evidence == [
+        "precision audit failed: RemoteProtocolError: Server disconnected without sending a response."
+    ]
+    assert audit.localization.detail.startswith("no precision audit: RemoteProtocolError")
