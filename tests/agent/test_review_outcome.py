@@ -37,6 +37,18 @@ def improved(task: Any, patch: Any, *, store: Any, run_id: str, **kw: Any) -> Ex
     return record
 
 
+def _hoist_script(tmp_path: Path) -> Path:
+    """A scripted model's replies: propose decode-split-norm's reference fix, measure it, finish."""
+    diff = (find_task("decode-split-norm").root / "reference.patch").read_text()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([
+        {"tool_calls": [{"name": "propose_patch", "arguments": {"diff": diff, "rationale": "hoist"}}]},
+        {"tool_calls": [{"name": "run_experiment", "arguments": {"patch_id": "{{last_patch_id}}"}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "hoisted; 2x"}}]},
+    ]))  # fmt: skip
+    return script
+
+
 @pytest.mark.parametrize(
     ("action", "revisions"),
     [("reject", 1), ("request_changes", 0)],
@@ -46,13 +58,7 @@ def test_a_decision_that_ends_the_run_is_logged_and_listed(
     action: str, revisions: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(runner, "run_experiment", improved)
-    diff = (find_task("decode-split-norm").root / "reference.patch").read_text()
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps([
-        {"tool_calls": [{"name": "propose_patch", "arguments": {"diff": diff, "rationale": "hoist"}}]},
-        {"tool_calls": [{"name": "run_experiment", "arguments": {"patch_id": "{{last_patch_id}}"}}]},
-        {"tool_calls": [{"name": "finish", "arguments": {"summary": "hoisted; 2x"}}]},
-    ]))  # fmt: skip
+    script = _hoist_script(tmp_path)
     db = tmp_path / "runs.db"
     settings = load_settings(overrides={"store.db": str(db)})
     config = RunConfig(task="decode-split-norm", policy="scripted", script=str(script),
@@ -90,13 +96,7 @@ def test_the_configured_review_policy_judges_the_runs_proposal(
     """`[review] policy` reaches the queue from the run's settings (the runner passes it down):
     a policy forbidding the patched file rejects the run's proposal at once."""
     monkeypatch.setattr(runner, "run_experiment", improved)
-    diff = (find_task("decode-split-norm").root / "reference.patch").read_text()
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps([
-        {"tool_calls": [{"name": "propose_patch", "arguments": {"diff": diff, "rationale": "hoist"}}]},
-        {"tool_calls": [{"name": "run_experiment", "arguments": {"patch_id": "{{last_patch_id}}"}}]},
-        {"tool_calls": [{"name": "finish", "arguments": {"summary": "hoisted; 2x"}}]},
-    ]))  # fmt: skip
+    script = _hoist_script(tmp_path)
     policy = tmp_path / "strict.toml"
     policy.write_text('[[rule]]\nfiles = ["**"]\naction = "forbid"\nreason = "frozen code"\n')
     settings = load_settings(
