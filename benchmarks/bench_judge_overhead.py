@@ -40,7 +40,7 @@ from typing import Any
 import infra_agent
 
 NEW = Path(infra_agent.__file__).resolve().parent
-TASKS = NEW / "tasks" / "bundled"
+TASKS = NEW / "bundled_tasks"
 CASES: dict[str, tuple[str, str]] = {
     "slow-decode-ref": (
         "sglang-slow-decode",

@@ -22,7 +22,7 @@ from infra_agent.serving.load.generator import LoadSpec, run_workload
 from infra_agent.serving.load.metrics import summarize
 from infra_agent.serving.server import Server
 
-TASK = Path(__file__).resolve().parents[1] / "tasks" / "bundled" / "sglang-cpu-tiny"
+TASK = Path(__file__).resolve().parents[1] / "bundled_tasks" / "sglang-cpu-tiny"
 
 
 def main() -> None:

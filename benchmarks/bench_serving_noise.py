@@ -48,7 +48,7 @@ from infra_agent.serving.server import Server
 from infra_agent.tasks.manifest import load_task
 from infra_agent.tasks.patch import effective_knobs
 
-TASK = Path(__file__).resolve().parents[1] / "tasks" / "bundled" / "sglang-cpu-tiny"
+TASK = Path(__file__).resolve().parents[1] / "bundled_tasks" / "sglang-cpu-tiny"
 VOCAB = 1024
 
 

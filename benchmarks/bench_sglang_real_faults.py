@@ -31,7 +31,7 @@ from typing import Any
 
 import sglang  # type: ignore[import-not-found]
 
-TASKS = Path(__file__).resolve().parent.parent / "tasks" / "bundled"
+TASKS = Path(__file__).resolve().parent.parent / "bundled_tasks"
 PACKAGE = Path(sglang.__file__).parent.parent
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from infra_agent.errors import UserError
 from infra_agent.tasks.manifest import MANIFEST_FILENAME, Task, load_task
 
-BUNDLED_DIR = Path(__file__).parent / "bundled"
+BUNDLED_DIR = Path(__file__).parent.parent / "bundled_tasks"
+"""The tasks that ship with the package: content beside the layers, not a layer (README, Tasks)."""
 ENTRY_POINT_GROUP = "infra_agent.tasks"
 
 

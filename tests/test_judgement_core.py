@@ -136,10 +136,7 @@ def scanned() -> list[Path]:
     out = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT)
-        if (
-            rel.parts[0] in (CORE, "tests", "benchmarks", "build", ".venv")
-            or "bundled" in rel.parts
-        ):
+        if rel.parts[0] in (CORE, "tests", "benchmarks", "bundled_tasks", "build", ".venv"):
             continue
         if any(part.startswith(".") or part.endswith(".egg-info") for part in rel.parts):
             continue

@@ -10,7 +10,7 @@ from pathlib import Path
 from support import REPO
 
 BIN = Path(sys.executable).parent
-# The packages mypy checks: all of infra_agent's code except the bundled task folders.
+# The packages mypy checks: all of infra_agent's code (the bundled_tasks/ content is not a package).
 MYPY_TARGETS = [
     "infra_agent.config",
     "infra_agent.errors",

@@ -66,9 +66,16 @@ def test_regular_wheel_install_works(tmp_path: Path) -> None:
     assert skeletons == {p.name for p in (REPO / "tools" / "skeletons" / "bundled").glob("*.toml")}
     assert skeletons, "no bundled skeleton in the source tree"
     # Bundled task folders ship as package data.
-    bundled = target / "infra_agent" / "tasks" / "bundled"
-    src_bundled = REPO / "tasks" / "bundled"
-    if src_bundled.is_dir():
-        assert {p.name for p in bundled.iterdir()} >= {
-            p.name for p in src_bundled.iterdir() if (p / "task.toml").is_file()
-        }
+    bundled = target / "infra_agent" / "bundled_tasks"
+    src_bundled = REPO / "bundled_tasks"
+    tasks = {p.name for p in src_bundled.iterdir() if (p / "task.toml").is_file()}
+    assert tasks, "no bundled task in the source tree"
+    assert {p.name for p in bundled.iterdir()} >= tasks
+    # ... where the installed registry finds them.
+    found = _py(
+        "from infra_agent.tasks.registry import find_task; print(find_task('example-matmul').root)",
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == str(bundled / "example-matmul")

@@ -17,7 +17,7 @@ def sources() -> list[Path]:
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT)
-        if rel.parts[0] in ("tests", "benchmarks", "build", ".venv") or "bundled" in rel.parts:
+        if rel.parts[0] in ("tests", "benchmarks", "bundled_tasks", "build", ".venv"):
             continue
         if any(part.startswith(".") or part.endswith(".egg-info") for part in rel.parts):
             continue

@@ -12,7 +12,7 @@ from infra_agent.tasks.patch import parse_diff
 from infra_agent.tasks.registry import find_task
 from infra_agent.tasks.tree import preview_apply, workspace_tree
 
-BUNDLED = Path(__file__).parents[2] / "tasks" / "bundled"
+BUNDLED = Path(__file__).parents[2] / "bundled_tasks"
 
 
 def groups(source: str) -> set[str]:

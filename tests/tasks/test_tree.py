@@ -22,7 +22,8 @@ needs_sglang = pytest.mark.skipif(
     reason="SGLang environment not created (python -m infra_agent.serving.env --ensure)",
 )
 SAMPLER = "sglang/srt/layers/sampler.py"
-TASKS_DIR = BUNDLED_DIR.parent
+TASK_FOLDERS = (BUNDLED_DIR.parent / "tasks", BUNDLED_DIR)
+"""The task layer's code and the bundled task folders."""
 
 
 def installed_root() -> Path:
@@ -144,11 +145,13 @@ def _installed_modules() -> tuple[set[str], dict[str, str], dict[str, set[str]]]
 @needs_sglang
 def test_nothing_under_tasks_is_a_copy_of_an_installed_sglang_module() -> None:
     digests, _, holders = _installed_modules()
-    for path in sorted(TASKS_DIR.rglob("*")):
+    for path in sorted(p for folder in TASK_FOLDERS for p in folder.rglob("*")):
         if not path.is_file() or "__pycache__" in path.parts:
             continue
-        rel = path.relative_to(TASKS_DIR)
-        assert "sglang" not in rel.parts[:-1] or rel.parts[0] != "bundled", f"{rel}: vendored"
+        rel = path.relative_to(BUNDLED_DIR.parent)
+        assert "sglang" not in rel.parts[1:-1] or rel.parts[0] != BUNDLED_DIR.name, (
+            f"{rel}: vendored"
+        )
         data = path.read_bytes()
         assert hashlib.sha256(data).hexdigest() not in digests, f"{rel} is an installed module"
         if path.suffix != ".py":

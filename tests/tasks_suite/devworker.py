@@ -17,7 +17,7 @@ from typing import Any
 from infra_agent.tasks.harness import Arm, Harness
 from infra_agent.tasks.manifest import Task, load_task
 
-BUNDLED = Path(__file__).resolve().parents[2] / "tasks" / "bundled"
+BUNDLED = Path(__file__).resolve().parents[2] / "bundled_tasks"
 
 
 class InProcessWorker:
