@@ -1,4 +1,5 @@
-"""The agent against the real SGLang target (tiny random-weight model on the CPU):
+"""The agent against the real SGLang target (tiny random-weight model on the CPU), both in the
+long tier (README, "Tests"):
 
 - the llm policy pointed at SGLang's own `/v1/chat/completions`: every reply is noise, so this
   exercises the transport, streaming and logprobs for real, and the handling of replies that are
@@ -31,9 +32,14 @@ CHAT_TEMPLATE = (
 )
 
 
+@pytest.mark.long
 def test_llm_policy_against_a_real_sglang_endpoint(tmp_path: Path) -> None:
-    """Over 60 s at times (37-79 s in suite runs): its own server, because it needs a chat
-    template (the tiny model has none), a start-up flag no other test's server has."""
+    """Long tier (37-90 s in suite runs): its own server, because it needs a chat template (the
+    tiny model has none), a start-up flag no other test's server has. Covered in the main tier
+    by model/test_sglang_glm.py's run (the llm policy against a real SGLang server: streamed
+    replies with logprobs and usage, three turns, a finished run) and test_llm_policy.py (the
+    openai dialect's transport and a run driven by replies that call no tool, on the stand-in
+    endpoint)."""
     import openai
 
     from infra_agent.serving.deployment import load_deployment
