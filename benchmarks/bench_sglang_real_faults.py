@@ -13,7 +13,10 @@ work (detokenizing one step's outputs; converting one chunk's logprobs), not a s
 step: the ratio says how the fault's work grows, the task's experiment says what it costs. For
 the scheduling task the unit is one priority pass of the scheduler over a waiting queue of each
 `--queue-lens` length (what every scheduling pass with room in the batch runs). For the numerics
-task, the top-5 log-probability error that bfloat16 logits carry by themselves.
+task, the top-5 log-probability error that bfloat16 logits carry by themselves. For the
+single-token job, releasing the KV rows of one prefill batch of `--batch` finished requests with
+SGLang's allocator as installed, inside one free group (the installed prefill path) and one free
+per request (the path with the fault), at each `--pools` size of the KV pool.
 """
 
 from __future__ import annotations
@@ -177,12 +180,43 @@ def bf16_logprob_err_nats(
     return diff.mean().item(), diff.max().item()
 
 
+def prefill_release_ms(pools: list[int], batch: int, row: int) -> list[tuple[float, float]]:
+    """CPU ms of releasing the KV rows (`row` tokens each) of `batch` requests that finished at
+    prefill, with SGLang's `TokenToKVPoolAllocator` of each size in `pools`: (one free group
+    around the batch, one free per request). Best of 5."""
+    import torch  # type: ignore[import-not-found]
+    from sglang.srt.mem_cache.allocator.token import (  # type: ignore[import-not-found]
+        TokenToKVPoolAllocator,
+    )
+
+    out = []
+    for size in pools:
+        allocator = TokenToKVPoolAllocator(size, torch.bfloat16, "cpu", None, need_sort=False)
+        best = [float("inf"), float("inf")]
+        for _ in range(5):
+            for grouped in (True, False):
+                rows = [allocator.alloc(row) for _ in range(batch)]
+                started = time.process_time()
+                if grouped:
+                    allocator.free_group_begin()
+                for indices in rows:
+                    allocator.free(indices)
+                if grouped:
+                    allocator.free_group_end()
+                spent = (time.process_time() - started) * 1e3
+                best[0 if grouped else 1] = min(best[0 if grouped else 1], spent)
+        out.append((best[0], best[1]))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--positions", default="32,128,512")
     parser.add_argument("--queue-lens", default="64,128,256,512")
+    parser.add_argument("--pools", default="32768,131072,524288")
+    parser.add_argument("--batch", type=int, default=256)
     args = parser.parse_args()
     if not (args.tokenizer / "tokenizer.json").is_file():
         sys.exit(f"{args.tokenizer}: no tokenizer.json")
@@ -206,6 +240,13 @@ def main() -> None:
         for x, c, f in zip(xs, clean, fault, strict=True):
             print(f"{task}  {unit} {x:5d}  installed {c:8.2f} ms  fault {f:8.2f} ms  "
                   f"ratio {f / c if c else float('nan'):6.1f}x")  # fmt: skip
+    pools = [int(n) for n in args.pools.split(",")]
+    for pool, (grouped, single) in zip(
+        pools, prefill_release_ms(pools, args.batch, 33), strict=True
+    ):
+        print(f"sglang-real-label-burst-slowdown  pool {pool:7d}  {args.batch} releases: "
+              f"grouped {grouped:8.2f} ms  one by one {single:8.2f} ms  "
+              f"ratio {single / grouped if grouped else float('nan'):6.1f}x")  # fmt: skip
     mean, worst = bf16_logprob_err_nats(args.requests)
     print(f"sglang-real-rollout-logprob-mismatch  top-5 logprob error of bfloat16 logits: "
           f"mean {mean:.2e} nats, max {worst:.2e} nats (float32 logits: 0)")  # fmt: skip
