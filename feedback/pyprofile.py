@@ -154,16 +154,24 @@ def _frame(text: str, roots: list[str]) -> tuple[str, str, int] | None:
     return None
 
 
+ATTACHED = "Sampling process"  # py-spy record's first line once it samples the target
+
+
 def profile_pid(
     pid: int,
     *,
     duration_s: float = 10.0,
     rate: int = 50,
     until: Callable[[], bool] | None = None,
+    on_attach: Callable[[], None] | None = None,
 ) -> FunctionProfile:
     """Record `pid`'s active threads for up to `duration_s`, or until `until()` turns true (py-spy,
-    non-blocking: the target is never paused). Raises PySpyUnavailable when py-spy cannot
+    non-blocking: the target is never paused). `on_attach` is called once py-spy samples, so
+    work started there is seen from its first moment; `until` is not asked before then (a
+    Ctrl-C before py-spy attaches leaves no file). Raises PySpyUnavailable when py-spy cannot
     attach or records nothing."""
+    import threading
+
     limit = max(1, math.ceil(duration_s))
     with tempfile.TemporaryDirectory(prefix="infra-agent-profile-") as tmp:
         out = Path(tmp) / "raw.txt"
@@ -174,20 +182,38 @@ def profile_pid(
         before = kernel_threads(pid) if own_pid_namespace(pid) else None
         started = time.monotonic()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        settled = threading.Event()  # py-spy attached, or its output ended
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if ATTACHED in line:
+                    settled.set()
+            settled.set()
+
+        reader = threading.Thread(target=read, name="py-spy-output", daemon=True)
+        reader.start()
         try:
+            settled.wait(timeout=limit + 30)
+            attached = any(ATTACHED in line for line in lines)
+            if attached and on_attach is not None:
+                on_attach()
             while proc.poll() is None and time.monotonic() - started < limit + 30:
-                if until is not None and until():
+                if until is not None and attached and until():
                     proc.send_signal(signal.SIGINT)  # py-spy writes what it has on Ctrl-C
                     break
                 time.sleep(0.1)
-            output, _ = proc.communicate(timeout=60)
+            proc.wait(timeout=60)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            reader.join(timeout=5)
         elapsed = time.monotonic() - started
         if not out.is_file():
-            tail = output.strip().splitlines()[-1:] or ["no output"]
+            tail = "".join(lines).strip().splitlines()[-1:] or ["no output"]
             raise PySpyUnavailable(f"py-spy cannot record pid {pid}: {tail[0][:200]}")
         stacks: dict[str, int] = {}
         for line in out.read_text(errors="replace").splitlines():
@@ -301,11 +327,13 @@ def profile_while(
             done.set()
 
     thread = threading.Thread(target=run, name="infra-agent-profiled-work", daemon=True)
-    thread.start()
-    try:
-        profile = profile_pid(pid, duration_s=limit_s, rate=rate, until=done.is_set)
+    try:  # the work starts once py-spy samples: a short workload is not over before it attaches
+        profile = profile_pid(
+            pid, duration_s=limit_s, rate=rate, until=done.is_set, on_attach=thread.start
+        )
     finally:
-        thread.join()
+        if thread.ident is not None:
+            thread.join()
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return profile, box.get("result")

@@ -15,6 +15,7 @@ diagnosis (`serving.instruments.diagnosis`) and the `server_profile` tool both r
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -36,7 +37,10 @@ from infra_agent.serving.server import Server
 ROLES = ("scheduler", "tokenizer", "detokenizer")
 """The SGLang processes instruments attach to (`server_processes`' roles)."""
 SETTLE_S = 0.5
-"""Instruments attach this long after the workload starts (past the first arrivals)."""
+"""GIL traces attach this long after the workload starts (past the first arrivals); profiles
+attach before it starts and cover all of it."""
+ATTACH_S = 30.0
+"""The longest the workload waits for the profiles to attach."""
 PROFILE_LIMIT_S = 600.0
 """The longest a profile records (it stops earlier, when the workload ends)."""
 
@@ -85,28 +89,46 @@ def trace_during(
             found = ", ".join(f"{r} {p}" for r, p in sorted(pids.items())) or "none"
             t.errors.append(f"the server has no {t.role} process (found: {found})")
     jobs: list[tuple[ProcessTrace, str, Future[Any]]] = []
-    with LoadRun(server, sessions, load) as run:
-        time.sleep(SETTLE_S)
-        live = [t for t in traces if t.pid is not None]
-        with ThreadPoolExecutor(max_workers=max(1, 2 * len(live))) as pool:
-            for t in live:
-                assert t.pid is not None
-                if profile:
-                    job = pool.submit(
-                        profile_pid, t.pid, duration_s=PROFILE_LIMIT_S, until=run.done
-                    )
-                    jobs.append((t, "profile", job))
-                if gil_s:
+    run = LoadRun(server, sessions, load)
+    live = [t for t in traces if t.pid is not None]
+    with ThreadPoolExecutor(max_workers=max(1, 2 * len(live))) as pool:
+        # Profiles attach before the workload starts: a workload under a second would otherwise
+        # end before py-spy samples, and the Ctrl-C that stops it would leave no file.
+        stop = threading.Event()  # set when the workload is over, or never ran (Ctrl-C)
+        attached = {id(t): threading.Event() for t in live} if profile else {}
+        for t in live if profile else []:
+            job = pool.submit(_profile, t.pid, stop, attached[id(t)])
+            jobs.append((t, "profile", job))
+        try:
+            for ready in attached.values():
+                ready.wait(timeout=ATTACH_S)
+            with run:
+                time.sleep(SETTLE_S)
+                for t in live if gil_s else []:
                     jobs.append((t, "gil", pool.submit(trace_pid, t.pid, duration_s=gil_s)))
-            for t, kind, job in jobs:
-                try:
-                    setattr(t, kind, job.result())
-                except UserError as exc:  # py-spy missing or refused, the process gone
-                    t.errors.append(f"{kind}: {_why(t, exc)}")
+                while not run.done():
+                    time.sleep(0.05)
+                stop.set()
+                for t, kind, job in jobs:
+                    try:
+                        setattr(t, kind, job.result())
+                    except UserError as exc:  # py-spy missing or refused, the process gone
+                        t.errors.append(f"{kind}: {_why(t, exc)}")
+        finally:
+            stop.set()
     for t in traces:
         if t.pid is not None and not t.errors and not alive(t.pid):
             t.errors.append(f"the {t.role} process (pid {t.pid}) died during the workload")
     return traces, run.result
+
+
+def _profile(pid: int | None, stop: threading.Event, ready: threading.Event) -> FunctionProfile:
+    """`pid`'s profile until `stop` is set; `ready` is set once py-spy samples (or failed)."""
+    assert pid is not None
+    try:
+        return profile_pid(pid, duration_s=PROFILE_LIMIT_S, until=stop.is_set, on_attach=ready.set)
+    finally:
+        ready.set()
 
 
 def _why(trace: ProcessTrace, exc: Exception) -> str:

@@ -108,6 +108,33 @@ def test_function_profile_charges_library_time_to_the_workspace_function(tmp_pat
     assert "hot" in profile.render([work])
 
 
+def test_a_workload_shorter_than_py_spys_attach_is_still_profiled(tmp_path: Path) -> None:
+    """The profiled work starts once py-spy samples: before, a workload that ended before py-spy
+    attached (0.9 s on sglang-cpu-tiny's task load) stopped it with a Ctrl-C that left no file,
+    and `tasks check sglang-cpu-tiny` ended on "py-spy cannot record pid ...: no output"."""
+    from infra_agent.feedback.pyprofile import profile_while
+
+    work = tmp_path / "pkg"
+    work.mkdir()
+    (work / "spin.py").write_text(
+        "def spin():\n    return sum(range(10**5))\nwhile True:\n    spin()\n"
+    )
+    child = subprocess.Popen([sys.executable, str(work / "spin.py")])
+    started: list[float] = []
+    try:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        profile, result = profile_while(
+            child.pid, lambda: started.append(time.monotonic()) or "done", rate=100
+        )
+    finally:
+        child.kill()
+        child.wait()
+    # Before, this raised PySpyUnavailable: the work was over before py-spy attached.
+    assert result == "done" and profile.samples >= 0
+    assert started and started[0] > t0
+
+
 def test_logprob_distance_compares_up_to_the_first_divergence() -> None:
     ref = [Answer(ids=[1, 2, 3], top=[{1: -0.1, 5: -2.0}, {2: -0.2}, {3: -0.3}])]
     same = logprob_distance(ref, ref)
