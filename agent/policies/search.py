@@ -6,8 +6,8 @@ included). It keeps no state of its own, so a resumed run picks up exactly where
 turn rebuilds an in-memory study from the run's measured experiments (value: the speedup, oriented
 so > 1 is better; a configuration that broke, REJECTED, INCORRECT or FAILED, counts as 0) and asks
 it for the next unmeasured configurations. Before TPE takes over, the advised values are tried one
-knob at a time from the task's defaults (what the skeletons learned from reviewed runs comes
-first). It stops when every configuration of the space has been measured. Strategy `random`
+knob at a time, each on top of the best configuration proven so far (a coordinate search; what the
+skeletons learned from reviewed runs comes first). It stops when every configuration of the space has been measured. Strategy `random`
 samples whole configurations from the same value lists (the benchmark's control).
 
 Each turn is written as the tool calls a model would make (`propose_knobs`, then
@@ -188,11 +188,11 @@ class SearchPolicy:
                     break
                 add({n: rng.choice(vs) for n, vs in self.space.items()})
             return out
-        defaults = self._defaults()
+        incumbent, _ = self.incumbent(state)
         for name, values in self.space.items():  # advice first, one knob at a time
-            for value in self.advice.get(_key(name), []):
+            for value in self.advice.get(_key(name), []):  # on top of the best so far
                 if len(out) < self.batch and value in values:
-                    add({**defaults, name: value})
+                    add({**incumbent, name: value})
         size = 1
         for values in self.space.values():
             size *= len(values)

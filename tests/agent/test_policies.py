@@ -56,6 +56,11 @@ def test_search_tries_skeleton_advice_first_then_tpe() -> None:
     nxt = policy.next_configs(state)
     assert len(nxt) == 1 and nxt[0] != {"max-running-requests": 128} and nxt[0]
     assert all(v in policy.space[k] for k, v in nxt[0].items())
+    for knobs in ({"max-running-requests": v} for v in (64, 256, 32)):
+        state.experiments.append(_measured(knobs, "IMPROVED", 1.5))
+    # The other knob's advice is tried on top of the best so far, not from the defaults.
+    (nxt,) = policy.next_configs(state)
+    assert nxt["max-running-requests"] == 128 and "chunked-prefill-size" in nxt
     turn = policy.next_turn(state, [])
     assert turn.message is not None
     assert [c.name for c in turn.message.tool_calls] == ["propose_knobs", "run_experiment"]
