@@ -125,6 +125,9 @@ def attacking_patch(victim: int, helper: str, store: Path):  # -> Patch
 def test_a_patched_server_reaches_nothing_outside_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Over 60 s (88-137 s in suite runs at load 2-11): the experiment starts the injected task's
+    baseline server (no other test here serves sglang-slow-decode's baseline to share) before
+    the candidate's start runs the attack; the attack must run as a candidate's start does."""
     from infra_agent.experiments import run_experiment
 
     # The static rules would refuse this patch outright; confinement is what is tested here.

@@ -12,7 +12,10 @@ mechanism named, while an A/A candidate (the baseline's code behind a no-op patc
 - the final `completion_tokens` inflated 4x: caught by the client's own count.
 
 Short experiments (24 prompts of at most 16 tokens a sample, 2 samples per arm): the assertions
-need the judge, not a resolved interval. Server starts dominate the time.
+need the judge, not a resolved interval. Server starts dominate the time: the baseline arm of
+every experiment here is one kept server (tests/serving/conftest.py's `lent_baseline`, the
+unpatched engine with the task's knobs, shared with test_sglang_server.py), so each test starts
+only its candidate's server.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ pytestmark = [
     pytest.mark.timeout(2400),
     pytest.mark.slow,
     pytest.mark.sglang,
+    pytest.mark.usefixtures("lent_baseline"),
     pytest.mark.skipif(
         find_sglang_env() is None,
         reason="SGLang environment not created (python -m infra_agent.serving.env --ensure)",
@@ -161,6 +165,8 @@ def short(samples: int) -> Task:
 def test_cheating_server_is_incorrect_with_its_mechanism_named(
     edits: list[tuple[str, str, str]], mechanism: str
 ) -> None:
+    """Over 60 s on a 2-core machine (a start of 40-90 s, minutes under load, and the check's
+    run): each cheat needs a server of its own, since the cheat is the server's patched code."""
     record = run_experiment(short(2), patch_of(*edits), params=SMALL)
     result = record.result
     print(result.render())
@@ -169,6 +175,9 @@ def test_cheating_server_is_incorrect_with_its_mechanism_named(
 
 
 def test_a_candidate_running_the_baseline_code_passes_the_judge() -> None:
+    """Over 60 s on a 2-core machine: the control for the cheats above (the judge passes a
+    patched server that serves the baseline's code), so a server started from a source patch,
+    and a whole experiment (check, performance and health stages)."""
     record = run_experiment(short(2), patch_of(NO_OP), params=SMALL)
     result = record.result
     print(result.render())

@@ -1,11 +1,14 @@
 """The real SGLang server on the CPU (tiny generated model): start, workloads, accuracy gate,
-health guard, stress, stop with nothing left; a broken flag; and two experiments through the
-verification cascade: a knob change (CIs from >= 3 repetitions per arm) and a degenerate source
-patch to SGLang's sampler (loops, less work) that must not be IMPROVED.
+health guard, stress; a broken flag; and an experiment through the verification cascade: a
+knob change (CIs from >= 3 repetitions per arm), whose candidate server stops with nothing left
+when the experiment ends. In the long tier, a
+degenerate source patch to SGLang's sampler (loops, less work) that must not be IMPROVED.
 
 Needs the SGLang environment (`python -m infra_agent.serving.env --ensure`, run by `make setup`).
-Server starts dominate the time (20-60 s each on an idle 2-core machine): one module-scoped
-server, one failed start, and two per experiment.
+Server starts dominate the time (20-60 s each on an idle 2-core machine): the tests that read a
+server and the knob experiment's baseline arm use one kept server, the unpatched engine with the
+task's knobs (tests/serving/conftest.py's `tiny_baseline`, shared with
+test_judge_adversarial.py); besides it, one failed start and the knob experiment's candidate.
 """
 
 import os
@@ -53,17 +56,9 @@ def _short(max_samples: int) -> Task:
     return TASK.model_copy(update={"manifest": manifest})
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    spec = load_deployment(TASK.root / "deployment.toml")
-    srv = Server.start(spec, tmp_path_factory.mktemp("sglang"))
-    print(f"SGLang server ready in {srv.ready_s:.1f} s")
-    yield srv
-    srv.stop()
-
-
-def test_workloads_on_the_real_server(server: Server) -> None:
-    """About 60 s (66 s at load 6-8) with the module's server start, which the next tests reuse."""
+def test_workloads_on_the_real_server(tiny_server: Server) -> None:
+    """About 60 s (66 s at load 6-8) with the kept server's start, which the next tests reuse."""
+    server = tiny_server
     if netns.unavailable() is None:  # patched SGLang code would run without a network
         assert server.network.mode == "isolated", server.network.render()
     result = server.call(
@@ -103,7 +98,8 @@ def test_workloads_on_the_real_server(server: Server) -> None:
     assert all(r.meta["cached_tokens"] >= 256 for r in second_turns)  # prefix cache reused
 
 
-def test_gate_health_and_stress_on_the_real_server(server: Server) -> None:
+def test_gate_health_and_stress_on_the_real_server(tiny_server: Server) -> None:
+    server = tiny_server
     # The same prompts answered twice (sampled: no two runs agree token for token), every output
     # scored under the server: the likelihood judge sees one distribution.
     sessions = random_sessions(24, 32, 16, vocab_size=1024, seed=5)
@@ -128,17 +124,6 @@ def test_gate_health_and_stress_on_the_real_server(server: Server) -> None:
     assert stress.completed == 12 and stress.background_requests > 0
 
 
-def test_stop_leaves_nothing_running(server: Server) -> None:
-    assert server.proc is not None
-    tree = descendants(server.proc.pid) | {server.proc.pid}
-    assert len(tree) >= 3  # launcher, scheduler, detokenizer
-    ns = server.namespace_id
-    server.stop()
-    assert not any(_alive(p) for p in tree)
-    if server.network.mode == "isolated":
-        assert netns.users(ns) == [], netns.own_threads_in(ns)  # nothing left in it
-
-
 def test_broken_flag_fails_with_the_log_tail(tmp_path: Path) -> None:
     spec = load_deployment(TASK.root / "deployment.toml")
     with pytest.raises(UserError, match="not one of"):
@@ -148,18 +133,25 @@ def test_broken_flag_fails_with_the_log_tail(tmp_path: Path) -> None:
     assert "invalid choice" in err.value.log_tail
 
 
+@pytest.mark.usefixtures("lent_baseline")
 def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatch) -> None:
     """A knob experiment through the cascade: CIs from repetitions, the calibration statement and
     the resolution in the verdict, output tokens per CPU-second beside throughput, and the other
-    arm's server stopped (no CPU used) through every sample. Over 60 s (127 s at load 6-8): two
-    server starts and 4 samples per arm, the only knob experiment on real servers here."""
+    arm's server stopped (no CPU used) through every sample, and nothing of the candidate's server
+    left once it ends. Over 60 s (127 s at load 6-8 with two starts): the candidate's server start
+    and 4 samples per arm, the only knob experiment on real servers here (its baseline arm is the
+    kept server)."""
     from infra_agent.experiments import run_experiment
 
     idle: list[tuple[bool, float]] = []  # (the idle server stopped, its CPU seconds used)
+    trees: list[tuple[Server, set[int], int | None]] = []  # the candidate's server, its processes
     sample = ServingHarness.sample
 
     def watched(self: ServingHarness, arm, seed: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
         other = next(a for name, a in self.arms.items() if name != arm.name).state["server"]
+        server = arm.state["server"]
+        if arm.name == "candidate" and not trees and server.proc is not None:
+            trees.append((server, descendants(server.proc.pid) | {server.proc.pid}, server.namespace_id))  # fmt: skip
         cpu = other.cpu_seconds()
         out = sample(self, arm, seed)
         idle.append((other.stopped(), other.cpu_seconds() - cpu))
@@ -196,6 +188,12 @@ def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatc
     # busy process late); running, the idle server polls ~0.8 cores, over a second per sample.
     assert len(idle) == 2 * perf.n_samples, idle
     assert all(stopped and cpu <= 0.1 for stopped, cpu in idle), idle
+    # The candidate's server stopped with the experiment and left nothing running.
+    ((server, tree, ns),) = trees
+    assert len(tree) >= 3  # launcher, scheduler, detokenizer
+    assert not any(_alive(p) for p in tree)
+    if server.network.mode == "isolated":
+        assert netns.users(ns) == [], netns.own_threads_in(ns)  # nothing left in it
     # The candidate's SGLang ran with no network (where this machine allows it).
     if netns.unavailable() is None:
         assert str(result.evidence.health["candidate_server_network"]).startswith("isolated")
@@ -204,9 +202,12 @@ def test_knob_experiment_has_cis_from_repetitions(monkeypatch: pytest.MonkeyPatc
         assert str(result.evidence.health["candidate_server_filesystem"]).startswith("confined")
 
 
+@pytest.mark.long
 def test_degenerate_sampler_patch_is_not_improved() -> None:
-    """Over 60 s (95 s at load 6-8): a source patch to SGLang through the overlay, two server
-    starts; health, not the speed, must decide it."""
+    """Long tier (95-169 s in suite runs at load 2-11: two server starts): a source patch to
+    SGLang's sampler, judged INCORRECT at the check by the likelihood judge, not by the speed.
+    Covered in the main tier by test_judge_adversarial.py's flat-logits cheat (a sampler patch
+    whose tokens are not the model's, INCORRECT with "likelihood FAIL") on the kept baseline."""
     from infra_agent.experiments import run_experiment
 
     # The degenerate sampler's tokens (a 4-token cycle) are judged by the check, which runs the
