@@ -105,11 +105,14 @@ def attempt_result(
             wall_s=max(0.0, done - run.created_at.timestamp()),
         )
     turns, tokens, cost = spent(None)
+    best = max(s for _, s in wins) if wins else None
+    known = manifest.open.best_known if manifest.open is not None else None
     return AttemptResult(
         solved=any(m and e.id not in ignored for e, m in zip(experiments, met, strict=True)),
         improved="IMPROVED" in verdicts,
-        best_speedup=max(s for _, s in wins) if wins else None,
+        best_speedup=best,
         set_aside=aside,
+        beats_best_known=None if known is None else best is not None and best > known,
         reverification=reverification,
         criteria_met=met,
         verdicts=verdicts,
@@ -223,7 +226,8 @@ def run_attempt(
     if again is not None and again.reason:
         checked += f" ({again.reason[:160]})"
     aside = f" set_aside={len(r.set_aside)}" if r.set_aside else ""
+    beat = " beats the best known result" if r.beats_best_known else ""
     progress(
         f"  {attempt.status}: solved={r.solved} improved={r.improved} best={best}"
-        f"{checked}{aside} experiments={r.experiments} turns={r.turns}"
+        f"{checked}{aside}{beat} experiments={r.experiments} turns={r.turns}"
     )

@@ -119,6 +119,10 @@ class AttemptResult(BaseModel):
     (speedup, or the metric's change for accuracy and correctness tasks)."""
     set_aside: list[SetAside] = Field(default_factory=list)
     """IMPROVED experiments that count neither as solved nor in best_speedup, with why."""
+    beats_best_known: bool | None = None
+    """An open task (`[open]` in its task.toml) only: `best_speedup` (a win not set aside, so
+    one that held when re-measured) is above the best result the task states as known. None for
+    a task that states none."""
     criteria_met: list[bool] = Field(default_factory=list)
     """Per experiment, in order: whether it met the task's success criterion."""
     reverification: Reverification | None = None

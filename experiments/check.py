@@ -6,8 +6,10 @@ For a task author (bundled or a user's folder), three questions, each answered b
   un-injected engine (`tasks.tree.uninjected_patch`): the symptom is reproduced when that
   candidate is IMPROVED over the faulty baseline, and its ratio is the symptom's size. Without an
   injected fault, the harness's `diagnose` (reproduce, then localize); a task with neither has
-  no symptom to check.
-- **reference**: an experiment with `reference.patch`; it must be IMPROVED.
+  no symptom to check, and an open task (`[open]`: the unmodified engine, a gain to reach) has
+  none by design.
+- **reference**: an experiment with `reference.patch`; it must be IMPROVED (on an open task,
+  its number is set beside the best known gain and the task's target).
 - **wrong fix**: an experiment with `wrong_fix.patch`; it must not be IMPROVED.
 
     check = check_task(task, params={}, sandbox="local")   # TaskCheck, rows in that order
@@ -129,8 +131,12 @@ def check_task(
 
     rows: list[CheckRow] = []
     current = "symptom"
-    clean = uninjected_patch(task)
-    if clean is not None:
+    goal = task.manifest.open
+    clean = None if goal is not None else uninjected_patch(task)
+    if goal is not None:
+        rows.append(CheckRow(question="symptom", expected="none (open task)", number="open task: "
+                             "the unmodified engine, no planted fault"))  # fmt: skip
+    elif clean is not None:
         say("symptom: the un-injected engine against the faulty baseline")
         rows.append(_experiment(task, "symptom", clean, True, run))
     else:
@@ -164,7 +170,13 @@ def check_task(
                                  "not IMPROVED", number=f"no {question} patch"))  # fmt: skip
             continue
         say(f"{question}: {path.name}")
-        rows.append(_experiment(task, question, load_patch(path, author="tasks check"), want, run))
+        row = _experiment(task, question, load_patch(path, author="tasks check"), want, run)
+        if goal is not None and question == "reference":
+            row.number += (
+                f"; target {task.manifest.gain_target:g}x, best known {goal.best_known:g}x "
+                f"({goal.best_known_by})"
+            )
+        rows.append(row)
     return TaskCheck(
         task=task.name,
         objective=task.manifest.objective,

@@ -11,6 +11,9 @@ A task is a folder a user can write without touching this package:
       reference.patch (optional) # a known-good fix, used by tests, never shown to the agent
       wrong_fix.patch (optional) # a plausible fix that does not fix it (`tasks check`)
       inject.patch (optional)    # a fault applied to the package to make the baseline, hidden
+
+An open task (`[open]`) has no planted fault: the unmodified engine, a gain target to reach, and
+the best result known so far (its reference.patch is a fix someone found and measured).
 """
 
 from __future__ import annotations
@@ -205,6 +208,20 @@ class Fault(BaseModel):
     """The failure class of the public case it reproduces, e.g. 'GIL starvation'."""
 
 
+class OpenGoal(BaseModel):
+    """An open task: the unmodified engine, no planted fault, and a gain to reach with a code
+    change (the task's `[[targets]]` gain on its metric). Records the best result known so far,
+    so that a run beating it can be recorded as such."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    best_known: float = Field(gt=1.0)
+    """The best gain on the task's metric measured so far, as the verdict states it (median
+    ratio of an IMPROVED experiment, oriented so > 1 is better), e.g. 1.62."""
+    best_known_by: str = Field(min_length=1)
+    """What reached it, for people: 'reference.patch (2026-12-05)', a run id."""
+
+
 class TaskManifest(BaseModel):
     """The parsed `task.toml`."""
 
@@ -250,6 +267,8 @@ class TaskManifest(BaseModel):
     workspace: WorkspaceSpec = Field(default_factory=WorkspaceSpec)
     fault: Fault | None = None
     """An injected fault's origin (tasks with inject.patch)."""
+    open: OpenGoal | None = None
+    """An open task (no planted fault): the best result known for its gain target."""
 
     @model_validator(mode="after")
     def _check(self) -> TaskManifest:
@@ -260,7 +279,18 @@ class TaskManifest(BaseModel):
         for target in self.targets:
             if target.gain is not None and target.metric != self.metric.name:
                 raise ValueError(f"a gain target is on the task's metric '{self.metric.name}'")
+        if self.open is not None:
+            if self.fault is not None or self.workspace.inject is not None:
+                raise ValueError("an open task has no planted fault: drop [fault] or [open]")
+            if not any(t.gain is not None for t in self.targets):
+                raise ValueError("an open task states its goal as a [[targets]] gain on its metric")
         return self
+
+    @property
+    def gain_target(self) -> float | None:
+        """The gain the task's targets ask for on its metric (the largest), or None."""
+        gains = [t.gain for t in self.targets if t.gain is not None]
+        return max(gains) if gains else None
 
 
 class Task(BaseModel):
@@ -329,6 +359,11 @@ def load_task(folder: Path) -> Task:
         inject = manifest.workspace.inject
         if inject is not None and not (folder / inject).is_file():
             raise UserError(f"{path}: field 'workspace.inject': file '{inject}' not found")
+        if manifest.open is not None and (folder / "inject.patch").is_file():
+            raise UserError(
+                f"{path}: field 'open': an open task has no planted fault, but "
+                "inject.patch is there (remove it, or the [open] table)"
+            )
     elif not workspace.is_dir():
         raise UserError(f"{folder}: task has no workspace/ folder")
     elif not any(p.is_file() for p in workspace.rglob("*")):
