@@ -23,9 +23,11 @@ sample(arm, seed): one workload run -> {output_throughput (tok/s), ttft/tpot per
 
 One server runs at a time: whenever an arm is used, the other arm's server is paused (every
 process SIGSTOPped, `Server.pause`), so the idle server (SGLang's scheduler polls without sleeping)
-and anything a patched server does while it waits take no CPU from the arm being measured. A
-sample that follows a switch of arms first sends `warmup_prompts` requests of the workload's
-shape and discards them (caches and pages of a server that sat stopped are cold). Each sample
+and anything a patched server does while it waits take no CPU from the arm being measured. Every
+measured run starts from the same state, whichever arm ran before and whatever its server served
+since its last run (the baseline also answers the judge's scoring requests): its server is
+paused, resumed, and sent `warmup_prompts` requests of the workload's shape, which are discarded
+(caches and pages of a server that sat stopped are cold). Each sample
 also reports output tokens per CPU-second of the server's processes, which contention from other
 work on the machine moves less than wall-clock throughput (the task's metric `companion`).
 health(arm, seed): the output health guard over every output the arm produced in checks and
@@ -253,12 +255,14 @@ class ServingHarness(Harness):
         return summarize(self.measured(arm, seed)).sample()
 
     def measured(self, arm: Arm, seed: int) -> WorkloadResult:
-        """One run of the measured workload for `seed` (after a warm-up of the same shape when
-        the arm was just switched to), its token counts verified, its outputs kept."""
+        """One run of the measured workload for `seed`, its token counts verified, its outputs
+        kept. Every run is prepared alike (an arm measured twice in a row, or after scoring
+        requests, is not spared a step): the server paused and resumed, then a warm-up of the
+        workload's shape."""
         p = self.params
-        switched = self.active != arm.name
+        self.activate(None)
         server = self.server(arm)
-        if switched and int(p["warmup_prompts"]) > 0:
+        if int(p["warmup_prompts"]) > 0:
             warm = self.sessions(int(p["warmup_prompts"]), seed=seed ^ 0x5EED)
             server.call(run_workload, warm, self.load(seed ^ 0x5EED))
         sessions = self.sessions(int(p["num_prompts"]), seed=seed)
@@ -291,7 +295,7 @@ class ServingHarness(Harness):
             f"{p['output_len']} tokens via /{p['api']}, "
             f"{f'at most {conc} in flight' if conc else 'all in flight'}, "
             f"{f'{rate:g} req/s' if rate > 0 else 'sent at once'}, temperature {p['temperature']}"
-            f"; {p['warmup_prompts']} warm-up requests when a server resumes",
+            f"; {p['warmup_prompts']} warm-up requests before every measured run",
             params=dict(p),
             knobs=dict(knobs),
             seeds="fresh prompts from an unseen seed for every sample; the accuracy check is one "
