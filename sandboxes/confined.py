@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from infra_agent.sandboxes import cgroups, proctree
 
@@ -98,6 +100,39 @@ class ConfinedProcesses:
         else:
             proctree.thaw(self.proc.pid)
         self.paused = False
+
+    @contextmanager
+    def placed_on(self, cpu: int) -> Iterator[bool]:
+        """Every thread of the command held on `cpu` for the block, then given its CPU set back.
+        A busy process stays where the block left it (the kernel moves a thread only to balance
+        load), so what runs after the block starts from the same placement whichever core the
+        command ran on before; left alone, a busy process keeps the core it first got for the
+        command's whole life, a lasting handicap against another command on a machine whose
+        cores differ in speed or in what else runs there. Yields False where a thread could not
+        be moved (no right to, or `cpu` outside its set): it runs where the kernel puts it."""
+        held: dict[int, set[int]] = {}
+        moved = True
+        try:
+            for pid in self.processes():
+                for tid in proctree.threads(pid):
+                    try:
+                        allowed = os.sched_getaffinity(tid)
+                        if cpu not in allowed:
+                            moved = False
+                            continue
+                        os.sched_setaffinity(tid, {cpu})
+                        held[tid] = allowed
+                    except ProcessLookupError:
+                        continue  # the thread ended meanwhile
+                    except PermissionError:
+                        moved = False
+            yield moved
+        finally:
+            for tid, allowed in held.items():
+                try:
+                    os.sched_setaffinity(tid, allowed)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def processes(self) -> set[int]:
         """The command's live processes (not its confinement's own)."""

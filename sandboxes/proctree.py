@@ -107,6 +107,14 @@ def alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
+def threads(pid: int) -> list[int]:
+    """The thread ids of `pid` (none once it is gone)."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
 def tree(root: int) -> set[int]:
     """`root` and its live descendants."""
     return {p for p in descendants(root) | {root} if alive(p)}

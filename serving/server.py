@@ -30,7 +30,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -327,6 +328,17 @@ class Server:
         """Continue a paused server."""
         if self.proc is not None and self._group is not None:
             self._group.resume()
+
+    @contextmanager
+    def placed_on(self, cpu: int) -> Iterator[bool]:
+        """Every thread of the server held on `cpu` for the block, then freed
+        (`ConfinedProcesses.placed_on`): its busy scheduler starts what follows on `cpu`.
+        Yields False where it could not be moved."""
+        if self.proc is None or self._group is None:
+            yield False
+            return
+        with self._group.placed_on(cpu) as moved:
+            yield moved
 
     def processes(self) -> set[int]:
         """The server's live processes (launcher, scheduler, detokenizer, ...; not its

@@ -27,7 +27,11 @@ and anything a patched server does while it waits take no CPU from the arm being
 measured run starts from the same state, whichever arm ran before and whatever its server served
 since its last run (the baseline also answers the judge's scoring requests): its server is
 paused, resumed, and sent `warmup_prompts` requests of the workload's shape, which are discarded
-(caches and pages of a server that sat stopped are cold). Each sample
+(caches and pages of a server that sat stopped are cold). Both runs of a pair (one seed) start on
+the same CPU, the CPUs taking turns from pair to pair (`Server.placed_on`, held through the
+warm-up): a busy server keeps the core it first got for its whole life, and the cores of a shared
+VM differ (what else runs there, the host's own speed), so one arm's server could otherwise keep
+the better core for a whole experiment (A/A experiments leaned up to 8% either way). Each sample
 also reports output tokens per CPU-second of the server's processes, which contention from other
 work on the machine moves less than wall-clock throughput (the task's metric `companion`).
 health(arm, seed): the output health guard over every output the arm produced in checks and
@@ -55,6 +59,7 @@ would miss a collective's timeout).
 from __future__ import annotations
 
 import math
+import os
 import random
 import shutil
 from pathlib import Path
@@ -112,6 +117,8 @@ class ServingHarness(Harness):
         """The arm whose server runs (the others' are paused)."""
         self.scored: dict[tuple[str, tuple[int, int]], float] = {}
         """(arm, (seed, session)) -> mean log-probability per output token under the baseline."""
+        self.cores: dict[int, int] = {}
+        """Seed -> the CPU its measured runs start on (`core`)."""
         self.gate = GateConfig(
             prompts=int(self.params["gate_prompts"]), output_len=int(self.params["gate_output_len"])
         )
@@ -258,13 +265,14 @@ class ServingHarness(Harness):
         """One run of the measured workload for `seed`, its token counts verified, its outputs
         kept. Every run is prepared alike (an arm measured twice in a row, or after scoring
         requests, is not spared a step): the server paused and resumed, then a warm-up of the
-        workload's shape."""
+        workload's shape with the server held on the seed's CPU (`core`)."""
         p = self.params
         self.activate(None)
         server = self.server(arm)
-        if int(p["warmup_prompts"]) > 0:
-            warm = self.sessions(int(p["warmup_prompts"]), seed=seed ^ 0x5EED)
-            server.call(run_workload, warm, self.load(seed ^ 0x5EED))
+        with server.placed_on(self.core(seed)):
+            if int(p["warmup_prompts"]) > 0:
+                warm = self.sessions(int(p["warmup_prompts"]), seed=seed ^ 0x5EED)
+                server.call(run_workload, warm, self.load(seed ^ 0x5EED))
         sessions = self.sessions(int(p["num_prompts"]), seed=seed)
         cpu_before = server.cpu_seconds()
         result = server.call(run_workload, sessions, self.load(seed))
@@ -272,6 +280,14 @@ class ServingHarness(Harness):
         verify_counts(result.records, sessions)
         arm.state["runs"][seed] = result.records
         return result
+
+    def core(self, seed: int) -> int:
+        """The CPU on which both arms' runs of `seed` start: the next of this machine's CPUs, in
+        turn, the first time a seed is measured, the same for the other arm's run of it."""
+        if seed not in self.cores:
+            usable = sorted(os.sched_getaffinity(0))
+            self.cores[seed] = usable[len(self.cores) % len(usable)]
+        return self.cores[seed]
 
     def judge(self, seeds: list[int], limit: int, rng: random.Random) -> LikelihoodTest:
         """The likelihood test over up to `limit` prompts (sessions) drawn by `rng` from the runs

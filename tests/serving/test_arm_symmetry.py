@@ -13,7 +13,10 @@ whatever the server did before."""
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from infra_agent.experiments.arms import SeedSource, effective_params, load_harness
@@ -48,6 +51,11 @@ class StandIn:
 
     def cpu_seconds(self) -> float:
         return 0.0
+
+    @contextmanager
+    def placed_on(self, cpu: int) -> Iterator[bool]:
+        self.log.append((self.name, ("on", cpu)))
+        yield True
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         assert not self.paused, f"{self.name}: sent requests while paused"
@@ -103,8 +111,8 @@ def _preparations(log: list[tuple[str, Any]], measured_prompts: int) -> dict[str
             since[name] = []
         elif step == "score":
             since[name] = []
-        else:
-            since[name].append(step)
+        else:  # the CPU is compared pair by pair (test_both_runs_of_a_pair_start_on_one_cpu)
+            since[name].append("placed" if isinstance(step, tuple) else step)
     return found
 
 
@@ -118,7 +126,7 @@ def test_every_measured_run_is_prepared_alike_in_both_arms() -> None:
     # The same steps before every run of either arm: after a switch, after scoring, and for the
     # second of two runs in a row alike.
     for name, steps in preparations.items():
-        assert set(steps) == {("pause", "resume", warm)}, (name, Counter(steps))
+        assert set(steps) == {("pause", "resume", "placed", warm)}, (name, Counter(steps))
 
 
 def test_the_arms_are_prepared_alike_at_every_point_sampling_may_stop() -> None:
@@ -132,3 +140,22 @@ def test_the_arms_are_prepared_alike_at_every_point_sampling_may_stop() -> None:
         base = Counter(preparations["baseline"][checked : checked + n])
         cand = Counter(preparations["candidate"][checked : checked + n])
         assert base == cand, (n, base, cand)
+
+
+def test_both_runs_of_a_pair_start_on_one_cpu_and_the_cpus_take_turns() -> None:
+    """A busy server keeps the core it first got for its whole life (seen on two A/A servers:
+    each scheduler on one core in every sample taken over 6 s, one on each), so the arms' pairs
+    would compare two cores as well as two servers. Each pair's runs start on the same CPU, the CPUs in turn."""
+    _, log, prompts = _experiment()
+    placed: dict[str, list[int]] = {"baseline": [], "candidate": []}
+    cpu: dict[str, int] = {}
+    for name, step in log:
+        if isinstance(step, tuple):
+            cpu[name] = step[1]
+        elif step == prompts:
+            placed[name].append(cpu.pop(name))
+    assert placed["baseline"] == placed["candidate"]  # runs of one seed, in the same order
+    usable = sorted(os.sched_getaffinity(0))
+    turns = placed["baseline"][1:]  # after the accuracy check's
+    if len(usable) > 1:
+        assert Counter(turns)[usable[0]] - Counter(turns)[usable[1]] in (-1, 0, 1), turns
