@@ -105,6 +105,7 @@ def trace_during(
             with run:
                 time.sleep(SETTLE_S)
                 for t in live if gil_s else []:
+                    assert t.pid is not None and gil_s is not None
                     jobs.append((t, "gil", pool.submit(trace_pid, t.pid, duration_s=gil_s)))
                 while not run.done():
                     time.sleep(0.05)
