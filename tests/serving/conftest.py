@@ -9,14 +9,16 @@ busy cores on a 2-core machine, minutes on a loaded one):
   experiment, each cheating server of test_judge_adversarial.py) and to the tests that only read
   a server (`tiny_server`). Only the baseline is lent: each candidate's server starts from its
   own patch, as in any experiment. Between uses the server is paused (no CPU: an idle SGLang
-  scheduler polls about 0.8 cores), and it stops once the last test in a row that uses it has
-  finished (tests/conftest.py keeps those tests together, on one xdist worker).
+  scheduler polls about 0.8 cores).
+
+Each stops once the last test in a row that uses it has finished (tests/conftest.py keeps those
+tests together, on one xdist worker).
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +37,23 @@ from infra_agent.tools.context import ToolContext
 TINY = "sglang-cpu-tiny"
 
 
+RELEASE = pytest.StashKey[dict[str, Callable[[], None]]]()
+"""Shared fixture name -> what stops its server (`pytest_runtest_teardown` below)."""
+
+
+def _on_release(config: pytest.Config, name: str, release: Callable[[], None]) -> None:
+    config.stash.setdefault(RELEASE, {})[name] = release
+
+
 @pytest.fixture(scope="session")
-def tiny_looks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToolContext]:
-    """A run's tool context on sglang-cpu-tiny; its look servers stop when the session ends."""
+def tiny_looks(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[ToolContext]:
+    """A run's tool context on sglang-cpu-tiny; its look servers stop after the last test in a
+    row that uses it (a later look would start one again)."""
     folder = tmp_path_factory.mktemp("tiny-looks")
     ctx = ToolContext(task=find_task(TINY), store=open_store(folder / "runs.db"), run_id="r")
+    _on_release(pytestconfig, "tiny_looks", ctx.close)
     yield ctx
     ctx.close()
 
@@ -92,15 +106,12 @@ class KeptBaseline:
         )
 
 
-KEPT = pytest.StashKey[KeptBaseline]()
-
-
 @pytest.fixture(scope="session")
 def tiny_baseline(
     tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[KeptBaseline]:
     kept = KeptBaseline(tmp_path_factory.mktemp("tiny-baseline"))
-    pytestconfig.stash[KEPT] = kept
+    _on_release(pytestconfig, "tiny_baseline", kept.stop)
     yield kept
     kept.stop()
 
@@ -148,10 +159,9 @@ def tiny_server(tiny_baseline: KeptBaseline) -> Iterator[Server]:
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Stop the kept baseline after the last test in a row that uses it: a paused server still
-    holds 2-3 GB."""
-    uses = "tiny_baseline" in getattr(item, "fixturenames", ())
-    if uses and (nextitem is None or "tiny_baseline" not in getattr(nextitem, "fixturenames", ())):
-        kept = item.config.stash.get(KEPT, None)
-        if kept is not None:
-            kept.stop()
+    """Stop a shared server after the last test in a row that uses it: paused, it still holds
+    2-3 GB."""
+    following = getattr(nextitem, "fixturenames", ())
+    for name, release in item.config.stash.get(RELEASE, {}).items():
+        if name in getattr(item, "fixturenames", ()) and name not in following:
+            release()
