@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
 
-import sglang  # type: ignore[import-not-found]
 import torch
+from bench_sglang_real_faults import module as load_module  # this folder is on sys.path
 
 REL = "sglang/srt/layers/attention/torch_native_backend.py"
 PATCH = (
@@ -36,26 +32,12 @@ PATCH = (
     / "sglang-open-cpu-batch-job"
     / "reference.patch"
 )
-PACKAGE = Path(sglang.__file__).parent.parent
 HEADS, KV_HEADS, HEAD_DIM, POOL = 4, 2, 32, 32768
 
 
 def module(patch: Path | None) -> ModuleType:
     """The backend module as installed, or with `patch` applied, imported under a private name."""
-    source = PACKAGE / REL
-    if patch is not None:
-        scratch = Path(tempfile.mkdtemp(prefix="bench-sglang-open-"))
-        (scratch / REL).parent.mkdir(parents=True)
-        (scratch / REL).write_bytes(source.read_bytes())
-        subprocess.run(["patch", "-s", "-p1", "-d", str(scratch), "-i", str(patch)], check=True)
-        source = scratch / REL
-    name = f"bench_torch_native_{'patched' if patch else 'installed'}"
-    spec = importlib.util.spec_from_file_location(name, source)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(REL, patch)
 
 
 def reference(q, k_cache, v_cache, req_to_token, pool_idx, seq_lens) -> torch.Tensor:  # type: ignore[no-untyped-def]

@@ -41,19 +41,22 @@ PACKAGE = Path(sglang.__file__).parent.parent
 def module(rel: str, patch: Path | None) -> ModuleType:
     """`rel` (e.g. sglang/srt/managers/x.py) as installed, or with `patch` applied, imported
     under a private name."""
-    source = PACKAGE / rel
-    if patch is not None:
-        scratch = Path(tempfile.mkdtemp(prefix="bench-sglang-real-"))
-        (scratch / rel).parent.mkdir(parents=True)
-        (scratch / rel).write_bytes(source.read_bytes())
-        subprocess.run(["patch", "-s", "-p1", "-d", str(scratch), "-i", str(patch)], check=True)
-        source = scratch / rel
-    name = f"bench_{rel.replace('/', '_').removesuffix('.py')}_{'fault' if patch else 'installed'}"
-    spec = importlib.util.spec_from_file_location(name, source)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    name = (
+        f"bench_{rel.replace('/', '_').removesuffix('.py')}_{'patched' if patch else 'installed'}"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-sglang-") as scratch:
+        source = PACKAGE / rel
+        if patch is not None:
+            (Path(scratch) / rel).parent.mkdir(parents=True)
+            (Path(scratch) / rel).write_bytes(source.read_bytes())
+            cmd = ["patch", "-s", "-p1", "-d", scratch, "-i", str(patch)]
+            subprocess.run(cmd, check=True)
+            source = Path(scratch) / rel
+        spec = importlib.util.spec_from_file_location(name, source)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
     return mod
 
 
