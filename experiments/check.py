@@ -103,6 +103,30 @@ def _experiment(
     )
 
 
+def _diagnosed_symptom(
+    task: Task, params: dict[str, Any] | None, sandbox: str, say: Progress
+) -> CheckRow:
+    """A task with no injected fault: its symptom is what `diagnose` reproduces, if it can."""
+    from infra_agent.experiments.arms import effective_params, load_harness
+    from infra_agent.experiments.diagnose import run_diagnosis
+
+    harness = load_harness(task, effective_params(task.manifest, params))
+    if not callable(getattr(harness, "diagnose", None)):
+        return CheckRow(question="symptom", expected="a symptom", number="no injected "
+                        "fault and no diagnose in the harness")  # fmt: skip
+    say("symptom: diagnose (reproduce, then localize)")
+    t0 = time.monotonic()
+    diagnosis = run_diagnosis(str(task.root), params, sandbox=sandbox)
+    return CheckRow(
+        question="symptom",
+        expected="REPRODUCED",
+        verdict="REPRODUCED" if diagnosis.reproduced else "NOT REPRODUCED",
+        ok=diagnosis.reproduced,
+        number=diagnosis.symptom,
+        duration_s=round(time.monotonic() - t0, 1),
+    )
+
+
 def check_task(
     task: Task,
     *,
@@ -112,7 +136,6 @@ def check_task(
     progress: Progress | None = None,
 ) -> TaskCheck:
     """Measure the task's symptom, its reference fix and its wrong fix (see the module doc)."""
-    from infra_agent.experiments.diagnose import run_diagnosis
     from infra_agent.experiments.run import run_experiment
     from infra_agent.tasks.tree import uninjected_patch
 
@@ -140,26 +163,7 @@ def check_task(
         say("symptom: the un-injected engine against the faulty baseline")
         rows.append(_experiment(task, "symptom", clean, True, run))
     else:
-        from infra_agent.experiments.arms import effective_params, load_harness
-
-        harness = load_harness(task, effective_params(task.manifest, params))
-        if callable(getattr(harness, "diagnose", None)):
-            say("symptom: diagnose (reproduce, then localize)")
-            t0 = time.monotonic()
-            diagnosis = run_diagnosis(str(task.root), params, sandbox=sandbox)
-            rows.append(
-                CheckRow(
-                    question="symptom",
-                    expected="REPRODUCED",
-                    verdict="REPRODUCED" if diagnosis.reproduced else "NOT REPRODUCED",
-                    ok=diagnosis.reproduced,
-                    number=diagnosis.symptom,
-                    duration_s=round(time.monotonic() - t0, 1),
-                )
-            )
-        else:
-            rows.append(CheckRow(question="symptom", expected="a symptom", number="no injected "
-                                 "fault and no diagnose in the harness"))  # fmt: skip
+        rows.append(_diagnosed_symptom(task, params, sandbox, say))
     for question, path, want in (
         ("reference", task.reference_patch, True),
         ("wrong fix", task.wrong_fix_patch, False),

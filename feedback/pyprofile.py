@@ -155,6 +155,10 @@ def _frame(text: str, roots: list[str]) -> tuple[str, str, int] | None:
 
 
 ATTACHED = "Sampling process"  # py-spy record's first line once it samples the target
+CTRL_C_AFTER_S = 0.5
+"""py-spy prints ATTACHED just before it installs its Ctrl-C handler (`record_samples` in its
+main.rs: println!, the progress bar, then ctrlc::set_handler): a Ctrl-C sooner than this after
+the line can kill it before it saves anything (seen once in a full suite run)."""
 
 
 def profile_pid(
@@ -200,8 +204,9 @@ def profile_pid(
             attached = any(ATTACHED in line for line in lines)
             if attached and on_attach is not None:
                 on_attach()
+            may_stop = time.monotonic() + CTRL_C_AFTER_S
             while proc.poll() is None and time.monotonic() - started < limit + 30:
-                if until is not None and attached and until():
+                if until is not None and attached and time.monotonic() >= may_stop and until():
                     proc.send_signal(signal.SIGINT)  # py-spy writes what it has on Ctrl-C
                     break
                 time.sleep(0.1)

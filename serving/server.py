@@ -138,7 +138,7 @@ class Server:
         if self.network.mode == "host":
             result = fn(self.direct_url, *args, **kwargs)
         elif self._net is None:
-            raise ServerFailed("the server is not running", kind="crash", log_tail=self.log_tail())
+            raise self._failed("the server is not running")
         else:
             result = self._net.run(fn, self.direct_url, *args, **kwargs)
         self._raise_violations()
@@ -232,10 +232,8 @@ class Server:
                 fd = netns.open_namespace(self.proc.pid, descendants=descendants)
             except OSError as exc:
                 if self.proc.poll() is None:
-                    raise ServerFailed(
-                        f"server did not get its own network namespace ({exc})",
-                        kind="crash",
-                        log_tail=self.log_tail(),
+                    raise self._failed(
+                        f"server did not get its own network namespace ({exc})"
                     ) from exc
                 return  # it exited: wait_ready reports how, with the log tail
             self._net = netns.Attachment(fd, f"server-net-{self.port}", self.port)
@@ -243,6 +241,9 @@ class Server:
     def cleanup(self) -> None:
         """Alias of stop() for the process-wide cleanup registry."""
         self.stop()
+
+    def _failed(self, message: str, kind: str = "crash") -> ServerFailed:
+        return ServerFailed(message, kind=kind, log_tail=self.log_tail())
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -262,11 +263,7 @@ class Server:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise ServerFailed(
-                    f"server exited with status {code} before it was ready",
-                    kind="crash",
-                    log_tail=self.log_tail(),
-                )
+                raise self._failed(f"server exited with status {code} before it was ready")
             self._group.note_tree()
             try:
                 status, _ = self.get(self.spec.health_path, timeout_s=2.0)
@@ -277,15 +274,9 @@ class Server:
                 self.ready_s = time.monotonic() - start
                 return self.ready_s
             if "address already in use" in self.log_tail(5):
-                raise ServerFailed(
-                    f"port {self.port} was taken", kind="crash", log_tail=self.log_tail()
-                )
+                raise self._failed(f"port {self.port} was taken")
             if time.monotonic() - start > timeout_s:
-                raise ServerFailed(
-                    f"server not ready after {timeout_s:.0f} s",
-                    kind="timeout",
-                    log_tail=self.log_tail(),
-                )
+                raise self._failed(f"server not ready after {timeout_s:.0f} s", kind="timeout")
             time.sleep(0.5)
 
     def _check_identity(self) -> None:
@@ -299,10 +290,8 @@ class Server:
         except ValueError:
             got = None
         if want is not None and got != want:
-            raise ServerFailed(
-                f"port {self.port} answers for another server (model {got!r}): address already in use",
-                kind="crash",
-                log_tail=self.log_tail(),
+            raise self._failed(
+                f"port {self.port} answers for another server (model {got!r}): address already in use"
             )
 
     def alive(self) -> bool:
