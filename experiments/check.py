@@ -155,11 +155,10 @@ def check_task(
     rows: list[CheckRow] = []
     current = "symptom"
     goal = task.manifest.open
-    clean = None if goal is not None else uninjected_patch(task)
     if goal is not None:
         rows.append(CheckRow(question="symptom", expected="none (open task)", number="open task: "
                              "the unmodified engine, no planted fault"))  # fmt: skip
-    elif clean is not None:
+    elif (clean := uninjected_patch(task)) is not None:
         say("symptom: the un-injected engine against the faulty baseline")
         rows.append(_experiment(task, "symptom", clean, True, run))
     else:

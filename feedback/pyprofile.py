@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -174,8 +175,6 @@ def profile_pid(
     work started there is seen from its first moment; `until` is not asked before then (a
     Ctrl-C before py-spy attaches leaves no file). Raises PySpyUnavailable when py-spy cannot
     attach or records nothing."""
-    import threading
-
     limit = max(1, math.ceil(duration_s))
     with tempfile.TemporaryDirectory(prefix="infra-agent-profile-") as tmp:
         out = Path(tmp) / "raw.txt"
@@ -318,8 +317,6 @@ def profile_while(
 ) -> tuple[FunctionProfile, object]:
     """Profile `pid` while `work()` runs on another thread of this process; returns the profile
     and what `work` returned (its exception is re-raised)."""
-    import threading
-
     done = threading.Event()
     box: dict[str, object] = {}
 

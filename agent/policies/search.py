@@ -7,8 +7,9 @@ turn rebuilds an in-memory study from the run's measured experiments (value: the
 so > 1 is better; a configuration that broke, REJECTED, INCORRECT or FAILED, counts as 0) and asks
 it for the next unmeasured configurations. Before TPE takes over, the advised values are tried one
 knob at a time, each on top of the best configuration proven so far (a coordinate search; what the
-skeletons learned from reviewed runs comes first). It stops when every configuration of the space has been measured. Strategy `random`
-samples whole configurations from the same value lists (the benchmark's control).
+skeletons learned from reviewed runs comes first). It stops when every configuration of the space
+has been measured. Strategy `random` samples whole configurations from the same value lists (the
+benchmark's control).
 
 Each turn is written as the tool calls a model would make (`propose_knobs`, then
 `run_experiment`), so the run log reads like any other run and the same graph executes it.

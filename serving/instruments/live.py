@@ -1,10 +1,11 @@
 """Instruments run against a live SGLang server's processes while a workload runs.
 
     roles = server_processes(server)            # {'scheduler': pid, 'detokenizer': pid, ...}
-    run = LoadRun(server, sessions, load)        # the workload on a thread of its own
-    with run:
-        profile = profile_pid(roles["scheduler"], duration_s=8, until=run.done)
-    run.result                                   # the WorkloadResult, once finished
+    with LoadRun(server, sessions, load) as run: # the workload on a thread of its own
+        trace = trace_pid(roles["scheduler"], duration_s=4)
+    run.result                                   # the WorkloadResult (the block's end joins it)
+
+(A profile of the whole workload attaches before it starts: `tracing.trace_during`.)
 
 The processes are told apart by the titles SGLang gives them (`sglang::scheduler`,
 `sglang::detokenizer`); the HTTP front end and tokenizer is the process that runs
@@ -52,7 +53,6 @@ class LoadRun:
         self.server, self.sessions, self.load = server, sessions, load
         self.result: WorkloadResult | None = None
         self.error: BaseException | None = None
-        self._finished = threading.Event()
         self._thread = threading.Thread(target=self._run, name="infra-agent-load", daemon=True)
 
     def _run(self) -> None:
@@ -60,11 +60,6 @@ class LoadRun:
             self.result = self.server.call(run_workload, self.sessions, self.load)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the caller's thread
             self.error = exc
-        finally:
-            self._finished.set()
-
-    def done(self) -> bool:
-        return self._finished.is_set()
 
     def __enter__(self) -> LoadRun:
         self._thread.start()

@@ -95,28 +95,25 @@ def trace_during(
         # Profiles attach before the workload starts: a workload under a second would otherwise
         # end before py-spy samples, and the Ctrl-C that stops it would leave no file.
         stop = threading.Event()  # set when the workload is over, or never ran (Ctrl-C)
-        attached = {id(t): threading.Event() for t in live} if profile else {}
+        attached: list[threading.Event] = []
         for t in live if profile else []:
-            job = pool.submit(_profile, t.pid, stop, attached[id(t)])
-            jobs.append((t, "profile", job))
+            attached.append(threading.Event())
+            jobs.append((t, "profile", pool.submit(_profile, t.pid, stop, attached[-1])))
         try:
-            for ready in attached.values():
+            for ready in attached:
                 ready.wait(timeout=ATTACH_S)
-            with run:
+            with run:  # its end joins the workload (and raises the workload's failure)
                 time.sleep(SETTLE_S)
                 for t in live if gil_s else []:
                     assert t.pid is not None and gil_s is not None
                     jobs.append((t, "gil", pool.submit(trace_pid, t.pid, duration_s=gil_s)))
-                while not run.done():
-                    time.sleep(0.05)
-                stop.set()
-                for t, kind, job in jobs:
-                    try:
-                        setattr(t, kind, job.result())
-                    except UserError as exc:  # py-spy missing or refused, the process gone
-                        t.errors.append(f"{kind}: {_why(t, exc)}")
         finally:
             stop.set()
+        for t, kind, job in jobs:
+            try:
+                setattr(t, kind, job.result())
+            except UserError as exc:  # py-spy missing or refused, the process gone
+                t.errors.append(f"{kind}: {_why(t, exc)}")
     for t in traces:
         if t.pid is not None and not t.errors and not alive(t.pid):
             t.errors.append(f"the {t.role} process (pid {t.pid}) died during the workload")
