@@ -5,11 +5,12 @@ read from real runs in a real run store (no experiments are run here)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
+from stored_records import stored_experiment, stored_run
 
 from infra_agent.evals.attempt import attempt_result
 from infra_agent.evals.metrics import cell, summarize
@@ -22,47 +23,23 @@ from infra_agent.evals.records import (
 from infra_agent.evals.report import render_html, render_terminal, rows
 from infra_agent.evals.reverify import best_win
 from infra_agent.store import RunStore, open_store
-from infra_agent.store.records import ExperimentRecord, RunRecord
-from infra_agent.store.verdict import Evidence, ExperimentResult, Flag, PerformanceEvidence, Verdict
-from infra_agent.tasks.patch import knob_patch
+from infra_agent.store.records import ExperimentRecord
+from infra_agent.store.verdict import Flag, Verdict
 
 TASK = "sglang-cpu-tiny"  # declares a constraint (ttft_p99_ms): success needs it shown met
-T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 SUSPICIOUS_213 = (
     "suspicious: speedup 213.00x is above the task's plausibility bound 20x: needs a human look"
 )
 
 
 def _experiment(
-    store: RunStore, run_id: str, n: int, speedup: float, *, flags: list[Flag] | None = None,
-    reasons: list[str] | None = None, verdict: Verdict = Verdict.IMPROVED,
-) -> ExperimentRecord:  # fmt: skip
-    patch = knob_patch({"max-running-requests": 4 + n}).to_record()
-    store.put_patch(patch)
-    perf = PerformanceEvidence(
-        metric="output_throughput", unit="tok/s", higher_is_better=True, baseline_median=300.0,
-        candidate_median=300.0 * speedup, speedup=speedup, ci_low=speedup * 0.95,
-        ci_high=speedup * 1.05, n_samples=8,
-    )  # fmt: skip
-    met = {"ttft_p99_ms_ratio": 0.9, "ttft_p99_ms_ratio_low": 0.8, "ttft_p99_ms_ratio_high": 1.0}
-    result = ExperimentResult(
-        task=TASK, patch_id=patch.id, verdict=verdict, flags=flags or [],
-        reasons=[f"better with confidence: speedup {speedup:.3f}x", *(reasons or [])],
-        evidence=Evidence(stage_reached="health", performance=perf, metrics=met),
-    )  # fmt: skip
-    record = ExperimentRecord(
-        run_id=run_id, task=TASK, patch_id=patch.id, sandbox="local", result=result,
-        started_at=T0 + timedelta(minutes=n), duration_s=60.0, target_fingerprint="fp",
-    )  # fmt: skip
-    store.put_experiment(record)
-    return record
+    store: RunStore, run_id: str, n: int, speedup: float, **kwargs: Any
+) -> ExperimentRecord:
+    return stored_experiment(store, run_id, TASK, n, speedup, **kwargs)
 
 
 def _run(store: RunStore, index: int) -> str:
-    run = RunRecord(task=TASK, objective="throughput", policy="scripted",
-                    config={"task": TASK, "seed": index}, created_at=T0)  # fmt: skip
-    store.put_run(run)
-    return run.id
+    return stored_run(store, TASK, index)
 
 
 def _reverified(win: ExperimentRecord, verdict: str, speedup: float) -> Reverification:
