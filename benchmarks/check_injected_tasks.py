@@ -7,7 +7,7 @@ measured on the live server name the injected module and function?).
 
 Run it under the machine's heavy-job lock: each task starts several SGLang servers (one
 experiment takes minutes on a 2-core machine). The injected module and function are read from
-the task's inject.patch (`tasks.tree.fault_sites`: the innermost function around the changed
+the task's inject.patch (`tasks.sites.fault_sites`: the innermost function around the changed
 lines), never from the harness, and compared with what `diagnose` reports. Prints one table:
 each experiment's verdict, ratio, 95% interval and wall time, and the 1-minute load average
 before and after each task (the machine's load moves wall times and noise far more than the
@@ -25,7 +25,7 @@ from pathlib import Path
 from infra_agent.experiments.check import check_task
 from infra_agent.experiments.diagnose import run_diagnosis
 from infra_agent.tasks.registry import list_tasks
-from infra_agent.tasks.tree import fault_sites
+from infra_agent.tasks.sites import fault_sites
 
 
 def named(localization_function: str | None, sites: set[tuple[str, str]]) -> bool:

@@ -30,7 +30,10 @@ from infra_agent.store import open_store
 from infra_agent.store.base import RunStore
 from infra_agent.store.records import ExperimentRecord
 from infra_agent.store.verdict import Flag, Verdict
+from infra_agent.tasks.manifest import Task
+from infra_agent.tasks.patch import Patch
 from infra_agent.tasks.registry import find_task
+from infra_agent.tasks.sites import at_fault
 
 Progress = Callable[[str], None]
 
@@ -60,6 +63,27 @@ def set_aside(
     return out
 
 
+def true_success(
+    store: RunStore,
+    task: Task,
+    solving: list[ExperimentRecord],
+    reverification: Reverification | None,
+) -> bool | None:
+    """Whether a solved attempt's win is a true success (ISO-Bench's quadrants): on a task with
+    an injected fault, a solving patch changes a function the fault lives in (False: a win found
+    elsewhere); on an open task, its best win held when re-measured on fresh seeds (False: not
+    re-measured). None: not solved, or a task with neither."""
+    if not solving:
+        return None
+    if task.manifest.open is not None:
+        again = reverification
+        return again is not None and not (again.disproved or again.unverified)
+    if task.inject_patch is None:
+        return None
+    patches = [store.get_patch(e.patch_id) for e in solving]
+    return any(at_fault(task, Patch.from_record(p)) for p in patches if p is not None)
+
+
 def attempt_result(
     store: RunStore, run_id: str, reverification: Reverification | None = None
 ) -> AttemptResult:
@@ -71,7 +95,8 @@ def attempt_result(
     steps = store.steps(run_id)
     experiments = sorted(store.experiments(run_id), key=lambda e: e.started_at)
     config = RunConfig.model_validate(run.config)
-    manifest = find_task(config.task_root or config.task).manifest
+    task = find_task(config.task_root or config.task)
+    manifest = task.manifest
     aside = set_aside(experiments, reverification)
     ignored = {a.experiment_id for a in aside}
     met = [success(manifest, e.result) for e in experiments]
@@ -106,13 +131,15 @@ def attempt_result(
         )
     turns, tokens, cost = spent(None)
     best = max(s for _, s in wins) if wins else None
+    solving = [e for e, m in zip(experiments, met, strict=True) if m and e.id not in ignored]
     known = manifest.open.best_known if manifest.open is not None else None
     return AttemptResult(
-        solved=any(m and e.id not in ignored for e, m in zip(experiments, met, strict=True)),
+        solved=bool(solving),
         improved="IMPROVED" in verdicts,
         best_speedup=best,
         set_aside=aside,
         beats_best_known=None if known is None else best is not None and best > known,
+        true_success=true_success(store, task, solving, reverification),
         reverification=reverification,
         criteria_met=met,
         verdicts=verdicts,
@@ -227,6 +254,7 @@ def run_attempt(
         checked += f" ({again.reason[:160]})"
     aside = f" set_aside={len(r.set_aside)}" if r.set_aside else ""
     beat = " beats the best known result" if r.beats_best_known else ""
+    beat += {True: " (true success)", False: " (a win elsewhere)", None: ""}[r.true_success]
     progress(
         f"  {attempt.status}: solved={r.solved} improved={r.improved} best={best}"
         f"{checked}{aside}{beat} experiments={r.experiments} turns={r.turns}"

@@ -2,7 +2,8 @@
 
 solved: the share of attempts that met the task's own success criterion (a correct, IMPROVED
 patch with every target and constraint the task declares shown met; IMPROVED alone where it
-declares none) with a win not set aside; improved: the share with any IMPROVED patch; set aside:
+declares none) with a win not set aside; of those, true: at the injected fault (or on an open
+task, held when re-measured), lucky: elsewhere (ISO-Bench's quadrants); improved: the share with any IMPROVED patch; set aside:
 wins that count neither as solved nor in fast_p, by reason (flagged suspicious: a person decides;
 not held: not IMPROVED again when re-measured); pass@k: the unbiased estimator over n attempts
 with c solved (1 - C(n-c, k) / C(n, k)); fast_p: the share of attempts whose best IMPROVED ratio
@@ -47,6 +48,12 @@ class Cell(BaseModel):
     """Attempts that met the task's own success criterion."""
     solve_rate: float
     solve_ci: tuple[float, float]
+    true_solved: int = 0
+    """Solved attempts that are true successes: at the injected fault, or on an open task a win
+    that held when re-measured (`AttemptResult.true_success`)."""
+    lucky: int = 0
+    """Solved attempts that are not: a win elsewhere than the fault, or an open task's win not
+    re-measured. Solved attempts of tasks with neither are in neither count."""
     improved: int = 0
     """Attempts with an IMPROVED patch (more than `solved` where targets were missed or wins
     were set aside)."""
@@ -95,6 +102,8 @@ def cell(agent: str, feedback: str, task: str, attempts: list[AttemptRecord], k:
         solved=solved,
         solve_rate=solved / n if n else 0.0,
         solve_ci=wilson(solved, n),
+        true_solved=sum(1 for r in results if r.true_success is True),
+        lucky=sum(1 for r in results if r.true_success is False),
         improved=sum(1 for r in results if (r.solved if r.improved is None else r.improved)),
         set_aside={w.value: aside[w] for w in SetAsideReason if aside[w]},
         reverified=len(again),

@@ -123,6 +123,10 @@ class AttemptResult(BaseModel):
     """An open task (`[open]` in its task.toml) only: `best_speedup` (a win not set aside, so
     one that held when re-measured) is above the best result the task states as known. None for
     a task that states none."""
+    true_success: bool | None = None
+    """A solved attempt only (`evals.attempt.true_success`): on a task with an injected fault,
+    whether a solving patch changes a function the fault lives in (False: a win elsewhere, a
+    lucky one); on an open task, whether its best win held when re-measured. None otherwise."""
     criteria_met: list[bool] = Field(default_factory=list)
     """Per experiment, in order: whether it met the task's success criterion."""
     reverification: Reverification | None = None

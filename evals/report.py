@@ -55,6 +55,9 @@ def rows(summaries: list[EvalSummary]) -> list[dict[str, str]]:
                     "task": "all tasks" if c.task == "*" else Path(c.task).name,
                     "solved": (f"{c.solved}/{c.applicable}" if c.applicable else "n/a")
                     + (f" ({c.not_applicable} n/a)" if c.not_applicable and c.applicable else ""),
+                    "true": f"{c.true_solved}/{c.true_solved + c.lucky}"
+                    if c.true_solved + c.lucky
+                    else "-",
                     "improved": f"{c.improved}/{c.applicable}" if c.applicable else "n/a",
                     "disproved": f"{c.disproved}/{c.reverified}" if c.reverified else "-",
                     "set aside": _set_aside(c),
@@ -75,7 +78,7 @@ def rows(summaries: list[EvalSummary]) -> list[dict[str, str]]:
     return out
 
 
-_TERMINAL = ("task", "solved", "solve 95% CI", "best", "fast_p", "pass@k", "exp→win", "tokens→win",
+_TERMINAL = ("task", "solved", "true", "solve 95% CI", "best", "fast_p", "pass@k", "exp→win", "tokens→win",
              "disproved", "set aside")  # fmt: skip
 
 
@@ -105,7 +108,8 @@ def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
         console.print(table)
         tools = sorted({t for c in s.cells for t in c.tools})
         console.print(
-            f"fast_p at p = {', '.join(f'{p:g}' for p in FAST_P)}; disproved: best wins not "
+            f"fast_p at p = {', '.join(f'{p:g}' for p in FAST_P)}; true: solved at the injected "
+            f"fault, or an open task's win that held when re-measured, of those judged; disproved: best wins not "
             f"IMPROVED again on fresh seeds / re-measured; set aside: wins counted neither as "
             f"solved nor in fast_p; tools offered: {', '.join(tools)}"
         )

@@ -23,11 +23,9 @@ infra-agent registers `sglang`.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import functools
 import hashlib
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -258,51 +256,3 @@ def uninjected_patch(task: Task) -> Patch | None:
             )
         )
     return parse_diff("".join(chunks), author="tasks check", rationale="the un-injected engine")
-
-
-_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
-
-
-def fault_sites(task: Task) -> set[tuple[str, str]]:
-    """(module path, function name) around every line the task's inject.patch changes, read from
-    the injected tree. For checking a diagnosis after the fact (tests, benchmarks); an
-    instrument that localizes a fault must never read it."""
-    if task.inject_patch is None:
-        return set()
-    diff = task.inject_patch.read_text()
-    tree = workspace_tree(task)
-    sites: set[tuple[str, str]] = set()
-    for rel, lines in _changed_lines(diff).items():
-        functions = [
-            node
-            for node in ast.walk(ast.parse(tree.read_text(rel)))
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        ]
-        for number in lines:
-            around = [f for f in functions if f.lineno <= number <= (f.end_lineno or f.lineno)]
-            if around:
-                sites.add((rel, max(around, key=lambda f: f.lineno).name))
-    return sites
-
-
-def _changed_lines(diff: str) -> dict[str, list[int]]:
-    """Line numbers (in the new file) of each file's added lines and of where lines were removed."""
-    changed: dict[str, list[int]] = {}
-    current: list[int] | None = None
-    line_no = 0
-    for line in diff.splitlines():
-        if line.startswith("+++ "):
-            path = line[4:].split("\t")[0].strip()
-            current = changed.setdefault(path[2:] if path.startswith("b/") else path, [])
-        elif line.startswith("--- ") or current is None:
-            continue
-        elif match := _HUNK.match(line):
-            line_no = int(match.group(1))
-        elif line.startswith("+"):
-            current.append(line_no)
-            line_no += 1
-        elif line.startswith("-"):
-            current.append(line_no)
-        elif not line.startswith("\\"):
-            line_no += 1
-    return changed

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from infra_agent.store import RunStore
 from infra_agent.store.records import ExperimentRecord, RunRecord
 from infra_agent.store.verdict import Evidence, ExperimentResult, Flag, PerformanceEvidence, Verdict
-from infra_agent.tasks.patch import knob_patch
+from infra_agent.tasks.patch import Patch, knob_patch
 
 T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 
@@ -24,11 +24,11 @@ def stored_run(store: RunStore, task: str, seed: int) -> str:
 def stored_experiment(
     store: RunStore, run_id: str, task: str, n: int, speedup: float, *,
     flags: list[Flag] | None = None, reasons: list[str] | None = None,
-    verdict: Verdict = Verdict.IMPROVED,
+    verdict: Verdict = Verdict.IMPROVED, patch: Patch | None = None,
 ) -> ExperimentRecord:  # fmt: skip
-    """Experiment `n` of the run (a knob patch of its own, started n minutes after T0): output
-    throughput `speedup`x with an interval of +-5%, its TTFT constraint shown met."""
-    patch = knob_patch({"max-running-requests": 4 + n}).to_record()
+    """Experiment `n` of the run (`patch`, or a knob patch of its own; started n minutes after
+    T0): output throughput `speedup`x with an interval of +-5%, its TTFT constraint shown met."""
+    patch = (patch or knob_patch({"max-running-requests": 4 + n})).to_record()
     store.put_patch(patch)
     perf = PerformanceEvidence(
         metric="output_throughput", unit="tok/s", higher_is_better=True, baseline_median=300.0,

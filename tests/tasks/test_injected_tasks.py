@@ -11,7 +11,8 @@ from support import needs_sglang_env
 from infra_agent.serving.env import SGLANG_VERSION
 from infra_agent.tasks.patch import load_patch, parse_files
 from infra_agent.tasks.registry import list_tasks
-from infra_agent.tasks.tree import fault_sites, preview_apply, uninjected_patch, workspace_tree
+from infra_agent.tasks.sites import fault_sites
+from infra_agent.tasks.tree import preview_apply, uninjected_patch, workspace_tree
 
 pytestmark = needs_sglang_env()
 INJECTED = [t for t in list_tasks(search_path=[]) if t.inject_patch is not None]
