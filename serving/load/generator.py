@@ -62,6 +62,9 @@ class LoadSpec(BaseModel):
     """With return_logprob: also the top-N alternatives at each position."""
     return_text_in_logprobs: bool = False
     """With return_logprob (native API): each logprob entry carries its token's text."""
+    logit_bias: dict[str, float] | None = None
+    """Every request's logit_bias: token id (as a string, as the APIs take it) -> bias added to
+    its logit (-100 bans it), as clients that ban or favour a list of tokens send."""
     incremental: bool = False
     """The server streams increments (`--incremental-streaming-output`): every native chunk's
     ids are new tokens (else the client tells cumulative from incremental chunks by their
@@ -124,6 +127,8 @@ def _payload(
             "ignore_eos": load.ignore_eos,
             "sampling_seed": seed,
         }
+        if load.logit_bias is not None:
+            sampling["logit_bias"] = load.logit_bias
         body: dict[str, Any] = {"sampling_params": sampling, "stream": True}
         body["text" if text is not None else "input_ids"] = text if text is not None else prompt_ids
         if load.return_logprob:
@@ -147,6 +152,8 @@ def _payload(
     }
     if load.return_logprob:
         body["logprobs"] = load.top_logprobs_num
+    if load.logit_bias is not None:
+        body["logit_bias"] = load.logit_bias
     return body
 
 
