@@ -16,7 +16,9 @@ the scheduling task the unit is one priority pass of the scheduler over a waitin
 task, the top-5 log-probability error that bfloat16 logits carry by themselves. For the
 single-token job, releasing the KV rows of one prefill batch of `--batch` finished requests with
 SGLang's allocator as installed, inside one free group (the installed prefill path) and one free
-per request (the path with the fault), at each `--pools` size of the KV pool.
+per request (the path with the fault), at each `--pools` size of the KV pool. For the ban-list
+job, building one prefill batch's sampling parameters (`SamplingBatchInfo.from_schedule_batch`)
+for each `--bias-batches` size, every request banning the same `--banned` token ids.
 """
 
 from __future__ import annotations
@@ -212,6 +214,42 @@ def prefill_release_ms(pools: list[int], batch: int, row: int) -> list[tuple[flo
     return out
 
 
+def sampling_info_build_ms(mod: ModuleType, batches: list[int], banned: int) -> list[float]:
+    """CPU ms of `SamplingBatchInfo.from_schedule_batch` for one prefill batch of each size in
+    `batches`, every request carrying a logit_bias of -100 on the same `banned` token ids (a
+    client's ban list; the tiny model's 1024-token vocabulary). Best of 5."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import Req  # type: ignore[import-not-found]
+    from sglang.srt.sampling.sampling_params import SamplingParams  # type: ignore[import-not-found]
+
+    # The builder reads server-wide switches; give it those of a plain CPU server.
+    mod.get_exec = lambda: SimpleNamespace(
+        deterministic=SimpleNamespace(enable_deterministic_inference=False),
+        features=SimpleNamespace(enable_custom_logit_processor=False, enable_watermark=False),
+    )
+
+    class Batch:  # the two fields the builder reads (the penalizers keep a weak reference)
+        def __init__(self, reqs: list[Any]) -> None:
+            self.reqs, self.device = reqs, "cpu"
+
+    ban = {str(t): -100.0 for t in random.Random(0).sample(range(3, 1024), banned)}
+    out = []
+    for n in batches:
+        reqs = [
+            Req(rid=f"r{i}", origin_input_text="", origin_input_ids=array("q", [5] * 32),
+                sampling_params=SamplingParams(max_new_tokens=4, logit_bias=dict(ban)))
+            for i in range(n)
+        ]  # fmt: skip
+        best = float("inf")
+        for _ in range(5):
+            started = time.process_time()
+            mod.SamplingBatchInfo.from_schedule_batch(Batch(reqs), 1024)
+            best = min(best, time.process_time() - started)
+        out.append(best * 1e3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", type=Path, required=True)
@@ -220,6 +258,8 @@ def main() -> None:
     parser.add_argument("--queue-lens", default="64,128,256,512")
     parser.add_argument("--pools", default="32768,131072,524288")
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--bias-batches", default="32,128,256")
+    parser.add_argument("--banned", type=int, default=384)
     args = parser.parse_args()
     if not (args.tokenizer / "tokenizer.json").is_file():
         sys.exit(f"{args.tokenizer}: no tokenizer.json")
@@ -250,6 +290,17 @@ def main() -> None:
         print(f"sglang-real-label-burst-slowdown  pool {pool:7d}  {args.batch} releases: "
               f"grouped {grouped:8.2f} ms  one by one {single:8.2f} ms  "
               f"ratio {single / grouped if grouped else float('nan'):6.1f}x")  # fmt: skip
+    rel = "sglang/srt/sampling/sampling_batch_info.py"
+    task = "sglang-real-banned-tokens-slowdown"
+    bias_batches = [int(n) for n in args.bias_batches.split(",")]
+    clean = sampling_info_build_ms(module(rel, None), bias_batches, args.banned)
+    fault = sampling_info_build_ms(
+        module(rel, TASKS / task / "inject.patch"), bias_batches, args.banned
+    )
+    for n, c, f in zip(bias_batches, clean, fault, strict=True):
+        print(f"{task}  batch {n:4d}  {args.banned} banned tokens each: installed {c:8.2f} ms  "
+              f"fault {f:8.2f} ms  ratio {f / c if c else float('nan'):6.1f}x  "
+              f"(+{(f - c) / n * 1e3:.0f} us per request)")  # fmt: skip
     mean, worst = bf16_logprob_err_nats(args.requests)
     print(f"sglang-real-rollout-logprob-mismatch  top-5 logprob error of bfloat16 logits: "
           f"mean {mean:.2e} nats, max {worst:.2e} nats (float32 logits: 0)")  # fmt: skip
