@@ -120,7 +120,7 @@ def _payload(
     load: LoadSpec, prompt_ids: list[int], text: str | None, output_len: int, seed: int
 ) -> dict[str, Any]:
     if load.api == "generate":
-        sampling = {
+        sampling: dict[str, Any] = {
             "max_new_tokens": output_len,
             "temperature": load.temperature,
             "top_p": load.top_p,
