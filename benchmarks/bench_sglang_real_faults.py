@@ -6,19 +6,20 @@ tokenizer as an output grows.
         --tokenizer FOLDER [--requests 16] [--positions 32,128,512] [--queue-lens 64,128,256,512]
 
 (run with SGLang's interpreter: it imports the installed `sglang`; FOLDER holds the tiny model's
-tokenizer, e.g. written by `infra_agent.serving.tiny_model.write_tiny_model`). Prints, per task
-and output position, the CPU milliseconds of one streamed step for `--requests` requests with the
-installed code and with the fault, and their ratio. A step here is only the faulty function's
-work (detokenizing one step's outputs; converting one chunk's logprobs), not a server's whole
-step: the ratio says how the fault's work grows, the task's experiment says what it costs. For
-the scheduling task the unit is one priority pass of the scheduler over a waiting queue of each
-`--queue-lens` length (what every scheduling pass with room in the batch runs). For the numerics
-task, the top-5 log-probability error that bfloat16 logits carry by themselves. For the
-single-token job, releasing the KV rows of one prefill batch of `--batch` finished requests with
-SGLang's allocator as installed, inside one free group (the installed prefill path) and one free
-per request (the path with the fault), at each `--pools` size of the KV pool. For the ban-list
-job, building one prefill batch's sampling parameters (`SamplingBatchInfo.from_schedule_batch`)
-for each `--bias-batches` size, every request banning the same `--banned` token ids.
+tokenizer, e.g. written by `infra_agent.serving.tiny_model.write_tiny_model`). Prints, per task and
+output position, the CPU milliseconds of one streamed step for `--requests` requests with the
+installed code and with the fault, and their ratio. A step here is only the faulty function's work
+(detokenizing one step's outputs; converting one chunk's logprobs; encoding one chunk of the native
+endpoint's stream with top-5 logprobs), not a server's whole step: the ratio says how the fault's
+work grows, the task's experiment says what it costs. For the scheduling task the unit is one
+priority pass of the scheduler over a waiting queue of each `--queue-lens` length (what every
+scheduling pass with room in the batch runs). For the numerics task, the top-5 log-probability
+error that bfloat16 logits carry by themselves. For the single-token job, releasing the KV rows of
+one prefill batch of `--batch` finished requests with SGLang's allocator as installed, inside one
+free group (the installed prefill path) and one free per request (the path with the fault), at each
+`--pools` size of the KV pool. For the ban-list job, building one prefill batch's sampling
+parameters (`SamplingBatchInfo.from_schedule_batch`) for each `--bias-batches` size, every request
+banning the same `--banned` token ids.
 """
 
 from __future__ import annotations
@@ -133,6 +134,72 @@ def logprob_chunk_ms(
                 spent += time.process_time() - started
             step += 1
         out.append(spent * 1e3)
+    return out
+
+
+def stream_chunk_ms(
+    mod: ModuleType, tokenizer: Any, requests: int, positions: list[int], top: int
+) -> list[float]:
+    """CPU ms the native endpoint's stream (`serve_generate_request`'s streaming response) spends
+    encoding one chunk of each of `requests` streams at each output position in `positions`: the
+    cumulative chunk the tokenizer manager hands it for a request with `return_logprob` and
+    `top` alternatives (text, output ids, every `(logprob, token_id, None)` entry so far). The
+    tokenizer manager is a stand-in that yields the prepared chunks. Best of 5."""
+    import asyncio
+
+    from sglang.srt.managers.tokenizer_manager import (  # type: ignore[import-not-found]
+        TokenizerManager,
+    )
+
+    manager = object.__new__(TokenizerManager)
+    rng = random.Random(0)
+    chunks: list[dict[str, Any]] = []
+
+    class Manager:  # what the stream asks of the tokenizer manager
+        async def generate_request(self, obj: Any, request: Any) -> Any:
+            for chunk in chunks:
+                yield chunk
+
+        def create_abort_task(self, obj: Any) -> None:
+            return None
+
+    mod._global_state = SimpleNamespace(tokenizer_manager=Manager())
+    obj = SimpleNamespace(stream=True)
+
+    async def drain() -> None:
+        response = await mod.serve_generate_request(obj, None)
+        async for _ in response.body_iterator:
+            pass
+
+    out = []
+    for p in positions:
+        chunks.clear()
+        for i in range(requests):
+            ids = [rng.randrange(3, 1024) for _ in range(p)]
+            logprobs = [-rng.random() * 6 for _ in range(p)]
+            meta = {
+                "id": f"{i:032x}", "finish_reason": None, "prompt_tokens": 32,
+                "weight_version": "default", "num_retractions": 0,
+                "input_token_logprobs": [],
+                "output_token_logprobs": manager.detokenize_logprob_tokens(logprobs, ids, False),
+                "output_token_logprobs_length": p, "reasoning_tokens": 0,
+                "completion_tokens": p, "cached_tokens": 0,
+            }  # fmt: skip
+            if top:
+                meta["output_top_logprobs"] = [
+                    manager.detokenize_logprob_tokens(
+                        sorted(-rng.random() * 6 for _ in range(top)),
+                        [rng.randrange(3, 1024) for _ in range(top)], False,
+                    )
+                    for _ in range(p)
+                ]  # fmt: skip
+            chunks.append({"text": tokenizer.decode(ids), "output_ids": ids, "meta_info": meta})
+        best = float("inf")
+        for _ in range(5):
+            started = time.process_time()
+            asyncio.run(drain())
+            best = min(best, time.process_time() - started)
+        out.append(best * 1e3)
     return out
 
 
@@ -274,6 +341,9 @@ def main() -> None:
         ("sglang-real-rl-rollout-stall", "sglang/srt/managers/tokenizer_manager.py",
          "position", positions,
          lambda m: logprob_chunk_ms(m, tokenizer, args.requests, positions, 5)),
+        ("sglang-real-scored-stream-slowdown", "sglang/srt/entrypoints/http_server.py",
+         "position", positions,
+         lambda m: stream_chunk_ms(m, tokenizer, args.requests, positions, 5)),
         ("sglang-real-burst-queue-stall", "sglang/srt/managers/schedule_policy.py",
          "queue", queue_lens, lambda m: priority_pass_ms(m, queue_lens)),
     ]  # fmt: skip
