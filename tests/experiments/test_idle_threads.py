@@ -239,3 +239,51 @@ def test_background_work_is_allowed_when_the_task_says_so(pytask, make_patch) ->
     result = run_experiment(task, make_patch(task, "kernel.py", SPIN_FROM_IMPORT)).result
     assert result.verdict not in (Verdict.REJECTED, Verdict.FAILED), result.render()
     assert result.evidence.extra["process_watch"]["candidate"]["background_allowed"] is True  # type: ignore[index]
+
+
+# -- settling is judged on CPU used, not on wall time (recorded /proc marks replayed) -----------
+
+
+def _marks(steps: list[tuple[int, bool]]):  # type: ignore[no-untyped-def]
+    """CpuMark.take for thread 7: each call the next (CPU ns so far, runnable), the last repeated."""
+    from infra_agent.sandboxes.procwatch import CpuMark
+
+    calls = iter(steps)
+    last = steps[-1]
+
+    def take(_pid: int) -> CpuMark:
+        nonlocal last
+        last = next(calls, last)
+        return CpuMark({7: last[0]}, 0, 0, frozenset({7}) if last[1] else frozenset())
+
+    return take
+
+
+@pytest.mark.parametrize(
+    ("steps", "busy"),
+    [
+        # runnable with no CPU for 40 polls (a loaded machine's run queue), then asleep
+        ([(0, True)] * 41 + [(2_000_000, True), (2_000_000, False)], None),
+        # runnable and never run until the wait is over: tolerated, measured up to the next call
+        ([(0, True)], None),
+        # 10 ms of CPU per poll: past the 30 ms spin allowance whatever the wall time
+        ([(n * 10_000_000, True) for n in range(10)], "while settling after"),
+        # still using CPU when the wait is over, 20 us a poll: under the allowance throughout
+        ([(n * 20_000, True) for n in range(1000)], "s after"),
+    ],
+    ids=["starved-then-asleep", "starved-throughout", "spinning-past-the-allowance", "trickling"],
+)
+def test_a_thread_waiting_for_a_cpu_is_not_taken_for_one_at_work(
+    monkeypatch: pytest.MonkeyPatch, steps: list[tuple[int, bool]], busy: str | None
+) -> None:
+    from infra_agent.sandboxes import procwatch
+
+    monkeypatch.setattr(procwatch.CpuMark, "take", staticmethod(_marks(steps)))
+    monkeypatch.setattr(procwatch, "SETTLE_S", 0.3)
+    monkeypatch.setattr(procwatch, "POLL_S", 0.001)
+    watch = procwatch.ProcessWatch(0, "x")
+    found = watch._settle(1, {7})
+    if busy is None:
+        assert found is None and watch.tolerated == {7}
+    else:
+        assert found is not None and busy in found and "background thread" in found
