@@ -29,7 +29,6 @@ from infra_agent.feedback.gil import PySpyUnavailable
 from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime
 from infra_agent.serving.instruments.live import describe
 from infra_agent.serving.instruments.tracing import trace_during
-from infra_agent.serving.load.datasets import random_sessions
 from infra_agent.serving.overlay import installed_package
 from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
 
@@ -59,10 +58,7 @@ def profiled_run(
     harness: Any, arm: Any, seed: int, *, concurrency: int | None, prompts: int
 ) -> tuple[FunctionProfile, Any]:
     """The task's request shape at a given concurrency, with the scheduler profiled throughout."""
-    p = harness.params
-    sessions = random_sessions(
-        prompts, int(p["input_len"]), int(p["output_len"]), vocab_size=harness.vocab, seed=seed
-    )
+    sessions = harness.sessions(prompts, seed=seed)
     load = harness.load(seed).model_copy(update={"max_concurrency": concurrency})
     (trace,), result = trace_during(harness.server(arm), sessions, load, ["scheduler"])
     if trace.profile is None:
@@ -102,11 +98,7 @@ def gil_culprit(harness: Any, server: Any, evidence: list[str], instruments: lis
     """The thread (a `gil` culprit) that holds the GIL while the scheduler's main thread waits
     for it (or, where the trace cannot tell a GIL wait from sleep, holds it most of the time);
     None when the main thread is not kept waiting by another thread."""
-    p = harness.params
-    sessions = random_sessions(
-        int(p["num_prompts"]), int(p["input_len"]), int(p["output_len"]),
-        vocab_size=harness.vocab, seed=DIAGNOSE_SEED + 7,
-    )  # fmt: skip
+    sessions = harness.sessions(int(harness.params["num_prompts"]), seed=DIAGNOSE_SEED + 7)
     (trace,), _ = trace_during(
         server, sessions, harness.load(DIAGNOSE_SEED + 7), ["scheduler"], profile=False, gil_s=4.0
     )

@@ -244,3 +244,38 @@ def test_a_dropped_profiled_request_is_a_failed_audit_not_a_crash(monkeypatch) -
         "precision audit failed: RemoteProtocolError: Server disconnected without sending a response."
     ]
     assert audit.localization.detail.startswith("no precision audit: RemoteProtocolError")
+
+
+def test_the_diagnosis_sends_the_tasks_own_requests(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A task whose harness shapes its requests (sglang-open-cpu-shared-prompt: the same long
+    instructions before every message) is traced and profiled with those requests, not with
+    random prompts of its `input_len` (which had profiled a workload the task never sends)."""
+    from types import SimpleNamespace
+
+    from infra_agent.serving.instruments import diagnosis
+    from infra_agent.serving.load.datasets import Session, Turn
+    from infra_agent.serving.load.generator import LoadSpec
+
+    own = [Session(turns=[Turn(new_ids=[5] * 300, output_len=4)])]
+    sent: list[object] = []
+
+    class Harness:
+        params = {"num_prompts": 1, "input_len": 8, "output_len": 4, "max_concurrency": 0}
+
+        def sessions(self, prompts: int, *, seed: int) -> list[Session]:
+            return own
+
+        def load(self, seed: int) -> LoadSpec:
+            return LoadSpec(seed=seed)
+
+        def server(self, arm: object) -> None:
+            return None
+
+    def traced(server, sessions, load, processes, **_):  # type: ignore[no-untyped-def]
+        sent.append(sessions)
+        return (SimpleNamespace(profile=object(), gil=None, errors=["no GIL trace"]),), None
+
+    monkeypatch.setattr(diagnosis, "trace_during", traced)
+    diagnosis.profiled_run(Harness(), None, 1, concurrency=4, prompts=1)
+    diagnosis.gil_culprit(Harness(), None, [], [])
+    assert sent == [own, own]
