@@ -22,12 +22,7 @@ MYPY_TARGETS = [
     "infra_agent.judgement",
     "infra_agent.evals",
     "infra_agent.experiments",
-    "infra_agent.tasks.manifest",
-    "infra_agent.tasks.harness",
-    "infra_agent.tasks.patch",
-    "infra_agent.tasks.checked",
-    "infra_agent.tasks.registry",
-    "infra_agent.tasks.tree",
+    "infra_agent.tasks",
     "infra_agent.sandboxes",
     "infra_agent.feedback",
     "infra_agent.agent",
@@ -49,11 +44,20 @@ def test_ruff_lint_and_format() -> None:
 
 
 def test_mypy_core_packages(tmp_path: Path) -> None:
-    """About 60 s (68 s at load 6-8): mypy over the core packages from a cold cache, as CI runs."""
+    """mypy over the core packages: 38 s from a cold cache, 3 s from the kept one (mypy's own
+    incremental cache under ~/.cache/infra-agent/mypy, which rechecks whatever changed by content
+    hash, so a fresh clone at another path reuses it; 184 s cold at load 7-13)."""
     # mypy cannot follow setuptools' editable-install finder, so give it the package by name:
     # a folder holding a link `infra_agent -> repository root`.
     (tmp_path / "infra_agent").symlink_to(REPO, target_is_directory=True)
-    args = [str(BIN / "mypy"), "--config-file", str(REPO / "pyproject.toml")]
+    cache = Path.home() / ".cache" / "infra-agent" / "mypy"
+    args = [
+        str(BIN / "mypy"),
+        "--config-file",
+        str(REPO / "pyproject.toml"),
+        "--cache-dir",
+        str(cache),
+    ]
     for target in MYPY_TARGETS:
         args += (
             ["-p", target]
