@@ -326,7 +326,7 @@ def main() -> None:
     parser.add_argument("--pools", default="32768,131072,524288")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--bias-batches", default="32,128,256")
-    parser.add_argument("--banned", type=int, default=384)
+    parser.add_argument("--banned", type=int, default=512)
     args = parser.parse_args()
     if not (args.tokenizer / "tokenizer.json").is_file():
         sys.exit(f"{args.tokenizer}: no tokenizer.json")
