@@ -150,7 +150,7 @@ def test_solved_is_the_tasks_criterion_and_a_win_that_does_not_hold_is_a_claim_d
     assert written.returncode == 0, written.stderr
     html = page.read_text()
     assert "<th>improved</th>" in html and "<th>disproved</th>" in html
-    assert re.search(r"rigged-beyond</td><td>0/1</td><td>1/1</td><td>1/1</td>", html)
+    assert re.search(r"rigged-beyond</td><td>0/1</td><td>-</td><td>1/1</td><td>1/1</td>", html)
 
     resumed = _eval(db, "--resume", report["eval"]["id"])  # everything finished: nothing re-run
     assert resumed["attempts"] == report["attempts"]

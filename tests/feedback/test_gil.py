@@ -457,6 +457,31 @@ def test_a_nonblocking_dump_caught_mid_update_is_skipped_but_mostly_failing_dump
         os.getpid(), duration_s=60, interval_s=0, max_snapshots=4, nonblocking=True
     )
     assert len(snapshots) == 4 and len(calls) == 6
+    # Torn reads are tried again at once: eleven in a row still give a snapshot, twelve do not.
+    for torn, raises in ((pyspy.TORN_RETRIES - 1, False), (pyspy.TORN_RETRIES, True)):
+        calls.clear()
+
+        def torn_run(
+            pid: int, *, native: bool, nonblocking: bool, n: int = torn
+        ) -> list[pyspy.ThreadSample]:
+            calls.append(pid)
+            if len(calls) <= n:
+                raise pyspy.PySpyUnavailable(
+                    "py-spy cannot sample pid 1: Failed to get stack traces"
+                )
+            return []
+
+        monkeypatch.setattr(pyspy, "dump_once", torn_run)
+        if raises:
+            with pytest.raises(pyspy.PySpyUnavailable, match="Failed to get stack traces"):
+                pyspy.sample_pid(
+                    os.getpid(), duration_s=60, interval_s=0, max_snapshots=2, nonblocking=True
+                )
+        else:
+            snapshots, _ = pyspy.sample_pid(
+                os.getpid(), duration_s=60, interval_s=0, max_snapshots=2, nonblocking=True
+            )
+            assert len(snapshots) == 2
     monkeypatch.setattr(pyspy, "dump_once", flaky)
     # A pausing dump that fails is not skipped: it is the target refusing, not a torn read.
     calls.clear()
