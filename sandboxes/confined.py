@@ -60,6 +60,9 @@ class ConfinedProcesses:
         self.owner = owner
         self.violations: list[str] = []
         """Processes found outside the command's process tree (each a sentence)."""
+        self._strays: dict[int, int] = {}
+        """Their pids, each to its sentence's place: one sentence per process, naming its latest
+        command line (a stray seen between its fork and its exec still shows its parent's)."""
         self.paused = False
         """True between `pause()` and `resume()`."""
         self._known: set[int] = set()
@@ -166,12 +169,18 @@ class ConfinedProcesses:
             return []
         strays = sorted(proctree.outside_tree(group.pids() - wrappers, command))
         for pid in strays:
+            line = proctree.command_line(pid)[:120]
+            if pid in self._strays and not line:  # exited meanwhile: keep what it was
+                continue
             sentence = (
-                f"process {pid} ({proctree.command_line(pid)[:120]!r}) left the {self.owner}'s "
+                f"process {pid} ({line!r}) left the {self.owner}'s "
                 "process tree (a double fork or an orphan); its cgroup held it: frozen with the "
                 f"{self.owner} when paused, killed at stop"
             )
-            if sentence not in self.violations:
+            if pid in self._strays:
+                self.violations[self._strays[pid]] = sentence
+            else:
+                self._strays[pid] = len(self.violations)
                 self.violations.append(sentence)
         return strays
 

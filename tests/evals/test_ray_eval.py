@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ExperimentGate, needs_sglang_env, quick_decode_task, run_cli
+from support import ExperimentGate, needs_sglang_env, quick_decode_task, run_cli, stoppable
 
 from infra_agent.evals.records import AttemptRecord, EvalStore
 from infra_agent.store import open_store
@@ -164,6 +164,7 @@ def _driver(db: Path, address: str, log: Path, *eval_args: str) -> Any:
         return subprocess.Popen(
             [sys.executable, "-m", "infra_agent.cli", *args], env={**os.environ, **ENV},
             stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+            preexec_fn=stoppable,  # stopped with Ctrl-C, also when this run ignores SIGINT
         )  # fmt: skip
 
 
