@@ -6,13 +6,15 @@
 Sessions start as a Poisson process at `request_rate` (inf: all at once), capped by
 `max_concurrency` requests in flight, until `duration_s` (then in-flight requests finish). Turns
 of a session are sent in order, each prompt extending the last prompt and output (prefix-cache
-reuse). Every request is streamed and timed with this process's clock: TTFT, inter-token
-latencies, total latency, the server's per-request meta (including `spec_accept_length` when
-speculative decoding is on). The client counts: `output_tokens` is the number of token ids the
-stream carried (SGLang's `/generate` streams them; `/v1/completions` requests carry
-`return_token_ids`), never the server's `completion_tokens`, which stays in `meta` as the
-server's claim (`RequestRecord.claimed_tokens`) for a judge to hold against what arrived. With `guard=True` the online health guard
-watches each stream and aborts a request whose output trips it (the rule is recorded).
+reuse). With `batch_size` > 1, consecutive single-turn sessions go as one request whose prompts
+are a list (a batch job's request), each prompt still its own record. Every request is streamed
+and timed with this process's clock: TTFT, inter-token latencies, total latency, the server's
+per-request meta (including `spec_accept_length` when speculative decoding is on). The client
+counts: `output_tokens` is the number of token ids the stream carried (SGLang's `/generate`
+streams them; `/v1/completions` requests carry `return_token_ids`), never the server's
+`completion_tokens`, which stays in `meta` as the server's claim (`RequestRecord.claimed_tokens`)
+for a judge to hold against what arrived. With `guard=True` the online health guard watches each
+stream and aborts a request whose output trips it (the rule is recorded).
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class LoadSpec(BaseModel):
     logit_bias: dict[str, float] | None = None
     """Every request's logit_bias: token id (as a string, as the APIs take it) -> bias added to
     its logit (-100 bans it), as clients that ban or favour a list of tokens send."""
+    batch_size: int = 1
+    """Prompts per request (native API, single-turn sessions): consecutive sessions go as one
+    streamed request whose `input_ids` and `sampling_params` are their lists, each chunk's `index`
+    naming its prompt, as clients that send a job's prompts as one batch do. Each prompt keeps its
+    own record; `request_rate` and `max_concurrency` count HTTP requests."""
     incremental: bool = False
     """The server streams increments (`--incremental-streaming-output`): every native chunk's
     ids are new tokens (else the client tells cumulative from incremental chunks by their
@@ -157,6 +164,15 @@ def _payload(
     return body
 
 
+def _batch_payload(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """One native request carrying the prompts and sampling parameters of `bodies` (native
+    `_payload`s of the same load) as lists."""
+    body = dict(bodies[0])
+    body["input_ids"] = [b["input_ids"] for b in bodies]
+    body["sampling_params"] = [b["sampling_params"] for b in bodies]
+    return body
+
+
 async def _send(
     client: aiohttp.ClientSession,
     url: str,
@@ -165,16 +181,32 @@ async def _send(
     body: dict[str, Any],
     t0: float,
 ) -> None:
+    await _send_batch(client, url, load, [record], body, t0)
+
+
+async def _send_batch(
+    client: aiohttp.ClientSession,
+    url: str,
+    load: LoadSpec,
+    records: list[RequestRecord],
+    body: dict[str, Any],
+    t0: float,
+) -> None:
+    """Send one request carrying `records`' prompts (one, or a batch whose chunks name their
+    prompt by `index`) and fold its stream into each record."""
     path = "/generate" if load.api == "generate" else "/v1/completions"
-    guard = StreamGuard() if load.guard else None
+    guards = [StreamGuard() if load.guard else None for _ in records]
     sent = time.monotonic()
-    record.start_s = sent - t0
-    last = sent
-    tokens = 0
+    for record in records:
+        record.start_s = sent - t0
+    last = [sent] * len(records)
+    tokens = [0] * len(records)
     try:
         async with client.post(url + path, json=body) as resp:
             if resp.status != 200:
-                record.error = f"HTTP {resp.status}: {(await resp.read())[:300]!r}"
+                error = f"HTTP {resp.status}: {(await resp.read())[:300]!r}"
+                for record in records:
+                    record.error = error
                 return
             async for line in resp.content:  # server-sent events, one line at a time
                 if not line.startswith(b"data:"):
@@ -184,29 +216,39 @@ async def _send(
                     break
                 chunk = orjson.loads(data)
                 if "error" in chunk:
-                    record.error = str(chunk["error"])[:300]
+                    for record in records:
+                        record.error = str(chunk["error"])[:300]
                     return
                 now = time.monotonic()
+                i = int(chunk.get("index", 0)) if len(records) > 1 else 0
+                record = records[i]
                 seen = len(record.output_ids or [])
                 new_tokens, delta = _absorb(load, record, chunk)
                 if new_tokens > 0:
-                    if tokens == 0:
+                    if tokens[i] == 0:
                         record.ttft_s = now - sent
                     else:
-                        record.itl_s.append(now - last)
-                    tokens += new_tokens
-                    last = now
+                        record.itl_s.append(now - last[i])
+                    tokens[i] += new_tokens
+                    last[i] = now
+                guard = guards[i]
                 if guard is not None:
                     issue = guard.feed(delta, (record.output_ids or [])[seen:], record.meta)
                     if issue is not None:
                         record.aborted_rule = issue.rule
                         break
-        record.output_tokens = len(record.output_ids) if record.output_ids is not None else tokens
-        record.success = not record.error and record.aborted_rule is None
+        for record, count in zip(records, tokens, strict=True):
+            ids = record.output_ids
+            record.output_tokens = len(ids) if ids is not None else count
+            record.success = not record.error and record.aborted_rule is None
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError, OSError) as exc:
-        record.error = f"{type(exc).__name__}: {exc}"[:300]
+        for record in records:
+            record.error = f"{type(exc).__name__}: {exc}"[:300]
     finally:
-        record.latency_s = time.monotonic() - sent
+        end = time.monotonic()
+        for i, record in enumerate(records):
+            # A prompt of a batch is done at its last token (the stream ends with the slowest).
+            record.latency_s = (last[i] if len(records) > 1 and tokens[i] else end) - sent
 
 
 def _absorb(load: LoadSpec, record: RequestRecord, chunk: dict[str, Any]) -> tuple[int, str]:
@@ -253,6 +295,13 @@ async def _loop_lag(lags: list[float], period_s: float = 0.01) -> None:
         lags.append(time.monotonic() - started - period_s)
 
 
+def _check_batchable(load: LoadSpec, sessions: list[Session]) -> None:
+    if load.api != "generate" or load.guard:
+        raise ValueError("batched prompts go to the native API, without the stream guard")
+    if any(len(s.turns) != 1 or s.turns[0].text is not None for s in sessions):
+        raise ValueError("batched prompts are single-turn token-id prompts")
+
+
 async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadResult:
     rng = random.Random(load.seed)
     limit = asyncio.Semaphore(load.max_concurrency or 1_000_000)
@@ -297,11 +346,40 @@ async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadRes
                 if record.prompt_ids is None:  # a text prompt: only the server knows its length
                     record.prompt_tokens = int(record.meta.get("prompt_tokens", 0))
 
+        async def batch(first: int, group: list[Session]) -> None:
+            batch_records = [
+                RequestRecord(
+                    session=first + k,
+                    turn=0,
+                    success=False,
+                    prompt_tokens=len(s.turns[0].new_ids),
+                    prompt_ids=s.turns[0].new_ids,
+                )
+                for k, s in enumerate(group)
+            ]
+            records.extend(batch_records)
+            seed = load.seed * 100003
+            bodies = [
+                _payload(load, s.turns[0].new_ids, None, s.turns[0].output_len, seed + (first + k) * 101)
+                for k, s in enumerate(group)
+            ]  # fmt: skip
+            async with limit:
+                await _send_batch(client, url, load, batch_records, _batch_payload(bodies), t0)
+
+        if load.batch_size > 1:
+            _check_batchable(load, sessions)
+            n = load.batch_size
+            starts = [(i, sessions[i : i + n]) for i in range(0, len(sessions), n)]
+        else:
+            starts = list(enumerate(sessions))
         tasks = []
-        for index, s in enumerate(sessions):
+        for index, what in starts:
             if load.duration_s is not None and time.monotonic() - t0 > load.duration_s:
                 break
-            tasks.append(asyncio.create_task(session(index, s)))
+            if isinstance(what, list):
+                tasks.append(asyncio.create_task(batch(index, what)))
+            else:
+                tasks.append(asyncio.create_task(session(index, what)))
             if math.isfinite(load.request_rate):
                 await asyncio.sleep(rng.expovariate(load.request_rate))
         await asyncio.gather(*tasks)
