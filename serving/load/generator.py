@@ -164,36 +164,17 @@ def _payload(
     return body
 
 
-def _batch_payload(bodies: list[dict[str, Any]]) -> dict[str, Any]:
-    """One native request carrying the prompts and sampling parameters of `bodies` (native
-    `_payload`s of the same load) as lists."""
-    body = dict(bodies[0])
-    body["input_ids"] = [b["input_ids"] for b in bodies]
-    body["sampling_params"] = [b["sampling_params"] for b in bodies]
-    return body
-
-
 async def _send(
     client: aiohttp.ClientSession,
     url: str,
     load: LoadSpec,
-    record: RequestRecord,
+    record: RequestRecord | list[RequestRecord],
     body: dict[str, Any],
     t0: float,
 ) -> None:
-    await _send_batch(client, url, load, [record], body, t0)
-
-
-async def _send_batch(
-    client: aiohttp.ClientSession,
-    url: str,
-    load: LoadSpec,
-    records: list[RequestRecord],
-    body: dict[str, Any],
-    t0: float,
-) -> None:
-    """Send one request carrying `records`' prompts (one, or a batch whose chunks name their
-    prompt by `index`) and fold its stream into each record."""
+    """Send one request carrying `record`'s prompt, or a batch's prompts whose chunks name their
+    prompt by `index` (a list of records), and fold its stream into each record."""
+    records = record if isinstance(record, list) else [record]
     path = "/generate" if load.api == "generate" else "/v1/completions"
     guards = [StreamGuard() if load.guard else None for _ in records]
     sent = time.monotonic()
@@ -295,11 +276,33 @@ async def _loop_lag(lags: list[float], period_s: float = 0.01) -> None:
         lags.append(time.monotonic() - started - period_s)
 
 
-def _check_batchable(load: LoadSpec, sessions: list[Session]) -> None:
+def _batches(load: LoadSpec, sessions: list[Session]) -> list[tuple[int, list[Session]]]:
+    """`sessions` in consecutive groups of `load.batch_size`, each with its first index."""
     if load.api != "generate" or load.guard:
         raise ValueError("batched prompts go to the native API, without the stream guard")
     if any(len(s.turns) != 1 or s.turns[0].text is not None for s in sessions):
         raise ValueError("batched prompts are single-turn token-id prompts")
+    n = load.batch_size
+    return [(i, sessions[i : i + n]) for i in range(0, len(sessions), n)]
+
+
+def _batch_request(
+    load: LoadSpec, first: int, group: list[Session]
+) -> tuple[list[RequestRecord], dict[str, Any]]:
+    """The records of a batch's prompts (sessions `first`...) and the one native request carrying
+    them: `input_ids` and `sampling_params` as lists, each prompt with the seed it has alone."""
+    records, bodies = [], []
+    for k, s in enumerate(group):
+        ids, index = s.turns[0].new_ids, first + k
+        records.append(RequestRecord(session=index, turn=0, success=False,
+                                     prompt_tokens=len(ids), prompt_ids=ids))  # fmt: skip
+        bodies.append(
+            _payload(load, ids, None, s.turns[0].output_len, load.seed * 100003 + index * 101)
+        )
+    body = dict(bodies[0])
+    body["input_ids"] = [b["input_ids"] for b in bodies]
+    body["sampling_params"] = [b["sampling_params"] for b in bodies]
+    return records, body
 
 
 async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadResult:
@@ -347,31 +350,13 @@ async def _run(url: str, sessions: list[Session], load: LoadSpec) -> WorkloadRes
                     record.prompt_tokens = int(record.meta.get("prompt_tokens", 0))
 
         async def batch(first: int, group: list[Session]) -> None:
-            batch_records = [
-                RequestRecord(
-                    session=first + k,
-                    turn=0,
-                    success=False,
-                    prompt_tokens=len(s.turns[0].new_ids),
-                    prompt_ids=s.turns[0].new_ids,
-                )
-                for k, s in enumerate(group)
-            ]
+            batch_records, body = _batch_request(load, first, group)
             records.extend(batch_records)
-            seed = load.seed * 100003
-            bodies = [
-                _payload(load, s.turns[0].new_ids, None, s.turns[0].output_len, seed + (first + k) * 101)
-                for k, s in enumerate(group)
-            ]  # fmt: skip
             async with limit:
-                await _send_batch(client, url, load, batch_records, _batch_payload(bodies), t0)
+                await _send(client, url, load, batch_records, body, t0)
 
-        if load.batch_size > 1:
-            _check_batchable(load, sessions)
-            n = load.batch_size
-            starts = [(i, sessions[i : i + n]) for i in range(0, len(sessions), n)]
-        else:
-            starts = list(enumerate(sessions))
+        many = load.batch_size > 1
+        starts = _batches(load, sessions) if many else list(enumerate(sessions))
         tasks = []
         for index, what in starts:
             if load.duration_s is not None and time.monotonic() - t0 > load.duration_s:
