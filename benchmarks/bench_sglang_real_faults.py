@@ -19,7 +19,9 @@ one prefill batch of `--batch` finished requests with SGLang's allocator as inst
 free group (the installed prefill path) and one free per request (the path with the fault), at each
 `--pools` size of the KV pool. For the ban-list job, building one prefill batch's sampling
 parameters (`SamplingBatchInfo.from_schedule_batch`) for each `--bias-batches` size, every request
-banning the same `--banned` token ids.
+banning the same `--banned` token ids. For the chat job, the output position at which a streamed
+request's first chunk leaves the scheduler, at server stream intervals 1 to 16 (no CPU time: that
+fault adds waiting, not work).
 """
 
 from __future__ import annotations
@@ -61,6 +63,42 @@ def module(rel: str, patch: Path | None) -> ModuleType:
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
     return mod
+
+
+def first_chunk_steps(mod: ModuleType, intervals: list[int], output_len: int) -> list[int]:
+    """For the chat job: the output position (1 = the token prefill samples) at which a streamed
+    request's first chunk leaves the scheduler, at each server stream interval in `intervals`,
+    with `mod`'s stream accumulator deciding step by step (a fresh accumulator per step, as
+    every scheduler step builds one). No CPU time: the fault adds waiting, not work; each
+    position past 1 is one more decode step of the whole batch before the first token shows."""
+    from array import array
+
+    from sglang.srt.disaggregation.utils import DisaggregationMode  # type: ignore[import-not-found]
+    from sglang.srt.managers.schedule_batch import Req  # type: ignore[import-not-found]
+    from sglang.srt.sampling.sampling_params import SamplingParams  # type: ignore[import-not-found]
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # type: ignore[import-not-found]
+
+    out = []
+    for interval in intervals:
+        req = Req(rid="r0", origin_input_text="", origin_input_ids=array("q", [5] * 32),
+                  sampling_params=SamplingParams(max_new_tokens=output_len), stream=True)  # fmt: skip
+        first = output_len
+        for position in range(1, output_len + 1):
+            req.output_ids.append(7)
+            acc = mod._GenerationStreamAccumulator(
+                return_logprob=False, return_hidden_states=False, return_routed_experts=False,
+                return_indexer_topk=False, spec_algorithm=SpeculativeAlgorithm.NONE,
+                disaggregation_mode=DisaggregationMode.NULL, default_stream_interval=interval,
+                default_force_stream_interval=50, get_cached_tokens_details=lambda r: None,
+                is_request_level_customized_info_key=lambda k: False,
+                current_weight_version=None,
+            )  # fmt: skip
+            acc.accept(req=req)
+            if acc.rids:
+                first = position
+                break
+        out.append(first)
+    return out
 
 
 def detok_step_ms(
@@ -374,6 +412,13 @@ def main() -> None:
     mean, worst = bf16_logprob_err_nats(args.requests)
     print(f"sglang-real-rollout-logprob-mismatch  top-5 logprob error of bfloat16 logits: "
           f"mean {mean:.2e} nats, max {worst:.2e} nats (float32 logits: 0)")  # fmt: skip
+    rel = "sglang/srt/managers/scheduler_components/output_streamer.py"
+    task, intervals = "sglang-real-late-first-token", [1, 2, 4, 8, 16]
+    clean = first_chunk_steps(module(rel, None), intervals, 64)
+    fault = first_chunk_steps(module(rel, TASKS / task / "inject.patch"), intervals, 64)
+    for k, c, f in zip(intervals, clean, fault, strict=True):
+        print(f"{task}  stream interval {k:2d}: first chunk at output position "
+              f"installed {c:2d}  fault {f:2d}  (+{f - c} decode steps before the first token)")  # fmt: skip
 
 
 if __name__ == "__main__":
