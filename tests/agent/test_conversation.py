@@ -83,7 +83,7 @@ def test_the_first_message_shows_the_deployment_the_harness_starts(
     launch = next(line for line in text.splitlines() if line.startswith("  launch: "))
     assert "OMP_NUM_THREADS=1" in launch  # the deployment's own environment
     assert "/bin/python -m sglang.launch_server --model-path <" in launch
-    assert launch.endswith("--device cpu --random-seed 0 --max-total-tokens 32768 --host 127.0.0.1 --port <free port>")  # fmt: skip
+    assert launch.endswith("--device cpu --random-seed 0 --max-total-tokens 32768 --sleep-on-idle --host 127.0.0.1 --port <free port>")  # fmt: skip
     amx = "amx_tile" in Path("/proc/cpuinfo").read_text()
     assert f"device cpu; dtype auto -> bfloat16 (the model config's torch_dtype); attention backend {'intel_amx' if amx else 'torch_native'}" in text  # fmt: skip
     for shape in ("hidden_size 128", "num_attention_heads 4", "num_key_value_heads 2", "head size 32", "vocab_size 1024"):  # fmt: skip
