@@ -100,14 +100,18 @@ class TaskHarness(Harness):
             arm.state["cache_seed"] = seed
         return k, v
 
-    def _compare(self, out: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> CheckResult:
+    def _compare(
+        self, out: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f64: bool = True
+    ) -> CheckResult:
+        """The output against the float32 reference (the rule), and with `f64` its error
+        against float64 (reported; a timed sample's check leaves it out: it only gates)."""
         tol = self.manifest.tolerance
         atol, rtol = tol.atol or 1e-5, tol.rtol or 1e-4
         if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != torch.float32:
             got = getattr(out, "shape", type(out).__name__)
             return CheckResult(passed=False, detail=f"expected float32 {tuple(q.shape)}, got {got}")
         ref32 = reference(q, k, v)
-        ref64 = reference(q.double(), k, v)
+        ref64 = reference(q.double(), k, v) if f64 else None
         abs_err = (out - ref32).abs()
         rel_err = abs_err / ref32.abs().clamp_min(1e-12)
         ok = bool(torch.all(abs_err <= atol + rtol * ref32.abs()).item())
@@ -115,7 +119,7 @@ class TaskHarness(Harness):
             passed=ok,
             max_abs_err=float(abs_err.max()),
             max_rel_err=float(rel_err.max()),
-            err_vs_f64=float((out.double() - ref64).abs().max()),
+            err_vs_f64=None if ref64 is None else float((out.double() - ref64).abs().max()),
             tolerance=f"atol={atol:g} rtol={rtol:g} (float32)",
             detail=None if ok else f"max abs err {float(abs_err.max()):.3g} above tolerance",
             compared="the decode step's attention output against plain softmax attention in "
@@ -134,7 +138,7 @@ class TaskHarness(Harness):
         out, seconds = arm.worker.timed_call(
             "decode_server:decode", q, timeout_s=60, **self._knobs(arm)
         )
-        result = self._compare(out, q, k, v)
+        result = self._compare(out, q, k, v, f64=False)
         if not result.passed:
             raise IncorrectOutput(f"timed decode output wrong: {result.detail}")
         return {"step_time_ms": 1e3 * seconds / self.params["steps"]}
