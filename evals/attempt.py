@@ -254,7 +254,9 @@ def run_attempt(
         checked += f" ({again.reason[:160]})"
     aside = f" set_aside={len(r.set_aside)}" if r.set_aside else ""
     beat = " beats the best known result" if r.beats_best_known else ""
-    beat += {True: " (true success)", False: " (a win elsewhere)", None: ""}[r.true_success]
+    # Not a true success: on an open task (it has a best known result), a win not re-measured.
+    lucky = "not re-measured" if r.beats_best_known is not None else "a win elsewhere"
+    beat += {True: " (true success)", False: f" ({lucky})", None: ""}[r.true_success]
     progress(
         f"  {attempt.status}: solved={r.solved} improved={r.improved} best={best}"
         f"{checked}{aside}{beat} experiments={r.experiments} turns={r.turns}"
