@@ -146,6 +146,9 @@ WIDTH = 140
 """Characters per rendered line, at most."""
 FEW_SAMPLES = 20
 """Fewer active samples than this: a share is off by 10 points or more (binomial sd at 50%)."""
+RENDER_CHARS = 2800
+"""A server profile's text stays shorter (with the look's own line after it, under 3,000): rows
+of least self time give way first."""
 
 
 class ProcessProfile(BaseModel):
@@ -193,7 +196,8 @@ class ProcessProfile(BaseModel):
             gil=trace.gil, errors=list(trace.errors), asleep=profile.asleep if profile else {},
         )  # fmt: skip
 
-    def render(self) -> list[str]:
+    def render(self, top: int = TOP) -> list[str]:
+        """Its lines, with the `top` hottest functions by self time."""
         head = f"{self.role} (pid {self.pid})" if self.pid else self.role
         lines = [f"{head}: {self.samples} active samples in {self.duration_s:.1f} s"]
         if 0 < self.samples < FEW_SAMPLES:
@@ -208,13 +212,13 @@ class ProcessProfile(BaseModel):
             ))  # fmt: skip
         if not self.top_self and not self.errors:
             lines.append("  (no SGLang frames sampled)")
-        for r in self.top_self[:TOP]:  # names whole: several functions may share a prefix
+        for r in self.top_self[:top]:  # names whole: several functions may share a prefix
             hot = ", ".join(f"{n} {share:.0%}" for n, share in r.hot_lines)
             lines.append(
                 f"  self {r.self_share:3.0%} total {r.total_share:3.0%} {r.where}"
                 + (f" (lines {hot})" if hot else "")
             )
-        shown = {r.where for r in self.top_self[:TOP]}
+        shown = {r.where for r in self.top_self[:top]}
         rest = [
             f"{_short(r)} {r.total_share:.0%}" for r in self.top_total[:TOP] if r.where not in shown
         ]
@@ -244,9 +248,21 @@ class ServerProfile(BaseModel):
     processes: list[ProcessProfile] = Field(default_factory=list)
 
     def render(self) -> str:
+        """Under `RENDER_CHARS`: while longer, the function row of least self time goes (the
+        record keeps every row), down to one a process."""
+        tops = [min(TOP, len(p.top_self)) for p in self.processes]
+        while True:
+            text = self._render(tops)
+            cuttable = [k for k, n in enumerate(tops) if n > 1]
+            if len(text) < RENDER_CHARS or not cuttable:
+                return text
+            least = min(cuttable, key=lambda k: self.processes[k].top_self[tops[k] - 1].self_share)
+            tops[least] -= 1
+
+    def _render(self, tops: list[int]) -> str:
         lines = [f"{self.label}: {self.workload}"]
-        for process in self.processes:
-            lines += process.render()
+        for process, top in zip(self.processes, tops, strict=True):
+            lines += process.render(top)
         if self.gil_window_s and self.gil_window_s + SETTLE_S > self.duration_s:
             lines.append(
                 f"note: the GIL window ({self.gil_window_s:g} s) outlasted the workload "

@@ -133,6 +133,40 @@ def test_the_rendering_stays_bounded_with_every_process_and_many_threads() -> No
     assert text.count("9 active samples in 3.0 s (few: the shares are rough") == 3
 
 
+def test_a_long_profile_gives_up_its_coolest_rows_first() -> None:
+    """Over `RENDER_CHARS`, function rows go in order of least self time, across processes,
+    down to one a process; the record keeps them all."""
+
+    def row(name: str, share: float) -> FunctionTime:
+        return FunctionTime(
+            function=f"Scheduler.{name}_" + "x" * 110, file="sglang/srt/managers/" + "y" * 40 + ".py",
+            self_samples=int(1000 * share), total_samples=int(1000 * share), self_share=share,
+            total_share=share,
+        )  # fmt: skip
+
+    shares = {
+        "scheduler": [0.40, 0.20, 0.09, 0.05, 0.02],
+        "tokenizer": [0.30, 0.10, 0.07, 0.03, 0.01],
+    }
+    report = tracing.ServerProfile(
+        label="baseline", workload="w" * 900, duration_s=10.0,
+        processes=[
+            tracing.ProcessProfile(role=role, pid=1, samples=1000, duration_s=10.0,
+                                   top_self=[row(f"{role}{i}", v) for i, v in enumerate(values)])
+            for role, values in shares.items()
+        ],
+    )  # fmt: skip
+    assert len(report._render([5, 5])) >= tracing.RENDER_CHARS  # this case needs cutting
+    text = report.render()
+    assert len(text) < tracing.RENDER_CHARS, len(text)
+    kept = {(role, v) for role, values in shares.items() for i, v in enumerate(values)
+            if f"Scheduler.{role}{i}_" in text}  # fmt: skip
+    gone = {(role, v) for role, values in shares.items() for v in values} - kept
+    assert gone and min(v for _, v in kept) >= max(v for _, v in gone), (kept, gone)
+    assert {role for role, _ in kept} == set(shares)
+    assert len(report.processes[1].top_self) == 5
+
+
 def test_server_profile_refuses_bad_processes_and_kernel_tasks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
