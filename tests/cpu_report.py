@@ -66,9 +66,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         for nodeid, group, wall in _tests:
             cpu = int((group / "cpuacct.usage").read_text()) / 1e9
             f.write(json.dumps({"test": nodeid, "cpu_s": cpu, "wall_s": wall}) + "\n")
-    for group in [root, *(g for _, g, _ in _tests)][::-1]:
+    # Deepest first: the cgroups the product made inside a test's (a server's, empty by now),
+    # then the tests', then the root. One a process still runs in is refused and kept.
+    for folder in sorted(root.rglob("*/"), key=lambda f: len(f.parts), reverse=True) + [root]:
         try:
-            group.rmdir()  # refused while a process still runs in it: kept, still counting
+            folder.rmdir()
         except OSError:
             pass
 
