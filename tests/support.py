@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,23 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 NO_SGLANG_ENV = "SGLang environment not created (python -m infra_agent.serving.env --ensure)"
+
+
+@contextmanager
+def loopback_server(
+    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> Iterator[str]:
+    """A stand-in HTTP server on 127.0.0.1 answering each connection with `handle`, in an event
+    loop on its own thread, for the `with` body: its URL."""
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
 
 
 def needs_sglang_env() -> pytest.MarkDecorator:

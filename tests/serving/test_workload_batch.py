@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 
 import pytest
+from support import loopback_server
 
 from infra_agent.serving.load.datasets import random_sessions
 from infra_agent.serving.load.generator import LoadSpec, run_workload
@@ -46,13 +46,8 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(_handle, "127.0.0.1", 0))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    with loopback_server(_handle) as address:
+        yield address
 
 
 def test_a_batch_request_carries_its_prompts_and_each_prompt_keeps_its_record(url: str) -> None:
