@@ -65,6 +65,12 @@ def test_regular_wheel_install_works(tmp_path: Path) -> None:
     }
     assert skeletons == {p.name for p in (REPO / "tools" / "skeletons" / "bundled").glob("*.toml")}
     assert skeletons, "no bundled skeleton in the source tree"
+    # The CPU kernel shim (no package: SGLang servers put it on their PYTHONPATH) ships whole.
+    shim = REPO / "serving" / "kernel_shim"
+    shipped = target / "infra_agent" / "serving" / "kernel_shim"
+    modules = {p.relative_to(shim) for p in shim.rglob("*.py")}
+    assert modules, "no kernel shim module in the source tree"
+    assert {p.relative_to(shipped) for p in shipped.rglob("*.py")} == modules
     # Bundled task folders ship as package data.
     bundled = target / "infra_agent" / "bundled_tasks"
     src_bundled = REPO / "bundled_tasks"
