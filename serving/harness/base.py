@@ -50,7 +50,8 @@ provides its patched workspace copy, and only that: the experiment's sandbox evi
 candidate server's confinement (`code_confinement`: 'server:bwrap', what was in force, what was
 missing), which is what the patch ran under. Params (task.toml [params]): num_prompts, input_len,
 output_len, max_concurrency (0: all at once), request_rate (0: all at once), api, temperature,
-warmup_prompts (0: none), judge_prompts, judge_check_prompts, judge_alpha (the likelihood
+top_logprobs_num and return_text_in_logprobs (optional: every request asks for its tokens'
+log-probs and the top N alternatives, as scoring and RL rollout clients do), warmup_prompts (0: none), judge_prompts, judge_check_prompts, judge_alpha (the likelihood
 test's false-alarm rate), gate_prompts and gate_output_len (the prompt set of accuracy tasks'
 `answer`), pause_idle_arm (false: both servers run all the time, e.g. where a paused server
 would miss a collective's timeout).
@@ -224,12 +225,19 @@ class ServingHarness(Harness):
     def load(self, seed: int) -> LoadSpec:
         conc = int(self.params["max_concurrency"])
         rate = float(self.params["request_rate"])
+        top = self.params.get("top_logprobs_num")
         return LoadSpec(
             api=self.params["api"],
             max_concurrency=conc or None,
             request_rate=rate if rate > 0 else math.inf,
             temperature=float(self.params["temperature"]),
             seed=seed % (2**31),
+            return_logprob=top is not None,
+            top_logprobs_num=int(top or 0),
+            return_text_in_logprobs=bool(self.params.get("return_text_in_logprobs", False)),
+            incremental=bool(
+                self.deployment.server_args.get("incremental-streaming-output", False)
+            ),
         )
 
     # -- the four questions ------------------------------------------------------------------
@@ -311,6 +319,7 @@ class ServingHarness(Harness):
             f"{p['output_len']} tokens via /{p['api']}, "
             f"{f'at most {conc} in flight' if conc else 'all in flight'}, "
             f"{f'{rate:g} req/s' if rate > 0 else 'sent at once'}, temperature {p['temperature']}"
+            f"{self._logprob_asks()}"
             f"; {p['warmup_prompts']} warm-up requests before every measured run",
             params=dict(p),
             knobs=dict(knobs),
@@ -319,6 +328,15 @@ class ServingHarness(Harness):
             "under the baseline",
             metric=f"{self.manifest.metric.name} [{self.manifest.metric.unit}] over the sample",
         )
+
+    def _logprob_asks(self) -> str:
+        """What each request asks for besides its tokens (params `top_logprobs_num`,
+        `return_text_in_logprobs`: the request shape of scoring and rollout clients)."""
+        top = self.params.get("top_logprobs_num")
+        if top is None:
+            return ""
+        text = " and their text" if self.params.get("return_text_in_logprobs") else ""
+        return f"; every request asks for the logprob of each output token, its top {top} alternatives{text}"
 
     def sessions(self, prompts: int, *, seed: int) -> list[Session]:
         """`prompts` single-turn sessions of the task's workload shape."""

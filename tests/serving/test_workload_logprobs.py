@@ -38,3 +38,26 @@ def test_an_incremental_stream_counts_a_delta_that_repeats_the_first_token() -> 
     _absorb(LoadSpec(), cumulative, {"text": "a", "output_ids": [7]})
     _absorb(LoadSpec(), cumulative, {"text": "ab", "output_ids": [7, 8]})
     assert cumulative.output_ids == [7, 8]
+
+
+def test_scoring_and_rollout_tasks_ask_for_logprobs_and_say_so() -> None:
+    """ServingHarness.load reads the request shape from a task's params (top_logprobs_num,
+    return_text_in_logprobs) and the deployment (incremental streaming); the workload says it."""
+    from infra_agent.experiments.arms import load_harness
+    from infra_agent.tasks.registry import find_task
+
+    def harness(name: str):  # type: ignore[no-untyped-def]
+        task = find_task(name)
+        return load_harness(task, dict(task.manifest.params))
+
+    rollout = harness("sglang-real-rl-rollout-stall")
+    load = rollout.load(seed=1)
+    assert load.return_logprob and load.top_logprobs_num == 5 and load.return_text_in_logprobs
+    assert load.incremental  # its deployment streams increments
+    assert "its top 5 alternatives and their text" in rollout.workload({}).summary
+    scoring = harness("sglang-real-scored-stream-slowdown").load(seed=1)
+    assert scoring.return_logprob and scoring.top_logprobs_num == 5
+    assert not scoring.return_text_in_logprobs and not scoring.incremental
+    plain = harness("sglang-cpu-tiny")
+    assert not plain.load(seed=1).return_logprob and not plain.load(seed=1).incremental
+    assert "logprob" not in plain.workload({}).summary
