@@ -34,6 +34,7 @@ from infra_agent.store.records import ExperimentRecord, ToolCall
 from infra_agent.store.verdict import Flag
 from infra_agent.tasks.patch import Patch
 from infra_agent.tools.base import ToolResult
+from infra_agent.tools.kept_servers import SERVER_MEMORY
 
 EXPERIMENT_TOOL = "run_experiment"
 FINISH_TOOL = "finish"
@@ -222,10 +223,14 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
         if isinstance(record, str) or record is None:  # the experiment could not start
             answers[call.id] = ToolResult.failure(record or "not run")
             continue
-        usage.experiments += 1
         reused = call.id not in records
-        outcomes.append(ExperimentOutcome.of(record, ctx.store.get_patch(record.patch_id), reused=reused))  # fmt: skip
+        outcome = ExperimentOutcome.of(record, ctx.store.get_patch(record.patch_id), reused=reused)
+        outcomes.append(outcome)
         text = verdict_text(record, ctx.task.manifest)
+        if Flag.BASELINE_FAILED in outcome.flags:  # the unpatched engine failed, not the patch
+            text += "\nNot charged to the experiment budget: the baseline failed; this patch may be run again."
+        else:
+            usage.experiments += 1
         answers[call.id] = ToolResult(content=text, data={"experiment_id": record.id})
     rest = state.pending[len(batch) :]
     if not rest:  # the reply's last answer
@@ -254,6 +259,9 @@ def _run(
     at once (or why it could not start), an extension from the record in `extends`. Each is
     logged and stored before this returns."""
     seed = ctx.config.seed + len(state.experiments)
+    # An experiment starts two servers (baseline and candidate) for each patch: the run's
+    # paused look servers give way first where the machine's memory would not hold them.
+    ctx.tool_context.look_servers.make_room(2 * len(todo) * SERVER_MEMORY)
     for _, patch in todo:
         ctx.log.harness(f"experiment started on patch {patch.hash}", name="experiment")
     out: dict[str, ExperimentRecord | str] = {}

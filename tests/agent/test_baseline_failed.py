@@ -1,7 +1,7 @@
 """A FAILED verdict whose baseline arm failed says nothing about the patch (a relay run lost an
 experiment and a cosmetic re-patch to a baseline server killed on a loaded machine): the
-cascade flags it `baseline_failed`, and asked again for the same patch the loop measures it
-again instead of answering from the record. The fast pure-Python test task through the real
+cascade flags it `baseline_failed`, the experiment is not charged to the budget, and asked again
+for the same patch the loop measures it again instead of answering from the record. The fast pure-Python test task through the real
 cascade and the real experiment node, on a real store."""
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def test_a_patch_whose_baseline_failed_is_measured_again(tmp_path: Path) -> None
     assert (
         "baseline failed" in state.messages[-1].content
         and "status 137" in state.messages[-1].content
+        and "Not charged to the experiment budget" in state.messages[-1].content
     )
+    assert state.usage.experiments == 0
 
     broken.unlink()
     state = _answer(ctx, state, patch_id, 2)
@@ -55,4 +57,5 @@ def test_a_patch_whose_baseline_failed_is_measured_again(tmp_path: Path) -> None
     second = state.experiments[-1]
     assert second.experiment_id != first.experiment_id and second.patch_id == patch_id
     assert second.verdict is Verdict.NO_CHANGE and Flag.BASELINE_FAILED not in second.flags
-    assert state.usage.experiments == 2 and len(store.experiments(run_id)) == 2
+    assert "Not charged" not in state.messages[-1].content
+    assert state.usage.experiments == 1 and len(store.experiments(run_id)) == 2

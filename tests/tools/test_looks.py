@@ -126,3 +126,39 @@ def test_the_system_prompt_tells_of_looks_only_where_the_run_offers_them() -> No
     assert "take any patch_id" not in system_prompt(default_registry("sparse", serving))
     kernel = find_task("decode-split-norm")
     assert "take any patch_id" not in system_prompt(default_registry("dense", kernel))
+
+
+def test_kept_servers_give_way_least_recently_used_first_when_memory_is_short() -> None:
+    """Paused look servers hold their memory: a start (or an experiment's two) that would not fit
+    stops the least recently used ones first, and only while memory is short."""
+    from infra_agent.tools.kept_servers import SERVER_MEMORY, KeptServers
+
+    class Fake:
+        def __init__(self, name: str) -> None:
+            self.name, self.closed = name, False
+
+        def alive(self) -> bool:
+            return not self.closed
+
+        def close(self) -> None:
+            self.closed = True
+            state["free"] += SERVER_MEMORY
+
+    state = {"free": 10 * SERVER_MEMORY}
+    kept: KeptServers[Fake] = KeptServers(memory=lambda: state["free"])
+
+    def start(name: str) -> Fake:
+        state["free"] -= SERVER_MEMORY
+        return Fake(name)
+
+    a, _ = kept.get("a", lambda: start("a"))
+    b, _ = kept.get("b", lambda: start("b"))
+    kept.get("a", lambda: start("a"))  # a is used again: b is now the least recent
+    assert kept.make_room(2 * SERVER_MEMORY) == 0 and not a.closed and not b.closed
+    state["free"] = SERVER_MEMORY // 2  # other work took the memory
+    c, reused = kept.get("c", lambda: start("c"))
+    assert not reused and b.closed and not a.closed  # one stop was enough for one start
+    state["free"] = 0
+    assert kept.make_room(2 * SERVER_MEMORY) == 2 and a.closed and c.closed
+    assert kept.servers == {}
+    assert KeptServers(memory=lambda: None).make_room(SERVER_MEMORY) == 0  # unknown: none stop
