@@ -36,7 +36,14 @@ from infra_agent.store.verdict import (
     Verdict,
 )
 from infra_agent.tasks.checked import CheckedPatch, checked
-from infra_agent.tasks.harness import Arm, CandidateFailure, CheckResult, Harness, IncorrectOutput
+from infra_agent.tasks.harness import (
+    Arm,
+    BaselineFailure,
+    CandidateFailure,
+    CheckResult,
+    Harness,
+    IncorrectOutput,
+)
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import (
     NotEditableError,
@@ -62,7 +69,7 @@ class _Stop(Exception):
 
 def _failure(arm: str, error: BaseException) -> _Stop:
     """The verdict for an exception raised while running `arm`."""
-    if arm == "baseline":
+    if arm == "baseline" or isinstance(error, BaselineFailure):
         return _Stop(
             Verdict.FAILED,
             f"baseline failed, so nothing can be compared (task or sandbox problem): {describe(error)}",

@@ -37,6 +37,11 @@ class IncorrectOutput(Exception):
     """Raised by a harness when a candidate's output is wrong (also during timed samples)."""
 
 
+class BaselineFailure(Exception):
+    """The baseline failed while the harness was working for the candidate (e.g. a serving
+    harness scoring the candidate's outputs on the baseline server): the patch is not to blame."""
+
+
 class CandidateFailure(Exception):
     """The candidate crashed, hung past its timeout, or hit a resource limit."""
 
