@@ -7,12 +7,16 @@ wrote is read; the server runs the arm's baseline, fault included):
 1. a GIL trace of the scheduler process under the task's load (`feedback.gil`): when a thread
    other than the scheduler's main thread holds the GIL while the main thread waits for it,
    that thread and its function are the localization;
-2. otherwise a function profile of the scheduler process (`feedback.pyprofile`) at a light load
-   (a few requests in flight) and at the task's load, each function's time per generated
+2. otherwise function profiles (`feedback.pyprofile`) of the scheduler and of the front end (the
+   HTTP server's process: its TokenizerManager tokenizes, streams and keeps each request's
+   state) at a light load (a few requests in flight) and at the task's load, with each
+   process's CPU time. The process to look in is the scheduler, unless the front end used more
+   CPU than the scheduler at the task's load (a fault in request handling, streaming or
+   tokenizing, which the scheduler only waits for). In it, each function's time per generated
    token (with its callees): where work that grows with the load (with the number of waiting or
    running requests) enters, the outermost function growing as fast as the fastest-growing
    work, is the localization (`growth_entry`);
-3. otherwise the SGLang function with the most self time at the task's load.
+3. otherwise that process's SGLang function with the most self time at the task's load.
 
 Function names are as py-spy reads them (`Class.method`), files relative to the package
 ('sglang/srt/managers/scheduler.py').
@@ -21,13 +25,15 @@ Function names are as py-spy reads them (`Class.method`), files relative to the 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from infra_agent.feedback.gil import PySpyUnavailable
 from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime
-from infra_agent.serving.instruments.live import describe
+from infra_agent.sandboxes.proctree import cpu_seconds
+from infra_agent.serving.instruments.live import describe, server_processes
 from infra_agent.serving.instruments.tracing import trace_during
 from infra_agent.serving.overlay import installed_package
 from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
@@ -42,6 +48,23 @@ GROWTH = 2.0
 at the light load scales with the load."""
 MIN_SHARE = 0.05
 """...and it must hold at least this share of the scheduler's active samples."""
+FRONT = "tokenizer"
+"""The front end's role (`serving.instruments.tracing.ROLES`): SGLang's HTTP server process."""
+FRONT_MIN_CORES = 0.3
+"""The front end is looked in only when it kept at least this share of a core busy at the
+task's load (and more than the scheduler did)."""
+
+
+@dataclass
+class ProfiledRun:
+    """One workload with the scheduler and the front end profiled, and their CPU use."""
+
+    scheduler: FunctionProfile
+    front: FunctionProfile | None
+    """None where the front end could not be profiled (the scheduler's profile still stands)."""
+    result: Any
+    cores: dict[str, float]
+    """Role -> CPU-seconds per second of the workload (1.0: one core busy throughout)."""
 
 
 def package_dirs(harness: Any, arm: Any) -> list[Path]:
@@ -56,14 +79,20 @@ def package_dirs(harness: Any, arm: Any) -> list[Path]:
 
 def profiled_run(
     harness: Any, arm: Any, seed: int, *, concurrency: int | None, prompts: int
-) -> tuple[FunctionProfile, Any]:
-    """The task's request shape at a given concurrency, with the scheduler profiled throughout."""
+) -> ProfiledRun:
+    """The task's request shape at a given concurrency, with the scheduler and the front end
+    profiled throughout and their CPU time counted."""
     sessions = harness.sessions(prompts, seed=seed)
     load = harness.load(seed).model_copy(update={"max_concurrency": concurrency})
-    (trace,), result = trace_during(harness.server(arm), sessions, load, ["scheduler"])
+    server = harness.server(arm)
+    pids = {r: p for r, p in server_processes(server).items() if r in ("scheduler", FRONT)}
+    before, started = {r: cpu_seconds({p}) for r, p in pids.items()}, time.monotonic()
+    (trace, front), result = trace_during(server, sessions, load, ["scheduler", FRONT])
+    wall = max(time.monotonic() - started, 1e-9)
     if trace.profile is None:
         raise PySpyUnavailable("; ".join(trace.errors))
-    return trace.profile, result
+    cores = {r: (cpu_seconds({p}) - before[r]) / wall for r, p in pids.items()}
+    return ProfiledRun(trace.profile, front.profile, result, cores)
 
 
 def _per_token(rows: list[FunctionTime], tokens: int) -> dict[str, float]:
@@ -86,7 +115,7 @@ def diagnose_throughput(harness: Any, arm: Any, samples: int = 2) -> Diagnosis:
         reproduced=strong,
         symptom=f"{metric} median {median:.4g} {unit} over {samples} samples of the task's "
         f"workload; {'one place stands out' if strong else 'no single place stands out'} in "
-        "the scheduler's GIL trace and profiles",
+        f"the scheduler's GIL trace and the {profiles.process}'s profiles",
         measured={metric: median, "profile_samples": float(profiles.heavy.samples)},
         localization=localization,
         evidence=evidence,
@@ -120,7 +149,8 @@ def gil_culprit(harness: Any, server: Any, evidence: list[str], instruments: lis
 
 @dataclass
 class Profiles:
-    """The scheduler's function profiles at a light load and at the task's load."""
+    """The function profiles, at a light load and at the task's load, of the process to look
+    in: the scheduler, or the front end where it used more CPU at the task's load."""
 
     light: FunctionProfile
     heavy: FunctionProfile
@@ -128,32 +158,48 @@ class Profiles:
     heavy_tokens: int
     dirs: list[Path]
     heavy_rows: list[Any]
+    process: str = "scheduler"
+    """'scheduler' or 'front end' (the HTTP server's process)."""
 
     @classmethod
     def measure(
         cls, harness: Any, arm: Any, evidence: list[str], instruments: list[str]
     ) -> Profiles:
         p, dirs = harness.params, package_dirs(harness, arm)
-        light, light_run = profiled_run(
+        light = profiled_run(
             harness, arm, DIAGNOSE_SEED + 11,
             concurrency=LIGHT_CONCURRENCY, prompts=min(int(p["num_prompts"]), LIGHT_PROMPTS),
         )  # fmt: skip
-        heavy, heavy_run = profiled_run(
+        heavy = profiled_run(
             harness, arm, DIAGNOSE_SEED + 13,
             concurrency=int(p["max_concurrency"]) or None, prompts=int(p["num_prompts"]),
         )  # fmt: skip
-        instruments.append("pyprofile.profile_pid scheduler (light load, task load)")
-        light_rows, heavy_rows = light.functions(dirs, limit=200), heavy.functions(dirs, limit=200)
-        light_cost = _per_token(light_rows, _tokens(light_run))
-        heavy_cost = _per_token(heavy_rows, _tokens(heavy_run))
-        evidence.append(f"light load ({LIGHT_CONCURRENCY} in flight): {describe(light_run)}")
-        evidence.append(f"task load: {describe(heavy_run)}")
+        instruments.append("pyprofile.profile_pid scheduler and front end (light load, task load)")
+        evidence.append(f"light load ({LIGHT_CONCURRENCY} in flight): {describe(light.result)}")
+        evidence.append(f"task load: {describe(heavy.result)}")
+        sched, front = heavy.cores.get("scheduler"), heavy.cores.get(FRONT)
+        if sched is not None and front is not None:
+            evidence.append(
+                f"CPU at the task's load: scheduler {sched:.2f} cores, front end (HTTP server "
+                f"process) {front:.2f} cores"
+            )
+        busy_front = (
+            sched is not None and front is not None and front >= FRONT_MIN_CORES and front > sched
+        )
+        if busy_front and light.front is not None and heavy.front is not None:
+            process, lp, hp = "front end", light.front, heavy.front
+        else:
+            process, lp, hp = "scheduler", light.scheduler, heavy.scheduler
+        light_rows, heavy_rows = lp.functions(dirs, limit=200), hp.functions(dirs, limit=200)
+        lt, ht = _tokens(light.result), _tokens(heavy.result)
+        light_cost, heavy_cost = _per_token(light_rows, lt), _per_token(heavy_rows, ht)
+        evidence.append(f"{process} profile, hottest functions at the task's load:")
         evidence.extend(
             f"  {r.self_share:5.1%} self  {heavy_cost[r.where]:7.2f} vs "
             f"{light_cost.get(r.where, 0.0):7.2f} samples/1k tokens  {r.where}"
             for r in heavy_rows[:8]
         )
-        return cls(light, heavy, _tokens(light_run), _tokens(heavy_run), dirs, heavy_rows)
+        return cls(lp, hp, lt, ht, dirs, heavy_rows, process)
 
 
 def localize(culprit: Any, profiles: Profiles, evidence: list[str]) -> tuple[Localization, bool]:
@@ -175,9 +221,9 @@ def localize(culprit: Any, profiles: Profiles, evidence: list[str]) -> tuple[Loc
         where, share, ratio = growing
         evidence.append(f"growth with the load: {where} {ratio:.1f}x per token")
         return Localization(
-            stage="scheduler process: work that grows with the load",
+            stage=f"{_stage(profiles)}: work that grows with the load",
             function=where,
-            detail=f"{share:.0%} of the scheduler's samples at the task's load are in it or "
+            detail=f"{share:.0%} of the {profiles.process}'s samples at the task's load are in it or "
             f"its callees; its time per generated token is {ratio:.1f}x what it is with "
             f"{LIGHT_CONCURRENCY} requests in flight (the outermost function that grows as "
             "fast as the fastest-growing work)",
@@ -185,12 +231,18 @@ def localize(culprit: Any, profiles: Profiles, evidence: list[str]) -> tuple[Loc
     if heavy_rows:
         top = heavy_rows[0]
         return Localization(
-            stage="scheduler process: the hottest SGLang function",
+            stage=f"{_stage(profiles)}: the hottest SGLang function",
             function=top.where,
-            detail=f"{top.self_share:.0%} of the scheduler's active samples are in this "
+            detail=f"{top.self_share:.0%} of the {profiles.process}'s active samples are in this "
             f"function or the library calls it makes ({top.total_share:.0%} with callees)",
         ), top.self_share >= 0.2
     return Localization(detail="the profile saw no SGLang frames"), False
+
+
+def _stage(profiles: Profiles) -> str:
+    if profiles.process == "scheduler":
+        return "scheduler process"
+    return "front end (HTTP server process, busier than the scheduler)"
 
 
 def growth_entry(

@@ -273,9 +273,65 @@ def test_the_diagnosis_sends_the_tasks_own_requests(monkeypatch) -> None:  # typ
 
     def traced(server, sessions, load, processes, **_):  # type: ignore[no-untyped-def]
         sent.append(sessions)
-        return (SimpleNamespace(profile=object(), gil=None, errors=["no GIL trace"]),), None
+        trace = SimpleNamespace(profile=object(), gil=None, errors=["no GIL trace"])
+        return tuple(trace for _ in processes), None
 
     monkeypatch.setattr(diagnosis, "trace_during", traced)
+    monkeypatch.setattr(diagnosis, "server_processes", lambda server: {})
     diagnosis.profiled_run(Harness(), None, 1, concurrency=4, prompts=1)
     diagnosis.gil_culprit(Harness(), None, [], [])
     assert sent == [own, own]
+
+
+def test_the_front_end_is_looked_in_when_it_used_more_cpu_than_the_scheduler(
+    monkeypatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Faults in request handling run in the HTTP server's process (sglang-real-scored-stream's
+    per-token logprob work): the diagnosis profiled only the scheduler and named the model's own
+    attention. The process whose CPU use was higher at the task's load is the one looked in."""
+    from types import SimpleNamespace
+
+    from infra_agent.feedback.pyprofile import FunctionProfile
+    from infra_agent.serving.instruments import diagnosis
+
+    root = tmp_path / "sglang"
+    sched_file, front_file = str(root / "scheduler.py"), str(root / "tokenizer_manager.py")
+
+    def profile(file: str, name: str, n: int) -> FunctionProfile:
+        stack = f"thread (1): MainThread;{name} ({file}:3)"
+        return FunctionProfile(pid=1, duration_s=1, samples=n, stacks={stack: n})
+
+    def runs(cores: dict[str, float]):  # type: ignore[no-untyped-def]
+        def run(harness, arm, seed, *, concurrency, prompts):  # type: ignore[no-untyped-def]
+            records = [SimpleNamespace(output_tokens=1000)]
+            return diagnosis.ProfiledRun(
+                scheduler=profile(sched_file, "forward", 100),
+                front=profile(front_file, "convert_logprob_style", 100),
+                result=SimpleNamespace(records=records), cores=cores,
+            )  # fmt: skip
+
+        return run
+
+    harness = SimpleNamespace(params={"num_prompts": 64, "max_concurrency": 0})
+    monkeypatch.setattr(diagnosis, "package_dirs", lambda harness, arm: [root])
+    monkeypatch.setattr(diagnosis, "describe", lambda result: "1000 tokens")
+    for cores, process, function in (
+        ({"scheduler": 0.55, "tokenizer": 0.95}, "front end", "convert_logprob_style"),
+        ({"scheduler": 0.95, "tokenizer": 0.55}, "scheduler", "forward"),
+        ({"scheduler": 0.1, "tokenizer": 0.2}, "scheduler", "forward"),  # an idle front end
+    ):
+        monkeypatch.setattr(diagnosis, "profiled_run", runs(cores))
+        evidence: list[str] = []
+        profiles = diagnosis.Profiles.measure(harness, None, evidence, [])
+        assert profiles.process == process
+        found, strong = diagnosis.localize(None, profiles, evidence)
+        assert (
+            strong
+            and found.function
+            == f"sglang/{'tokenizer_manager' if process == 'front end' else 'scheduler'}.py:{function}"
+        )
+        assert found.stage.startswith(process)
+        assert (
+            f"scheduler {cores['scheduler']:.2f} cores, front end (HTTP server process) {cores['tokenizer']:.2f}"
+            in "\n".join(evidence)
+        )
