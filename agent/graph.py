@@ -31,7 +31,7 @@ from infra_agent.experiments.executors import Executor, ExperimentRequest, run_b
 from infra_agent.experiments.extend import extendable
 from infra_agent.experiments.verdict_text import verdict_text
 from infra_agent.store.records import ExperimentRecord, ToolCall
-from infra_agent.store.verdict import Flag
+from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.patch import Patch
 from infra_agent.tools.base import ToolResult
 from infra_agent.tools.kept_servers import SERVER_MEMORY
@@ -188,8 +188,8 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
         args = json.loads(call.arguments)
         patch_id, extend = args.get("patch_id") or "", args.get("extend")
         done = known.get(patch_id)
-        if done is not None and Flag.BASELINE_FAILED in done.flags:
-            known.pop(patch_id)  # the baseline failed, not the patch: it may be measured again
+        if done is not None and done.verdict is Verdict.FAILED:
+            known.pop(patch_id)  # FAILED measured nothing (a baseline's or a harness's failure too)
         if patch_id in known and not extend:  # asked again: answer from the record, spend nothing
             done = known[patch_id]
             seen = f" ({done.experiment_id}): {done.verdict.value}, speedup {done.speedup}" if done else ""  # fmt: skip
@@ -231,6 +231,10 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
             text += "\nNot charged to the experiment budget: the baseline failed; this patch may be run again."
         else:
             usage.experiments += 1
+            if outcome.verdict is Verdict.FAILED:
+                text += (
+                    "\nFAILED measured nothing: this patch may be run again (another experiment)."
+                )
         answers[call.id] = ToolResult(content=text, data={"experiment_id": record.id})
     rest = state.pending[len(batch) :]
     if not rest:  # the reply's last answer

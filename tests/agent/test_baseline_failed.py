@@ -59,3 +59,33 @@ def test_a_patch_whose_baseline_failed_is_measured_again(tmp_path: Path) -> None
     assert second.verdict is Verdict.NO_CHANGE and Flag.BASELINE_FAILED not in second.flags
     assert "Not charged" not in state.messages[-1].content
     assert state.usage.experiments == 1 and len(store.experiments(run_id)) == 2
+
+
+def test_a_failed_candidate_run_is_charged_and_may_be_run_again(tmp_path: Path) -> None:
+    """A harness error while running the candidate (a relay run's ReadTimeout on a loaded
+    machine) measured nothing either: it costs its experiment, but asking again measures the
+    patch instead of answering 'already measured ... FAILED; not re-run' (which had pushed the
+    model to write a cosmetically different patch)."""
+    root = shutil.copytree(PYTASK, tmp_path / "pytask")
+    script_timing(root)
+    broken = tmp_path / "candidate-breaks"
+    broken.touch()
+    harness = root / "harness.py"
+    hook = "    def prepare(self, arm: Arm) -> None:\n"
+    harness.write_text(harness.read_text().replace(hook, hook + (
+        f"        if arm.name == 'candidate' and __import__('os').path.exists({str(broken)!r}):\n"
+        "            raise TimeoutError('timed out')\n"
+    )))  # fmt: skip
+    ctx = loop_context(load_task(root), tmp_path)
+    patch_id = propose_blank_line(ctx)
+    state = _answer(
+        ctx, AgentState(run_id=ctx.tool_context.run_id, patches=[patch_id]), patch_id, 1
+    )
+    (first,) = state.experiments
+    assert first.verdict is Verdict.FAILED and Flag.BASELINE_FAILED not in first.flags
+    assert "this patch may be run again" in state.messages[-1].content
+    assert state.usage.experiments == 1
+    broken.unlink()
+    state = _answer(ctx, state, patch_id, 2)
+    assert "already measured" not in state.messages[-1].content
+    assert state.experiments[-1].verdict is Verdict.NO_CHANGE and state.usage.experiments == 2
