@@ -164,6 +164,9 @@ class SearchResult(BaseModel):
     hits: list[SearchHit] = Field(default_factory=list)
     truncated: bool = False
     """max_hits was reached before every matched file was searched."""
+    deeper: tuple[str, int, int] | None = None
+    """With no hit, where a glob's '*' kept the search out of subfolders: the pattern that
+    reaches them, how many more files it matches, and how many of their lines match."""
 
     def render(self) -> str:
         if not self.files_matched:
@@ -171,9 +174,17 @@ class SearchResult(BaseModel):
         skipped = f" ({self.files_skipped} binary or data files not searched)" if self.files_skipped else ""  # fmt: skip
         if not self.hits:
             files = f"{self.files_matched} file{'s' * (self.files_matched != 1)}"
-            return (
+            text = (
                 f"no line matches /{self.regex}/ in the {files} matching '{self.pattern}'{skipped}"
             )
+            if self.deeper is not None:
+                pattern, more, lines = self.deeper
+                text += (
+                    f"; '*' stays within one folder: '{pattern}' reaches {more} more "
+                    f"file{'s' * (more != 1)} in subfolders, where "
+                    + (f"{lines} lines match" if lines != 1 else "1 line matches")
+                )
+            return text
         lines = [
             f"{h.path}:{h.line}{f' (in {h.scope})' if h.scope else ''}: {h.text}" for h in self.hits
         ]
@@ -197,20 +208,37 @@ def search_files(p: SearchFiles, ctx: ToolContext) -> ToolResult:
     names = _files(tree, p.pattern)
     result = SearchResult(regex=p.regex, pattern=p.pattern, files_matched=len(names))
     for name in names:
-        data = tree.read_bytes(name)
-        if len(data) > MAX_SEARCHED_BYTES or b"\0" in data[:8192]:
+        found = _matching_lines(tree, name, rx)
+        if found is None:
             result.files_skipped += 1
             continue
-        text = data.decode(errors="replace")
-        found = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if rx.search(line)]
-        scopes = python_scopes(text) if found and name.endswith(".py") else []
-        for number, line in found:
+        scopes = python_scopes(found[1]) if found[0] and name.endswith(".py") else []
+        for number, line in found[0]:
             if len(result.hits) >= p.max_hits:
                 result.truncated = True
                 return ToolResult.of(result)
             hit = SearchHit(path=name, line=number, scope=enclosing(scopes, number), text=line.strip()[:160])  # fmt: skip
             result.hits.append(hit)
+    head, _, last = p.pattern.rpartition("/")
+    if not result.hits and head and "**" not in p.pattern:
+        deeper = f"{head}/**/{last}"
+        more = sorted(set(_files(tree, deeper)) - set(names))
+        if more:
+            lines = sum(len(found[0]) for n in more if (found := _matching_lines(tree, n, rx)))
+            result.deeper = (deeper, len(more), lines)
     return ToolResult.of(result)
+
+
+def _matching_lines(
+    tree: WorkspaceTree, name: str, rx: re.Pattern[str]
+) -> tuple[list[tuple[int, str]], str] | None:
+    """(line number, line) of each line of `name` that `rx` matches, and the text; None for a
+    binary file or data over `MAX_SEARCHED_BYTES`."""
+    data = tree.read_bytes(name)
+    if len(data) > MAX_SEARCHED_BYTES or b"\0" in data[:8192]:
+        return None
+    text = data.decode(errors="replace")
+    return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if rx.search(line)], text
 
 
 Scope = tuple[int, int, str]

@@ -149,6 +149,7 @@ def _copy_with(tmp_path: Path, files: dict[str, str]) -> Path:
     folder = tmp_path / "task"
     shutil.copytree(find_task("decode-split-norm").root, folder)
     for name, text in files.items():
+        (folder / "workspace" / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / "workspace" / name).write_text(text)
     return folder
 
@@ -200,14 +201,19 @@ def helper() -> int:
 
 
 def test_search_hits_name_their_scope_and_an_empty_glob_is_told_apart(tmp_path: Path) -> None:
-    task = _copy_with(tmp_path, {"scheduler.py": SCHEDULER})
+    task = _copy_with(tmp_path, {
+        "scheduler.py": SCHEDULER,
+        "mem_cache/radix.py": "x = 1\n",
+        "mem_cache/allocator/pool.py": "def free_segment(s):\n    return s  # free_segment\n",
+    })  # fmt: skip
     search = [
         {"regex": r"running_batch|LIMIT", "pattern": "scheduler.py"},
         {"regex": "x", "pattern": "sglang/srt/**/*.py"},
         {"regex": "no_such_name", "pattern": "*.py"},
+        {"regex": "def free_segment", "pattern": "mem_cache/*.py"},
     ]
     steps = _replay(tmp_path, str(task), [{"tool_calls": [{"name": "search_files", "arguments": a}]} for a in search])  # fmt: skip
-    hits, no_file, no_line = _answers(steps, "search_files")
+    hits, no_file, no_line, not_below = _answers(steps, "search_files")
     assert hits.splitlines()[:4] == [
         "scheduler.py:3: LIMIT = 4  # running_batch limit",  # module level: no scope
         "scheduler.py:8 (in Scheduler.__init__): self.running_batch = []",
@@ -215,7 +221,14 @@ def test_search_hits_name_their_scope_and_an_empty_glob_is_told_apart(tmp_path: 
         "scheduler.py:18 (in helper): return len([]) + LIMIT",
     ]  # fmt: skip
     assert no_file.startswith("no file matches the glob 'sglang/srt/**/*.py' (nothing searched")
-    assert no_line.startswith("no line matches /no_such_name/ in the 3 files matching '*.py'")
+    assert no_line.startswith("no line matches /no_such_name/ in the 5 files matching '*.py'")
+    # A relay run searched 'mem_cache/*.py' for a function in mem_cache/allocator/ and read
+    # 'no line matches' as 'no such function': the answer says where '*' did not reach.
+    assert not_below.startswith(
+        "no line matches /def free_segment/ in the 1 file matching 'mem_cache/*.py'; '*' stays "
+        "within one folder: 'mem_cache/**/*.py' reaches 1 more file in subfolders, where 1 line "
+        "matches"
+    ), not_below
 
 
 def test_the_budget_line_names_every_budget_and_warns_at_75_and_90_percent(
