@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field, model_validator
 
 from infra_agent.tasks.manifest import Task, TaskManifest
+from infra_agent.tools import lint
 from infra_agent.tools.base import ToolResult, tool
 from infra_agent.tools.context import ToolContext
 
@@ -123,13 +124,20 @@ def check_and_store(patch: Patch, ctx: ToolContext) -> ToolResult:
     ctx.known_patches.append(patch.hash)
     changed = ", ".join(patch.files) if patch.files else "no files"
     knob_text = ", ".join(f"{k}={v!r}" for k, v in sorted(knobs.items())) or "task defaults"
+    texts = {f.path: (_decoded(f.before), _decoded(f.after)) for f in checked.files}
+    warning = lint.render(lint.new_problems(texts))
     return ToolResult(
         content=(
             f"patch_id: {patch.hash}\napplies cleanly; changes {changed}; effective knobs: "
-            f"{knob_text}\nnext: run_experiment(patch_id) to verify it against baseline"
+            f"{knob_text}\n{warning + chr(10) if warning else ''}"
+            "next: run_experiment(patch_id) to verify it against baseline"
         ),
         data={"patch_id": patch.hash, "files": list(patch.files), "knobs": knobs},
     )
+
+
+def _decoded(content: bytes | None) -> str | None:
+    return None if content is None else content.decode(errors="replace")
 
 
 class ProposePatch(BaseModel):

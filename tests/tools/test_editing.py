@@ -164,3 +164,35 @@ def test_an_edit_file_patch_is_verified_like_any_other(tmp_path: Path) -> None:
     result = record.result
     assert result.verdict.value not in ("INCORRECT", "REJECTED", "FAILED"), result.render()
     assert result.evidence.stage_reached != "apply"
+
+
+def test_an_edit_that_leaves_a_name_undefined_is_registered_with_a_warning(tmp_path: Path) -> None:
+    """A relay run's first half-edit left `per_req_query_padded` undefined and was answered
+    'applies cleanly'; an experiment on it would have failed. The answer now warns (and still
+    registers the patch: the next edit may complete it); a problem the file had before is not
+    the patch's, and a clean edit gets no warning."""
+    ctx = _ctx(tmp_path)
+    clean = _call(ctx, "edit_file", **HOIST_1, rationale="hoist the normalizer")
+    assert clean.data is not None and "warning" not in clean.content
+    old = "    out = torch.zeros_like(q)\n"
+    broken = _call(ctx, "edit_file", path="attention.py", old=old, new="    out = torch.zeros_like(q_padded)\n", base="baseline")  # fmt: skip
+    assert broken.error is None and broken.data is not None, broken.content
+    line = 1 + (ctx.task.workspace / "attention.py").read_text().split(old)[0].count("\n")
+    assert (
+        f"warning: the patched code would fail when run: attention.py:{line}: undefined name "
+        "'q_padded'" in broken.content
+    ), broken.content
+    syntax = _call(ctx, "edit_file", path="attention.py", old=old, new="    out = torch.zeros_like(q\n", base="baseline")  # fmt: skip
+    assert syntax.data is not None and "syntax error" in syntax.content, syntax.content
+
+
+def test_lint_counts_only_what_the_patch_adds() -> None:
+    from infra_agent.tools.lint import new_problems, render
+
+    before = "def f():\n    return y\n"
+    after = "import os\n\n\ndef f():\n    return y + w\n"  # y was undefined before; os unused
+    assert new_problems({"m.py": (before, after), "notes.txt": (None, "w")}) == [
+        "m.py:5: undefined name 'w'"
+    ]
+    assert new_problems({"new.py": (None, "print(v)\n")}) == ["new.py:1: undefined name 'v'"]
+    assert render([]) == "" and render([f"m.py:{i}: x" for i in range(7)]).endswith("(and 2 more)")
