@@ -187,6 +187,7 @@ def experiment(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, A
     for call in batch:
         args = json.loads(call.arguments)
         patch_id, extend = args.get("patch_id") or "", args.get("extend")
+        patch_id = ctx.tool_context.full_patch_id(patch_id)
         done = known.get(patch_id)
         if done is not None and done.verdict is Verdict.FAILED:
             known.pop(patch_id)  # FAILED measured nothing (a baseline's or a harness's failure too)

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from infra_agent.tools.kept_servers import KeptServers
 
+PATCH_ID_PREFIX = 8
+"""A patch id's first characters that name it, where they name one patch of the run."""
+
 if TYPE_CHECKING:
     from infra_agent.store import RunStore
     from infra_agent.tasks.checked import CheckedPatch
@@ -49,7 +52,7 @@ class ToolContext:
         from infra_agent.errors import UserError
         from infra_agent.tasks.patch import Patch
 
-        record = self.store.get_patch(patch_id)
+        record = self.store.get_patch(self.full_patch_id(patch_id))
         if record is None:
             known = ", ".join(self.known_patches) or "none yet"
             raise UserError(
@@ -57,6 +60,14 @@ class ToolContext:
                 "propose or edit a patch first (its answer gives the patch_id)"
             )
         return Patch.from_record(record)
+
+    def full_patch_id(self, given: str) -> str:
+        """The id of this run's patch that `given` begins (at least `PATCH_ID_PREFIX`
+        characters, one patch only), else `given` as it is."""
+        if len(given) < PATCH_ID_PREFIX or self.store.get_patch(given) is not None:
+            return given
+        found = {p for p in self.known_patches if p.startswith(given)}
+        return found.pop() if len(found) == 1 else given
 
     def checked_patch(self, patch_id: str) -> CheckedPatch:
         """A patch proposed earlier in this run with its check (`tasks.checked`): as its proposal

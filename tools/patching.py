@@ -130,7 +130,8 @@ def check_and_store(patch: Patch, ctx: ToolContext) -> ToolResult:
         content=(
             f"patch_id: {patch.hash}\napplies cleanly; changes {changed}; effective knobs: "
             f"{knob_text}\n{warning + chr(10) if warning else ''}"
-            "next: run_experiment(patch_id) to verify it against baseline"
+            "next: run_experiment(patch_id) to verify it against baseline (its first 12 "
+            "characters are enough)"
         ),
         data={"patch_id": patch.hash, "files": list(patch.files), "knobs": knobs},
     )
