@@ -35,6 +35,8 @@ class SchedulerStep(BaseModel):
     """Prompt tokens found in the prefix cache (prefill)."""
     kv_tokens: int | None = None
     """Tokens held in the KV cache (decode)."""
+    kv_usage: float | None = None
+    """Share of the KV pool in use ('token usage'), None where the line has none."""
     iteration: int | None = None
     """SGLang's forward-step number (SGLANG_LOG_FORWARD_ITERS=1), None without it."""
     duration_ms: float | None = None
@@ -86,6 +88,12 @@ class StepReport(BaseModel):
     """True when the server ran the overlap scheduler (a step's line follows the next step)."""
     unlogged_iterations: int = 0
     """Forward steps whose number never appeared (idle or unlogged steps)."""
+    kv_usage_max: float | None = None
+    """Highest share of the KV pool in use at any step (None: the lines did not say)."""
+    retractions: int = 0
+    """Decode steps that found the KV pool full and sent requests back to the queue."""
+    retracted_requests: int = 0
+    """Requests sent back by them (their KV freed, recomputed when readmitted)."""
     timeline: list[Bucket] = Field(default_factory=list)
     steps: list[SchedulerStep] = Field(default_factory=list)
     steps_dropped: int = 0
@@ -164,6 +172,14 @@ class StepReport(BaseModel):
                     for r, (ms, n) in common
                 )
             )
+        if self.kv_usage_max is not None:
+            retracted = (
+                f"{self.retractions} retractions (KV pool full: {self.retracted_requests} requests "
+                "sent back to the queue, their KV recomputed on readmission)"
+                if self.retractions
+                else "no retraction"
+            )
+            lines.append(f"KV cache: peak {self.kv_usage_max:.0%} of the pool in use; {retracted}")
         if not self.ms_clock:
             lines.append("timestamps in whole seconds: step times unknown (set SGLANG_LOG_MS=1)")
         if self.unlogged_iterations:

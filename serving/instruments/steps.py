@@ -52,6 +52,11 @@ _LINE = re.compile(
 )
 
 
+_RETRACT = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (?P<n>\d+)")
+"""SGLang 0.5.23's warning when a decode step finds the KV pool full and sends requests back to
+the queue (`Scheduler.update_running_batch`): their KV is freed and recomputed on readmission."""
+
+
 def _fields(rest: str) -> dict[str, str]:
     out = {}
     for part in rest.split(","):
@@ -66,6 +71,18 @@ def _int(fields: dict[str, str], key: str, default: int = 0) -> int:
         return int(float(fields[key]))
     except (KeyError, ValueError):
         return default
+
+
+def _float(fields: dict[str, str], key: str) -> float | None:
+    try:
+        return float(fields[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def parse_retractions(text: str) -> list[int]:
+    """Requests retracted by each retraction the log reports (KV pool full), in order."""
+    return [int(m["n"]) for m in _RETRACT.finditer(text)]
 
 
 def parse_steps(text: str) -> tuple[list[SchedulerStep], bool]:
@@ -96,6 +113,7 @@ def parse_steps(text: str) -> tuple[list[SchedulerStep], bool]:
                 new_seqs=_int(f, "#new-seq"),
                 cached_tokens=_int(f, "#cached-token"),
                 kv_tokens=_int(f, "#token") if kind is StepKind.DECODE else None,
+                kv_usage=_float(f, "token usage"),
                 iteration=int(m["iter"]) if m["iter"] else None,
             )
         )
@@ -156,6 +174,7 @@ def summarize(
     source: str,
     ms_clock: bool = True,
     overlap: bool = True,
+    retractions: list[int] | None = None,
 ) -> StepReport:
     """The report of a run's steps; `cap` is the server's max-running-requests (None: unknown),
     `overlap` whether its overlap scheduler was on (SGLang's default)."""
@@ -192,6 +211,9 @@ def summarize(
         ms_clock=ms_clock,
         overlap=overlap,
         unlogged_iterations=unlogged,
+        kv_usage_max=max((s.kv_usage for s in steps if s.kv_usage is not None), default=None),
+        retractions=len(retractions or []),
+        retracted_requests=sum(retractions or []),
         timeline=_timeline(steps, TIMELINE_BUCKETS) if steps else [],
         steps=steps[:MAX_STEPS],
         steps_dropped=max(0, len(steps) - MAX_STEPS),
@@ -201,7 +223,10 @@ def summarize(
 def read_report(text: str, *, cap: int | None, source: str, overlap: bool = True) -> StepReport:
     """Parse a server log's step lines and summarize them."""
     steps, ms_clock = parse_steps(text)
-    return summarize(steps, cap=cap, source=source, ms_clock=ms_clock, overlap=overlap)
+    return summarize(
+        steps, cap=cap, source=source, ms_clock=ms_clock, overlap=overlap,
+        retractions=parse_retractions(text),
+    )  # fmt: skip
 
 
 def instrumented(spec: DeploymentSpec) -> DeploymentSpec:

@@ -119,3 +119,19 @@ def test_server_steps_is_offered_and_refuses_a_kernel_task(tmp_path: Path) -> No
     )
     result = reg.call("server_steps", "{}", ctx)
     assert result.error and "not a serving task" in result.error
+
+
+def test_kv_usage_and_retractions_are_reported() -> None:
+    """A relay run on sglang-garbled-under-load (a fault under KV pressure) asked for retraction
+    counts and KV usage: the peak 'token usage' of the step lines, and SGLang's 'KV cache pool
+    is full. Retract requests.' warnings (its format: Scheduler.update_running_batch, 0.5.23)."""
+    report = read_report(BURST, cap=4, source="burst")
+    assert report.kv_usage_max == pytest.approx(0.01) and report.retractions == 0
+    assert "KV cache: peak 1% of the pool in use; no retraction" in report.render()
+    warning = (
+        "[2026-12-01 21:59:24.100] KV cache pool is full. Retract requests. #retracted_reqs: {n}, "
+        "#new_tokens_gained: 96, #new_token_ratio: 0.7000 -> 0.8000\n"
+    )
+    pressed = read_report(BURST + warning.format(n=3) + warning.format(n=2), cap=4, source="b")
+    assert (pressed.retractions, pressed.retracted_requests) == (2, 5)
+    assert "2 retractions (KV pool full: 5 requests sent back to the queue" in pressed.render()
