@@ -199,6 +199,15 @@ class Profiles:
             f"{light_cost.get(r.where, 0.0):7.2f} samples/1k tokens  {r.where}"
             for r in heavy_rows[:8]
         )
+        if process == "scheduler" and heavy.front is not None and front and sched:
+            if front >= sched / 2:  # a front end this busy is worth a look, not the verdict
+                evidence.append(
+                    "front end profile (busy, not looked in), hottest at the task's load:"
+                )
+                evidence.extend(
+                    f"  {r.self_share:5.1%} self  {r.where}"
+                    for r in heavy.front.functions(dirs, limit=3)
+                )
         return cls(lp, hp, lt, ht, dirs, heavy_rows, process)
 
 

@@ -335,3 +335,6 @@ def test_the_front_end_is_looked_in_when_it_used_more_cpu_than_the_scheduler(
             f"scheduler {cores['scheduler']:.2f} cores, front end (HTTP server process) {cores['tokenizer']:.2f}"
             in "\n".join(evidence)
         )
+        # A front end at half the scheduler's CPU or more is shown, though not looked in.
+        shown = "front end profile (busy, not looked in), hottest at the task's load:" in evidence
+        assert shown is (process == "scheduler" and cores["tokenizer"] >= cores["scheduler"] / 2)
