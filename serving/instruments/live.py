@@ -85,7 +85,8 @@ def describe(result: Any) -> str:
     counts = [r.output_tokens for r in result.records]
     tokens = sum(counts)
     spread = f" ({min(counts)}-{max(counts)} per request)" if counts else ""
+    rate = f", {tokens / result.duration_s:.0f} tok/s" if result.duration_s > 0 else ""
     return (
         f"{len(result.records)} requests, {tokens} output tokens{spread} in "
-        f"{result.duration_s:.1f} s"
+        f"{result.duration_s:.1f} s{rate}"
     )
