@@ -95,6 +95,11 @@ def closest_lines(old: str, text: str) -> str:
     return f"closest lines ({best_score:.0%} similar ignoring indentation{note}):\n{body}"
 
 
+class Replacement(BaseModel):
+    old: str = Field(description="Exact text to replace; it must occur exactly once.")
+    new: str = Field(description="The replacement text.")
+
+
 class EditFile(BaseModel):
     path: str = Field(description="Workspace path of an editable file, e.g. 'attention.py'.")
     old: str = Field(
@@ -103,6 +108,11 @@ class EditFile(BaseModel):
         "lines to make it unique."
     )
     new: str = Field(description="The replacement text.")
+    also: list[Replacement] = Field(
+        default_factory=list,
+        description="More replacements in the same file, applied in order after the first, each "
+        "matching exactly once: change several places without repeating the lines between them.",
+    )
     rationale: str = Field("", description="Why this edit should improve the metric.")
     base: str = Field(
         "latest",
@@ -113,7 +123,8 @@ class EditFile(BaseModel):
 
 @tool(
     "edit_file",
-    "Replace one exact occurrence of `old` with `new` in a workspace file; returns a patch_id "
+    "Replace one exact occurrence of `old` with `new` in a workspace file (and, in `also`, more "
+    "places of the same file); returns a patch_id "
     "for run_experiment. Edits accumulate: each applies on top of your most recent diff patch "
     "(edit_file or propose_patch), so the returned patch_id covers all edits so far; "
     "base='baseline' starts a new candidate.",
@@ -147,19 +158,27 @@ def edit_file(p: EditFile, ctx: ToolContext) -> ToolResult:
             text = target.read_bytes().decode()  # bytes: '\r\n' stays as the file has it
         except UnicodeDecodeError as exc:
             raise UserError(f"{p.path} is not UTF-8 text; edit it with propose_patch") from exc
-        count = text.count(p.old)
-        if count != 1:
-            where = "the baseline" if base is None else f"patch {base.hash[:12]}"
+        where = "the baseline" if base is None else f"patch {base.hash[:12]}"
+        for i, (old, new) in enumerate([(p.old, p.new), *((r.old, r.new) for r in p.also)]):
+            name = "old" if i == 0 else f"also[{i - 1}].old"
+            if i and not old:
+                raise UserError(f"{name} is empty; give the exact text to replace")
+            count = text.count(old)
             if count == 0:
+                after = f" after the {i} replacement{'s' * (i != 1)} before it" if i else ""
                 raise UserError(
-                    f"old matches 0 times in {p.path} (as in {where}); {closest_lines(p.old, text)}"
+                    f"{name} matches 0 times in {p.path} (as in {where}{after}); "
+                    f"{closest_lines(old, text)}"
                 )
-            at = [text[: m.start()].count("\n") + 1 for m in re.finditer(re.escape(p.old), text)]
-            raise UserError(
-                f"old matches {count} times in {p.path} (lines {', '.join(map(str, at[:10]))}); "
-                "include more surrounding lines so it matches once"
-            )
-        target.write_bytes(text.replace(p.old, p.new, 1).encode())
+            if count > 1:
+                at = [text[: m.start()].count("\n") + 1 for m in re.finditer(re.escape(old), text)]
+                raise UserError(
+                    f"{name} matches {count} times in {p.path} (lines "
+                    f"{', '.join(map(str, at[:10]))}); include more surrounding lines so it "
+                    "matches once"
+                )
+            text = text.replace(old, new, 1)
+        target.write_bytes(text.encode())
         diff = "".join(
             file_diff(
                 rel,

@@ -196,3 +196,24 @@ def test_lint_counts_only_what_the_patch_adds() -> None:
     ]
     assert new_problems({"new.py": (None, "print(v)\n")}) == ["new.py:1: undefined name 'v'"]
     assert render([]) == "" and render([f"m.py:{i}: x" for i in range(7)]).endswith("(and 2 more)")
+
+
+def test_one_edit_changes_several_places_of_a_file(tmp_path: Path) -> None:
+    """A relay run repeated 25 unchanged lines to change two places of one function: `also`
+    carries more replacements, applied in order, each matching once; one that does not match
+    names itself and changes nothing."""
+    ctx = _ctx(tmp_path)
+    baseline = (ctx.task.workspace / "attention.py").read_text()
+    both = _call(ctx, "edit_file", **HOIST_1, also=[{"old": HOIST_2["old"], "new": HOIST_2["new"]}])
+    assert both.error is None and both.data is not None, both.content
+    text = _patched(ctx, both.data["patch_id"], "attention.py")
+    assert text == baseline.replace(HOIST_1["old"], HOIST_1["new"]).replace(
+        HOIST_2["old"], HOIST_2["new"]
+    )
+    missing = _call(ctx, "edit_file", **HOIST_1, base="baseline", also=[{"old": "no such text", "new": ""}])  # fmt: skip
+    assert missing.error is not None and missing.data is None
+    assert missing.content.startswith(
+        "error: edit_file: also[0].old matches 0 times in attention.py (as in the baseline after the 1 "
+        "replacement before it)"
+    ), missing.content
+    assert ctx.known_patches == [both.data["patch_id"]]
