@@ -142,6 +142,9 @@ class SearchFiles(BaseModel):
         "*", description="Glob restricting which files are searched, e.g. 'sglang/srt/**/*.py'."
     )
     max_hits: int = Field(50, ge=1, le=500)
+    context: int = Field(
+        0, ge=0, le=5, description="Lines shown after each hit (e.g. a condition's body)."
+    )
 
 
 class SearchHit(BaseModel):
@@ -151,6 +154,8 @@ class SearchHit(BaseModel):
     """The enclosing class and function ('Scheduler.process_batch_result'); '' at module level
     or outside Python."""
     text: str
+    after: list[str] = Field(default_factory=list)
+    """The lines after it (search_files' `context`), as the file has them, each cut at 160."""
 
 
 class SearchResult(BaseModel):
@@ -185,9 +190,10 @@ class SearchResult(BaseModel):
                     + (f"{lines} lines match" if lines != 1 else "1 line matches")
                 )
             return text
-        lines = [
-            f"{h.path}:{h.line}{f' (in {h.scope})' if h.scope else ''}: {h.text}" for h in self.hits
-        ]
+        lines = []
+        for h in self.hits:
+            lines.append(f"{h.path}:{h.line}{f' (in {h.scope})' if h.scope else ''}: {h.text}")
+            lines.extend(f"  {h.line + i + 1:>5}| {text}" for i, text in enumerate(h.after))
         if self.truncated:
             lines.append(f"[max_hits {len(self.hits)} reached; narrow the glob or raise max_hits]")
         return "\n".join(lines)
@@ -213,11 +219,13 @@ def search_files(p: SearchFiles, ctx: ToolContext) -> ToolResult:
             result.files_skipped += 1
             continue
         scopes = python_scopes(found[1]) if found[0] and name.endswith(".py") else []
+        all_lines = found[1].splitlines() if p.context else []
         for number, line in found[0]:
             if len(result.hits) >= p.max_hits:
                 result.truncated = True
                 return ToolResult.of(result)
-            hit = SearchHit(path=name, line=number, scope=enclosing(scopes, number), text=line.strip()[:160])  # fmt: skip
+            after = [t.rstrip()[:160] for t in all_lines[number : number + p.context]]
+            hit = SearchHit(path=name, line=number, scope=enclosing(scopes, number), text=line.strip()[:160], after=after)  # fmt: skip
             result.hits.append(hit)
     head, _, last = p.pattern.rpartition("/")
     if not result.hits and head and "**" not in p.pattern:

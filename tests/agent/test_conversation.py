@@ -211,9 +211,10 @@ def test_search_hits_name_their_scope_and_an_empty_glob_is_told_apart(tmp_path: 
         {"regex": "x", "pattern": "sglang/srt/**/*.py"},
         {"regex": "no_such_name", "pattern": "*.py"},
         {"regex": "def free_segment", "pattern": "mem_cache/*.py"},
+        {"regex": "def free_segment", "pattern": "mem_cache/**/*.py", "context": 2},
     ]
     steps = _replay(tmp_path, str(task), [{"tool_calls": [{"name": "search_files", "arguments": a}]} for a in search])  # fmt: skip
-    hits, no_file, no_line, not_below = _answers(steps, "search_files")
+    hits, no_file, no_line, not_below, with_context = _answers(steps, "search_files")
     assert hits.splitlines()[:4] == [
         "scheduler.py:3: LIMIT = 4  # running_batch limit",  # module level: no scope
         "scheduler.py:8 (in Scheduler.__init__): self.running_batch = []",
@@ -229,6 +230,12 @@ def test_search_hits_name_their_scope_and_an_empty_glob_is_told_apart(tmp_path: 
         "within one folder: 'mem_cache/**/*.py' reaches 1 more file in subfolders, where 1 line "
         "matches"
     ), not_below
+    # A relay run spent three replies reading three gates that turned out off by default: a
+    # hit's next lines come with it when asked.
+    assert with_context.splitlines()[:2] == [
+        "mem_cache/allocator/pool.py:1 (in free_segment): def free_segment(s):",
+        "      2|     return s  # free_segment",
+    ], with_context
 
 
 def test_the_budget_line_names_every_budget_and_warns_at_75_and_90_percent(
