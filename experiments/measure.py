@@ -223,7 +223,7 @@ def _standing(
         shown = (
             f"{gain_name(manifest)} {comparison.speedup:.3f}x "
             f"(95% CI {comparison.ci_low:.3f}-{comparison.ci_high:.3f}), "
-            f"detects {seen - 1:.1%}, asked {wanted - 1:.1%}"
+            f"detects {seen - 1:.1%} (it aims to detect {wanted - 1:.1%})"
         )
     # every constraint shown either way first
     done = done and not constraints.still_open(base, cand, manifest.constraints)

@@ -126,7 +126,7 @@ class Plan:
             f"experiment detects a change of {self.reachable - 1:.1%} or more (80% power)"
         )
         if not self.underpowered:
-            return head + f"; asked {self.wanted - 1:.1%}"
+            return head + f"; it aims to detect {self.wanted - 1:.1%}"
         if self.needed is None:
             more = "no sample count reaches it (it is at or below the task's minimum effect)"
         else:
@@ -212,10 +212,11 @@ class Resolution:
         if not math.isfinite(self.wanted):
             return f"resolution: this measurement detects {sees}"
         if self.resolved:
-            return f"resolution: this measurement detects {sees}; asked {asked}"
+            return f"resolution: this measurement detects {sees}; it aims to detect {asked}"
         if not no_change:
             return (
-                f"resolution: this measurement detects {sees}; asked {asked}, and the effect "
+                f"resolution: this measurement detects {sees}; it aims to detect {asked}, "
+                "and the effect "
                 "was large enough anyway"
             )
         more = (
