@@ -169,13 +169,19 @@ class SearchResult(BaseModel):
     hits: list[SearchHit] = Field(default_factory=list)
     truncated: bool = False
     """max_hits was reached before every matched file was searched."""
+    folders: list[str] = Field(default_factory=list)
+    """With no file matched: folders the glob names (a pattern for files stops at them)."""
     deeper: tuple[str, int, int] | None = None
     """With no hit, where a glob's '*' kept the search out of subfolders: the pattern that
     reaches them, how many more files it matches, and how many of their lines match."""
 
     def render(self) -> str:
         if not self.files_matched:
-            return f"no file matches the glob '{self.pattern}' (nothing searched; see list_files)"
+            text = f"no file matches the glob '{self.pattern}' (nothing searched; see list_files)"
+            if self.folders:
+                shown = ", ".join(self.folders[:3]) + (", ..." if len(self.folders) > 3 else "")
+                text += f"; it names folders ({shown}): '{self.folders[0]}/**' searches inside"
+            return text
         skipped = f" ({self.files_skipped} binary or data files not searched)" if self.files_skipped else ""  # fmt: skip
         if not self.hits:
             files = f"{self.files_matched} file{'s' * (self.files_matched != 1)}"
@@ -213,6 +219,10 @@ def search_files(p: SearchFiles, ctx: ToolContext) -> ToolResult:
     tree = workspace_tree(ctx.task)
     names = _files(tree, p.pattern)
     result = SearchResult(regex=p.regex, pattern=p.pattern, files_matched=len(names))
+    if not names:
+        rx_glob = glob_regex(p.pattern.rstrip("/"))
+        parents = {n.rsplit("/", i)[0] for n in tree.files() for i in range(1, n.count("/") + 1)}
+        result.folders = sorted(f for f in parents if rx_glob.match(f))
     for name in names:
         found = _matching_lines(tree, name, rx)
         if found is None:

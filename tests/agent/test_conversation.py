@@ -212,9 +212,10 @@ def test_search_hits_name_their_scope_and_an_empty_glob_is_told_apart(tmp_path: 
         {"regex": "no_such_name", "pattern": "*.py"},
         {"regex": "def free_segment", "pattern": "mem_cache/*.py"},
         {"regex": "def free_segment", "pattern": "mem_cache/**/*.py", "context": 2},
+        {"regex": "def free_segment", "pattern": "mem_cache/alloc*"},
     ]
     steps = _replay(tmp_path, str(task), [{"tool_calls": [{"name": "search_files", "arguments": a}]} for a in search])  # fmt: skip
-    hits, no_file, no_line, not_below, with_context = _answers(steps, "search_files")
+    hits, no_file, no_line, not_below, with_context, a_folder = _answers(steps, "search_files")
     assert hits.splitlines()[:4] == [
         "scheduler.py:3: LIMIT = 4  # running_batch limit",  # module level: no scope
         "scheduler.py:8 (in Scheduler.__init__): self.running_batch = []",
@@ -236,6 +237,11 @@ def test_search_hits_name_their_scope_and_an_empty_glob_is_told_apart(tmp_path: 
         "mem_cache/allocator/pool.py:1 (in free_segment): def free_segment(s):",
         "      2|     return s  # free_segment",
     ], with_context
+    # A glob that names a folder (a relay run: 'sglang/kernels/ops/sampling*') says so.
+    assert a_folder.startswith(
+        "no file matches the glob 'mem_cache/alloc*' (nothing searched; see list_files); it names "
+        "folders (mem_cache/allocator): 'mem_cache/allocator/**' searches inside"
+    ), a_folder
 
 
 def test_the_budget_line_names_every_budget_and_warns_at_75_and_90_percent(
