@@ -165,7 +165,10 @@ def caveats(decision: Decision, c: Comparison, rule: Rule) -> Decision:
     flags, reasons = list(decision.flags), list(decision.reasons)
     if {"high_iqr", "drift"} & set(c.noise):
         flags.append(Flag.NOISY)
-        reasons.append("measurement was noisy: " + "; ".join(c.noise_detail))
+        reasons.append(
+            "measurement was noisy (the 95% interval already widens for it; re-measured "
+            "elsewhere the point estimate may move): " + "; ".join(c.noise_detail)
+        )
     if rule.plausible is not None and c.speedup > rule.plausible:
         flags.append(Flag.SUSPICIOUS)
         reasons.append(
