@@ -27,6 +27,8 @@ from infra_agent.tools.patching import check_and_store
 
 CLOSEST_SHOWN = 8
 """Lines of the file shown where `old` comes closest, when it matches nowhere."""
+SHOWN_DIFF_LINES = 40
+"""An edit's answer shows the whole patch when its diff is at most this long."""
 MAX_WINDOWS = 400
 """At most this many places aligned on verbatim lines (those with most) are compared whole."""
 
@@ -196,7 +198,14 @@ def edit_file(p: EditFile, ctx: ToolContext) -> ToolResult:
     rationale = "; ".join(r for r in ((base.rationale if base else ""), p.rationale) if r)
     result = check_and_store(parse_diff(diff, author=ctx.author, rationale=rationale), ctx)
     built_on = f"built on {base.hash[:12]}" if base is not None else "built on the baseline"
-    result.content = f"{result.content}\n({built_on}; diff of {len(diff.splitlines())} lines)"
+    body = diff.splitlines()
+    added = sum(1 for line in body if line.startswith("+") and not line.startswith("+++"))
+    removed = sum(1 for line in body if line.startswith("-") and not line.startswith("---"))
+    shown = "\n" + diff.rstrip("\n") if len(body) <= SHOWN_DIFF_LINES else ""
+    result.content = (
+        f"{result.content}\n({built_on}; the patch against the baseline: +{added} -{removed} "
+        f"lines in {len(files)} file{'s' * (len(files) != 1)}){shown}"
+    )
     if result.data is not None:
         result.data["base"] = base.hash if base is not None else None
     return result

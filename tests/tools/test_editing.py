@@ -52,6 +52,9 @@ def test_edits_accumulate_into_one_checked_patch(tmp_path: Path) -> None:
     first = _call(ctx, "edit_file", **HOIST_1, rationale="hoist the normalizer")
     assert first.error is None and first.data is not None, first.content
     assert "built on the baseline" in first.content and "run_experiment" in first.content
+    # What was registered, counted and shown (a relay run read 'diff of 32 lines' for 6 lines).
+    assert "the patch against the baseline: +1 -0 lines in 1 file)" in first.content
+    assert "\n+    row_max, row_sum = _row_normalizer(q, k, scale)\n" in first.content
     second = _call(ctx, "edit_file", **HOIST_2)
     assert second.error is None and second.data is not None, second.content
     assert f"built on {first.data['patch_id'][:12]}" in second.content
