@@ -165,7 +165,7 @@ def _report(eval_ids: list[str], *, as_json: bool, html_file: Path | None) -> No
     from infra_agent.cli.context import current
     from infra_agent.evals.metrics import summarize
     from infra_agent.evals.records import EvalStore
-    from infra_agent.evals.report import render_html, render_terminal
+    from infra_agent.evals.report import render_html, render_side_by_side, render_terminal
     from infra_agent.output import emit
 
     path = current().settings().store.path()
@@ -188,7 +188,10 @@ def _report(eval_ids: list[str], *, as_json: bool, html_file: Path | None) -> No
         tmp.replace(html_file)
     emit(
         summaries[0] if len(summaries) == 1 else summaries,
-        lambda console: render_terminal(summaries, console),
+        lambda console: (
+            render_terminal(summaries, console),
+            len(summaries) > 1 and render_side_by_side(summaries, console),
+        ),
         as_json=as_json,
     )
 

@@ -126,6 +126,63 @@ def render_terminal(summaries: list[EvalSummary], console: Any) -> None:
                 console.print(f"  {a['task']} ({count} attempt(s)): {a['status']}: {a['reason']}")
 
 
+def spent_rows(summaries: list[EvalSummary]) -> list[dict[str, str]]:
+    """One row per eval and task, tasks together: what its attempts solved and what they spent
+    (replies, experiments, tokens, wall time; medians over the attempts), the side-by-side view
+    of several evals (dense and sparse feedback, a model and the search baseline)."""
+    import statistics
+
+    out = []
+    for s in summaries:
+        by_task: dict[str, list[dict[str, Any]]] = {}
+        for a in s.attempts:
+            by_task.setdefault(Path(a["task"]).name, []).append(a)
+        for task, attempts in by_task.items():
+            results = [a.get("result") or {} for a in attempts]
+
+            def median(key: str, results: list[dict[str, Any]] = results) -> float | None:
+                values = [r[key] for r in results if r.get(key) is not None]
+                return statistics.median(values) if values else None
+
+            best = [r["best_speedup"] for r in results if r.get("best_speedup")]
+            out.append(
+                {
+                    "task": task,
+                    "feedback": s.eval["feedback"],
+                    "agent": s.eval.get("model") or s.eval["policy"],
+                    "solved": f"{sum(1 for r in results if r.get('solved'))}/{len(results)}",
+                    "best": _fmt(max(best) if best else None, ".3f", "x"),
+                    "replies": _fmt(median("turns"), ".0f"),
+                    "experiments": _fmt(median("experiments"), ".0f"),
+                    "tokens": _fmt(median("tokens"), ",.0f"),
+                    "wall": _fmt(median("wall_s"), ".0f", " s"),
+                    "eval": s.eval["id"],
+                }
+            )
+    out.sort(key=lambda r: (r["task"], r["feedback"], r["agent"]))
+    return out
+
+
+def render_side_by_side(summaries: list[EvalSummary], console: Any) -> None:
+    """Several evals in one table: per task, each eval's outcome and spending."""
+    from rich.table import Table
+
+    found = spent_rows(summaries)
+    table = Table(
+        title=f"{len(summaries)} evals side by side (replies, experiments, tokens, wall: "
+        "medians over each eval's attempts at the task)"
+    )
+    for name in found[0] if found else ():
+        table.add_column(name, overflow="fold", no_wrap=name in ("task", "eval"))
+    last = None
+    for row in found:
+        if last is not None and row["task"] != last:
+            table.add_section()
+        last = row["task"]
+        table.add_row(*row.values())
+    console.print(table)
+
+
 def _png(fig: Any) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=96, bbox_inches="tight")

@@ -123,3 +123,32 @@ def test_not_applicable_attempts_are_left_out_of_the_shares() -> None:
     render_terminal([summary], console)
     text = console.export_text()
     assert text.count("task b has no knobs") == 1, text  # one line per task, not per attempt
+
+
+def test_several_evals_side_by_side_per_task_with_what_they_spent() -> None:
+    """One eval per task and arm (the relay attempts) read as one table: per task, dense beside
+    sparse, solved and the medians of replies, experiments, tokens and wall time."""
+    from rich.console import Console
+
+    from infra_agent.evals.report import render_side_by_side, spent_rows
+
+    def one(feedback: str, task: str, solved: bool, turns: int, tokens: int) -> object:
+        record = EvalRecord(suite=task, tasks=[task], policy="llm", feedback=feedback, attempts=1)
+        result = AttemptResult(solved=solved, improved=solved, best_speedup=2.0 if solved else None,
+                               turns=turns, experiments=1, tokens=tokens, wall_s=100.0)  # fmt: skip
+        attempt = AttemptRecord(id=f"{record.id}/{task}/0", eval_id=record.id, task=task, index=0,
+                                status="finished", result=result)  # fmt: skip
+        return summarize(record, [attempt])
+
+    summaries = [one("sparse", "b", False, 17, 190_000), one("dense", "b", True, 8, 36_000),
+                 one("dense", "a", True, 9, 50_000)]  # fmt: skip
+    table = spent_rows(summaries)  # type: ignore[arg-type]
+    assert [(r["task"], r["feedback"], r["solved"], r["replies"], r["tokens"]) for r in table] == [
+        ("a", "dense", "1/1", "9", "50,000"),
+        ("b", "dense", "1/1", "8", "36,000"),
+        ("b", "sparse", "0/1", "17", "190,000"),
+    ]
+    console = Console(record=True, width=200)
+    render_side_by_side(summaries, console)  # type: ignore[arg-type]
+    text = console.export_text()
+    assert "3 evals side by side" in text and "190,000" in text
