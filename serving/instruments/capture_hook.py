@@ -74,9 +74,10 @@ _MODULES: dict[int, Any] = {}
 
 
 def module_copy(module: Any) -> Any:
-    """A copy of an nn.Module that pickles: the same class (so a replay calls that arm's code),
-    parameters, buffers and submodules (copied so too), plain attributes; an attribute that does
-    not pickle becomes `Unpicklable`, and a method bound to the module is bound to the copy."""
+    """A copy of an nn.Module (or of an SGLang object) that pickles: the same class (so a replay
+    calls that arm's code), parameters, buffers and submodules (copied so too), plain
+    attributes; an attribute that does not pickle becomes `Unpicklable`, and a method bound to
+    the module is bound to the copy."""
     import pickle
     import types
 
@@ -120,9 +121,17 @@ def detached(value: Any, budget: list[int], max_tensor_bytes: int) -> Any:
         return items if isinstance(value, list) else tuple(items)
     if isinstance(value, dict):
         return {k: detached(v, budget, max_tensor_bytes) for k, v in value.items()}
-    if isinstance(value, torch.nn.Module):
+    if isinstance(value, torch.nn.Module) or _engine_object(value):
         return module_copy(value)
     return value
+
+
+def _engine_object(value: Any) -> bool:
+    """An instance of an SGLang class (an attention backend as a method's `self`): copied
+    attribute by attribute, since one unpicklable attribute (a model runner holding modules) made
+    torch.save refuse the whole call ('cannot pickle module object')."""
+    kind = type(value)
+    return hasattr(value, "__dict__") and (kind.__module__ or "").startswith("sglang.")
 
 
 class Recorder:

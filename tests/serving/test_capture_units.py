@@ -135,3 +135,35 @@ def test_names_and_functions_the_module_does_not_define_are_refused_in_one_line(
         check_defined(source, Target.parse("sglang.x:nope"))
     inherited = "class Base: ...\nclass RMSNorm(Base):\n    pass\n"
     check_defined(inherited, Target.parse("sglang.x:RMSNorm.forward"))  # may be inherited
+
+
+def test_a_method_of_an_engine_object_that_holds_modules_is_captured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay run captured TorchNativeAttnBackend._run_sdpa_forward_decode: its `self` holds the
+    model runner, torch.save refused ('cannot pickle module object') and 126 calls were counted,
+    none kept. An SGLang object is copied attribute by attribute, what cannot travel named."""
+    module = types.ModuleType("sglang.fake_backend")
+    if "sglang" not in sys.modules:  # this environment has no SGLang: a package to import from
+        monkeypatch.setitem(sys.modules, "sglang", types.ModuleType("sglang"))
+    monkeypatch.setitem(sys.modules, "sglang.fake_backend", module)
+    source = (
+        "import types\n"
+        "class Backend:\n"
+        "    def __init__(self):\n"
+        "        self.scale = 0.5\n"
+        "        self.runner = types.SimpleNamespace(module=types)  # holds a module object\n"
+        "    def decode(self, x):\n"
+        "        return x * self.scale\n"
+    )
+    exec(compile(source, "<fake_backend>", "exec"), module.__dict__)
+    capture_hook.install(module.__dict__, "Backend.decode", str(tmp_path), 4, 2**20, 2**20)
+    (tmp_path / capture_hook.ARMED).touch()
+    backend = module.__dict__["Backend"]()  # type: ignore[operator]
+    assert backend.decode(torch.ones(2)).tolist() == [0.5, 0.5]
+    seen, calls, errors = read_capture(tmp_path)
+    assert seen == 1 and len(calls) == 1 and not errors, errors
+    saved = torch.load(tmp_path / calls[0].file, weights_only=False)
+    copy = saved["args"][0]
+    assert copy.scale == 0.5 and isinstance(copy.runner, capture_hook.Unpicklable)
+    assert copy.decode(torch.ones(2)).tolist() == [0.5, 0.5]  # replayable on the copy
