@@ -146,7 +146,12 @@ class AccuracyReport(BaseModel):
                     + "; ".join(self.rule_failures[:3])
                 )
             lines.append(f"rule: {self.rule.render()}")
-        lines.append(f"{self.verdict}: " + "; ".join(self.reasons))
+        # The probes' own tolerance is not the rule above: say so, or the two read as one
+        # contradicting verdict ('would pass' beside 'FAIL 822/16384 outside tolerance').
+        beside = (
+            "elementwise check (the tolerance below, not the rule above): " if self.rule else ""
+        )
+        lines.append(f"{beside}{self.verdict}: " + "; ".join(self.reasons))
         if self.first_divergence:
             worst = ", ".join(f"{idx}: {v:.3g}" for idx, v in self.worst_positions)
             lines.append(f"first divergence: {self.first_divergence} (worst positions {worst})")

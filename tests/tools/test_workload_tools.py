@@ -105,6 +105,9 @@ def test_accuracy_diff_with_no_inputs_compares_on_the_workload_and_applies_the_t
     rule = same.data["rule"]
     assert (rule["atol"], rule["rtol"], rule["f64_factor"]) == (1e-5, 1e-4, 2.0)
     assert "would pass the experiment's accuracy rule" in same.content
+    # The probes' own tolerance is told apart from the rule (a relay run read 'would pass'
+    # beside 'FAIL 822/16384 outside tolerance' as two contradicting verdicts).
+    assert "\nelementwise check (the tolerance below, not the rule above): " in same.content
     # A candidate 1% off (relative RMS) fails the task's rule, and says so with the number.
     noisy = (
         "(lambda o: o + 1e-2 * o.pow(2).mean().sqrt() * torch.randn(o.shape, "
