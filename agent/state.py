@@ -53,6 +53,10 @@ class Message(BaseModel):
         return out
 
 
+BROKEN = "constraint broken: "
+"""How a verdict's reason names a constraint shown broken (`judgement.constraints`)."""
+
+
 class ExperimentOutcome(BaseModel):
     """A finished experiment, as the policies and the live view see it."""
 
@@ -71,6 +75,9 @@ class ExperimentOutcome(BaseModel):
     duration_s: float = 0.0
     reused: bool = False
     """True when the same patch had already been measured in this run and was not re-run."""
+    broken_constraint: str | None = None
+    """The constraint metric shown broken (the verdict's REGRESSED is then its doing, whatever
+    the gain's interval), else None."""
 
     @classmethod
     def of(
@@ -88,6 +95,8 @@ class ExperimentOutcome(BaseModel):
             verdict=record.result.verdict, flags=list(record.result.flags),
             speedup=perf.speedup if perf else None, ci_low=perf.ci_low if perf else None,
             ci_high=perf.ci_high if perf else None, duration_s=record.duration_s, reused=reused,
+            broken_constraint=next((r.removeprefix(BROKEN).split()[0] for r in record.result.reasons
+                                    if r.startswith(BROKEN)), None),
         )  # fmt: skip
 
 

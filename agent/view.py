@@ -44,8 +44,9 @@ def experiments_table(experiments: list[ExperimentOutcome]) -> Table:
     table.add_column("speedup [95% CI]", justify="right")
     table.add_column("time", justify="right")
     for i, e in enumerate(experiments, start=1):
+        by = f" by {e.broken_constraint}" if e.broken_constraint else ""  # not by the gain
         verdict = Text(
-            e.verdict.value + (f" ({', '.join(f.value for f in e.flags)})" if e.flags else ""),
+            e.verdict.value + by + (f" ({', '.join(f.value for f in e.flags)})" if e.flags else ""),
             style=_COLORS.get(e.verdict, ""),
         )
         table.add_row(str(i), e.patch_summary[:60], verdict, _speedup(e), f"{e.duration_s:.0f}s")
