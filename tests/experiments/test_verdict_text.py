@@ -185,3 +185,26 @@ def test_an_interval_the_sign_test_overruled_says_so_in_the_headline() -> None:
     assert reason.startswith("- not shown: the sign test's 95% interval"), reason
     clean = result.model_copy(update={"verdict": Verdict.IMPROVED, "reasons": ["better"]})
     assert "overruled" not in clean.render().splitlines()[0]
+
+
+def test_a_gain_that_differs_from_the_medians_ratio_says_what_it_is() -> None:
+    """A relay run read 'speedup 1.424x' beside 'median 1156 -> 1271 tok/s' (1.099x) as a
+    contradiction: the gain is the median of the per-pair ratios, and the headline says so when
+    the two differ by more than 2%; an unpaired gain (the medians' ratio) adds nothing."""
+    from infra_agent.store.verdict import PerformanceEvidence, _headline
+
+    def perf(speedup: float, method: str) -> PerformanceEvidence:
+        return PerformanceEvidence(
+            metric="output_throughput", unit="tok/s", higher_is_better=True,
+            baseline_median=1156.0, candidate_median=1271.0, speedup=speedup, ci_low=0.83,
+            ci_high=1.86, n_samples=8, method=method,
+        )  # fmt: skip
+
+    paired = "bootstrap of the median of per-pair ratios (paired, 2000 resamples)"
+    text = _headline(perf(1.424, paired))
+    assert text.endswith(
+        "median 1156 -> 1271 tok/s (their ratio 1.099x; the gain is the median of the per-pair "
+        "ratios, each pair measured back to back)"
+    ), text
+    assert "their ratio" not in _headline(perf(1.10, paired))  # within 2%: nothing to explain
+    assert "their ratio" not in _headline(perf(1.424, "ratio of medians (unpaired"))
