@@ -18,7 +18,7 @@ from infra_agent.tools.sandboxed import (
     PRELUDE,
     RESULT_FILE,
     compile_check,
-    run_in_sandbox,
+    run_script,
     script,
 )
 
@@ -90,9 +90,16 @@ def profile(p: Profile, ctx: ToolContext) -> ToolResult:
 
     compile_check(p.setup, "exec", "setup")
     compile_check(p.code, "eval", "code")
-    code = script(_PROFILE, SETUP=textwrap.dedent(p.setup), STMT=p.code, REPEAT=p.repeat)
+    from infra_agent.tools.replay import arm_box, serving_version
+
+    # On a serving task the script runs as a replay does: SGLang's interpreter, the real package
+    # (with the patch's overlay) importable; a relay run's setup failed on 'import sglang'.
+    version = serving_version(ctx)
+    box, python, prelude = arm_box(ctx, ctx.patch(p.patch_id) if p.patch_id else None, version, None)  # fmt: skip
+    code = script(_PROFILE, SETUP=prelude + textwrap.dedent(p.setup), STMT=p.code, REPEAT=p.repeat)
     extra = [RESULT_FILE + ".wall", RESULT_FILE + ".threads"]
-    trace, wall, meta = run_in_sandbox(ctx, code, p.patch_id, timeout_s=120, extra=extra)
+    with box:
+        trace, wall, meta = run_script(box, code, 600 if version else 120, extra, python=python)
     threads = json.loads(meta)
     names = {int(tid): name for tid, name in threads["names"].items()}
     with tempfile.TemporaryDirectory(prefix="infra-agent-trace-") as tmp:

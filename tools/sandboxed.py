@@ -93,15 +93,6 @@ def run_script(
     return box.read_file(RESULT_FILE)
 
 
-def run_in_sandbox(
-    ctx: ToolContext, code: str, patch_id: str | None, timeout_s: float,
-    extra: list[str] | None = None,
-) -> Any:  # fmt: skip
-    """`run_script` in a fresh sandboxed workspace copy (patched with `patch_id` if given)."""
-    with open_sandbox(ctx, ctx.patch(patch_id) if patch_id else None) as box:
-        return run_script(box, code, timeout_s, extra)
-
-
 class ArmParams(BaseModel):
     """The parameters of a two-arm instrument (microbench, accuracy_diff): what the model leaves
     out comes from the experiment's own workload (`resolve_arms`)."""
