@@ -107,8 +107,11 @@ class Budget(BaseModel):
     """Experiments (verifications of a patch against baseline)."""
     wall_s: float = 3600.0
     """Wall time spent in the graph, seconds (summed over resumes)."""
-    tokens: int = 200_000
-    """Prompt + completion tokens of the model."""
+    tokens: int = 600_000
+    """Prompt + completion tokens of the model. Every request carries the conversation, up to
+    the 60,000-character context (`max_context_chars`, about 15k tokens): 600k lets the 40
+    replies happen. At 200k, 5 of 14 relay attempts (2026-12-05) ran out of tokens by their
+    16th reply with experiments and replies to spare."""
     cost_usd: float = 5.0
     """Model cost in USD (from the profile's prices)."""
     turns: int = 40
