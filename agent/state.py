@@ -110,7 +110,7 @@ class Budget(BaseModel):
     tokens: int = 600_000
     """Prompt + completion tokens of the model. Every request carries the conversation, up to
     the 60,000-character context (`max_context_chars`, about 15k tokens): 600k lets the 40
-    replies happen. At 200k, 5 of 14 relay attempts (2026-12-05) ran out of tokens by their
+    replies happen. At 200k, 5 of 15 relay attempts (2026-12-05) ran out of tokens by their
     16th reply with experiments and replies to spare."""
     cost_usd: float = 5.0
     """Model cost in USD (from the profile's prices)."""
