@@ -82,6 +82,10 @@ class StepReport(BaseModel):
     prefill_tokens_max: int
     decode_ms_total: float
     prefill_ms_total: float
+    decode_timed: int | None = None
+    """Decode steps whose time the log told (the rest are in 'idle or untimed'); None in
+    reports made before it was kept."""
+    prefill_timed: int | None = None
     ms_clock: bool
     """True when the log had millisecond timestamps (SGLANG_LOG_MS=1)."""
     overlap: bool
@@ -148,7 +152,8 @@ class StepReport(BaseModel):
         busy = self.decode_ms_total + self.prefill_ms_total
         window_ms = max(self.window_s * 1e3, busy, 1e-9)
         split = (
-            f"split over {self.window_s:.1f} s: decode {self.decode_steps} steps "
+            f"split over {self.window_s:.1f} s: decode {self.decode_steps} steps"
+            f"{_untimed(self.decode_steps, self.decode_timed)} "
             f"({100 * self.decode_ms_total / window_ms:.0f}% of the time"
         )
         split += (
@@ -157,7 +162,8 @@ class StepReport(BaseModel):
             else ")"
         )
         split += (
-            f", prefill {self.prefill_steps} steps ({100 * self.prefill_ms_total / window_ms:.0f}%"
+            f", prefill {self.prefill_steps} steps{_untimed(self.prefill_steps, self.prefill_timed)} "
+            f"({100 * self.prefill_ms_total / window_ms:.0f}%"
             f", median {self.prefill_tokens_median or 0:.0f} new tokens, max {self.prefill_tokens_max})"
             f", idle or untimed {max(0.0, 100 * (1 - busy / window_ms)):.0f}%"
             " (shares of the window from the first to the last step line: step times summed)"
@@ -201,3 +207,9 @@ class StepReport(BaseModel):
                     f"running <={b.running_max}  queued {b.queued_first}->{b.queued_last}"
                 )
         return "\n".join(lines)
+
+
+def _untimed(steps: int, timed: int | None) -> str:
+    """', 3 timed' where the log left some steps untimed (their time counts as untimed): a
+    relay run read 'prefill 0%' beside 5,390 prefill tokens as prefill costing nothing."""
+    return "" if timed is None or timed == steps else f", {timed} timed"

@@ -208,6 +208,8 @@ def summarize(
         prefill_tokens_max=max((s.tokens for s in pre), default=0),
         decode_ms_total=sum(s.duration_ms or 0.0 for s in dec),
         prefill_ms_total=sum(s.duration_ms or 0.0 for s in pre),
+        decode_timed=sum(1 for s in dec if s.duration_ms is not None),
+        prefill_timed=sum(1 for s in pre if s.duration_ms is not None),
         ms_clock=ms_clock,
         overlap=overlap,
         unlogged_iterations=unlogged,

@@ -91,6 +91,10 @@ def test_a_paced_run_reports_no_queueing_and_leaves_idle_gaps_untimed() -> None:
     assert by_iter[68].duration_ms is None and by_iter[69].duration_ms is None
     assert all(s.duration_ms is None or s.duration_ms < 100 for s in report.steps)
     assert "idle or untimed" in report.render()
+    # Untimed steps are counted as such, not read as steps that took no time (a relay run read
+    # 'prefill 0%' beside 5,390 prefill tokens).
+    assert "decode 46 steps, 40 timed (" in report.render()
+    assert "prefill 8 steps, 2 timed (" in report.render()
 
 
 def test_second_timestamps_give_counts_but_no_step_times() -> None:
