@@ -120,7 +120,10 @@ def sglang_arm(
     from infra_agent.serving.overlay import build_overlay
 
     env = ensure_sglang_env(version)
-    box = open_sandbox(ctx, patch, readonly=[env])
+    # SGLang's interpreter (torch, the package, a replay's captured KV pools) reserves far more
+    # address space than it uses: a relay run's replay failed to allocate 4 MB under the 4 GiB
+    # address-space limit. The limit holds on resident memory (the sandbox's cgroup).
+    box = open_sandbox(ctx, patch, readonly=[env], resident_only=True)
     try:
         root = Path(box.root)
         if capture is not None:

@@ -52,10 +52,12 @@ def compile_check(code: str, mode: str, what: str) -> None:
 
 
 def open_sandbox(
-    ctx: ToolContext, patch: Patch | None, readonly: list[Path] | None = None
-) -> Sandbox:
+    ctx: ToolContext, patch: Patch | None, readonly: list[Path] | None = None,
+    *, resident_only: bool = False,
+) -> Sandbox:  # fmt: skip
     """A sandboxed copy of the workspace (with `patch` applied; `readonly`: host folders it also
-    sees, e.g. the SGLang environment a replay imports); the caller cleans it up."""
+    sees, e.g. the SGLang environment a replay imports; `resident_only`: the memory limit on
+    resident memory alone, not the address space); the caller cleans it up."""
     from infra_agent.experiments.arms import sandbox_spec
     from infra_agent.sandboxes import create_sandbox
     from infra_agent.tasks.patch import apply_patch
@@ -63,6 +65,7 @@ def open_sandbox(
 
     spec = sandbox_spec(ctx.task)
     spec.readonly_paths += readonly or []
+    spec.limit_address_space = not resident_only
     with workspace_folder(ctx.task, patch.files if patch else ()) as folder:
         box = create_sandbox(ctx.sandbox, folder, spec)
     try:

@@ -59,3 +59,32 @@ def test_capture_is_offered_only_where_a_server_runs() -> None:
     assert default_registry("dense", find_task("decode-split-norm")).get("capture") is None
     assert default_registry("sparse", find_task("sglang-cpu-tiny")).get("capture") is None
     assert default_registry("dense", find_task("sglang-cpu-tiny")).get("capture") is not None
+
+
+def test_a_replay_sandbox_limits_resident_memory_not_its_address_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay run's replay failed to allocate 4 MB under the 4 GiB address-space limit (SGLang's
+    interpreter reserves far more than it uses): a replay's sandbox limits resident memory only;
+    a plain sandbox keeps the address-space limit. Both run one compute thread, as the CPU
+    servers do (OMP_NUM_THREADS=1)."""
+    from infra_agent.tools import replay, sandboxed
+
+    ctx = ToolContext(task=find_task("sglang-cpu-tiny"), store=open_store(tmp_path / "r.db"), run_id="r")  # fmt: skip
+    opened: list[bool] = []
+
+    def fake_open(ctx, patch, readonly=None, *, resident_only=False):  # type: ignore[no-untyped-def]
+        opened.append(resident_only)
+        raise RuntimeError("stop here")  # the spec asked for is what this test reads
+
+    if find_sglang_env() is None:
+        pytest.skip("SGLang environment not created (python -m infra_agent.serving.env --ensure)")
+    monkeypatch.setattr(replay, "open_sandbox", fake_open)
+    with pytest.raises(RuntimeError, match="stop here"):
+        replay.sglang_arm(ctx, None, "0.5.23")
+    assert opened == [True]
+    box = sandboxed.open_sandbox(ctx, None)
+    try:
+        assert box.spec.limit_address_space and box.spec.env["OMP_NUM_THREADS"] == "1"
+    finally:
+        box.cleanup()
