@@ -28,6 +28,9 @@ READ_CHARS = 16_000
 14-25k characters with line numbers, so a 400-line module takes two answers at most."""
 READ_HEADER_CHARS = 200
 """Room read_file keeps for its first line within `READ_CHARS`."""
+SEARCH_CHARS = 5600
+"""search_files' answer holds whole hits up to this many characters (under the registry's cut),
+then says which `skip` goes on: a cut in mid-hit had left a model no way to continue."""
 MAX_LINE_CHARS = 1000
 """One line longer than this (minified data) is cut, so a single line never fills the answer."""
 
@@ -145,6 +148,9 @@ class SearchFiles(BaseModel):
     context: int = Field(
         0, ge=0, le=5, description="Lines shown after each hit (e.g. a condition's body)."
     )
+    skip: int = Field(
+        0, ge=0, description="Hits to leave out first: where a full answer said to go on."
+    )
 
 
 class SearchHit(BaseModel):
@@ -169,6 +175,8 @@ class SearchResult(BaseModel):
     hits: list[SearchHit] = Field(default_factory=list)
     truncated: bool = False
     """max_hits was reached before every matched file was searched."""
+    skipped_hits: int = 0
+    """Hits left out first (`skip`)."""
     folders: list[str] = Field(default_factory=list)
     """With no file matched: folders the glob names (a pattern for files stops at them)."""
     deeper: tuple[str, int, int] | None = None
@@ -183,6 +191,8 @@ class SearchResult(BaseModel):
                 text += f"; it names folders ({shown}): '{self.folders[0]}/**' searches inside"
             return text
         skipped = f" ({self.files_skipped} binary or data files not searched)" if self.files_skipped else ""  # fmt: skip
+        if not self.hits and self.skipped_hits:
+            return f"no hit after the first {self.skipped_hits} (skip={self.skipped_hits})"
         if not self.hits:
             files = f"{self.files_matched} file{'s' * (self.files_matched != 1)}"
             text = (
@@ -196,10 +206,19 @@ class SearchResult(BaseModel):
                     + (f"{lines} lines match" if lines != 1 else "1 line matches")
                 )
             return text
-        lines = []
-        for h in self.hits:
-            lines.append(f"{h.path}:{h.line}{f' (in {h.scope})' if h.scope else ''}: {h.text}")
-            lines.extend(f"  {h.line + i + 1:>5}| {text}" for i, text in enumerate(h.after))
+        lines: list[str] = []
+        size = 0
+        for n, h in enumerate(self.hits):
+            block = [f"{h.path}:{h.line}{f' (in {h.scope})' if h.scope else ''}: {h.text}"]
+            block += [f"  {h.line + i + 1:>5}| {text}" for i, text in enumerate(h.after)]
+            size += sum(len(line) + 1 for line in block)
+            if size > SEARCH_CHARS and lines:  # whole hits only, and where to go on
+                go_on = self.skipped_hits + n
+                lines.append(
+                    f"[answer full after {n} hits: search again with skip={go_on} for the rest]"
+                )
+                return "\n".join(lines)
+            lines += block
         if self.truncated:
             lines.append(f"[max_hits {len(self.hits)} reached; narrow the glob or raise max_hits]")
         return "\n".join(lines)
@@ -218,7 +237,10 @@ def search_files(p: SearchFiles, ctx: ToolContext) -> ToolResult:
         raise UserError(f"regex '{p.regex}' is invalid ({exc})") from exc
     tree = workspace_tree(ctx.task)
     names = _files(tree, p.pattern)
-    result = SearchResult(regex=p.regex, pattern=p.pattern, files_matched=len(names))
+    result = SearchResult(
+        regex=p.regex, pattern=p.pattern, files_matched=len(names), skipped_hits=p.skip
+    )
+    to_skip = p.skip
     if not names:
         rx_glob = glob_regex(p.pattern.rstrip("/"))
         parents = {n.rsplit("/", i)[0] for n in tree.files() for i in range(1, n.count("/") + 1)}
@@ -231,6 +253,9 @@ def search_files(p: SearchFiles, ctx: ToolContext) -> ToolResult:
         scopes = python_scopes(found[1]) if found[0] and name.endswith(".py") else []
         all_lines = found[1].splitlines() if p.context else []
         for number, line in found[0]:
+            if to_skip:
+                to_skip -= 1
+                continue
             if len(result.hits) >= p.max_hits:
                 result.truncated = True
                 return ToolResult.of(result)

@@ -269,3 +269,23 @@ def test_the_budget_line_names_every_budget_and_warns_at_75_and_90_percent(
     assert "replies 75% used (past 75%; 1 left)" in warning
     assert "tokens 91% used (past 90%; 90 left)" in warning
     assert "budget line" in steps[0].content  # the system prompt says what the line is
+
+
+def test_a_full_search_answer_says_how_to_go_on(tmp_path: Path) -> None:
+    """A relay run's long search was cut mid-hit ('[... 2207 more characters cut]') with no way
+    to see the rest but a narrower search: the answer holds whole hits and names the `skip`
+    that continues, and that skip shows the rest."""
+    line = "    running_batch = merge(running_batch, waiting_queue)  # " + "x" * 100 + "\n"
+    task = _copy_with(tmp_path, {"many.py": line * 80})
+    search = [{"regex": "running_batch", "pattern": "many.py"}]
+    steps = _replay(tmp_path, str(task), [{"tool_calls": [{"name": "search_files", "arguments": a}]} for a in search])  # fmt: skip
+    (first,) = _answers(steps, "search_files")
+    assert "more characters cut" not in first
+    tail = next(t for t in first.splitlines() if t.startswith("[answer full after "))
+    shown = int(tail.split()[3])
+    assert 0 < shown < 80 and tail.endswith(f"search again with skip={shown} for the rest]")
+    rest = [{"regex": "running_batch", "pattern": "many.py", "skip": shown}]
+    (tmp_path / "2").mkdir()
+    steps = _replay(tmp_path / "2", str(task), [{"tool_calls": [{"name": "search_files", "arguments": a}]} for a in rest])  # fmt: skip
+    (second,) = _answers(steps, "search_files")
+    assert second.startswith(f"many.py:{shown + 1}: running_batch"), second[:100]
