@@ -186,14 +186,13 @@ def _report(eval_ids: list[str], *, as_json: bool, html_file: Path | None) -> No
         tmp = html_file.with_name(html_file.name + ".tmp")
         tmp.write_text(text)
         tmp.replace(html_file)
-    emit(
-        summaries[0] if len(summaries) == 1 else summaries,
-        lambda console: (
-            render_terminal(summaries, console),
-            len(summaries) > 1 and render_side_by_side(summaries, console),
-        ),
-        as_json=as_json,
-    )
+
+    def render(console: Any) -> None:
+        render_terminal(summaries, console)
+        if len(summaries) > 1:
+            render_side_by_side(summaries, console)
+
+    emit(summaries[0] if len(summaries) == 1 else summaries, render, as_json=as_json)
 
 
 @app.command("report")

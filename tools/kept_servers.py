@@ -21,15 +21,6 @@ from typing import Generic, Protocol, TypeVar
 class Kept(Protocol):
     def alive(self) -> bool: ...
 
-    def make_room(self, need: int) -> int:
-        """Stop kept servers, least recently used first, while the machine has under `need`
-        bytes available; returns how many were stopped. Unknown memory stops none."""
-        stopped = 0
-        while self.servers and (free := self.memory()) is not None and free < need:
-            self.servers.pop(next(iter(self.servers))).close()
-            stopped += 1
-        return stopped
-
     def close(self) -> None: ...
 
 

@@ -199,11 +199,11 @@ class SearchResult(BaseModel):
                 f"no line matches /{self.regex}/ in the {files} matching '{self.pattern}'{skipped}"
             )
             if self.deeper is not None:
-                pattern, more, lines = self.deeper
+                pattern, more, matching = self.deeper
                 text += (
                     f"; '*' stays within one folder: '{pattern}' reaches {more} more "
                     f"file{'s' * (more != 1)} in subfolders, where "
-                    + (f"{lines} lines match" if lines != 1 else "1 line matches")
+                    + (f"{matching} lines match" if matching != 1 else "1 line matches")
                 )
             return text
         lines: list[str] = []

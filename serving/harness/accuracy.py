@@ -40,6 +40,7 @@ import httpx
 from pydantic import BaseModel
 
 from infra_agent.serving.load.datasets import FIRST_ID
+from infra_agent.tasks.harness import BaselineFailure
 
 
 class GateConfig(BaseModel):
@@ -110,6 +111,23 @@ def answer(
         top = [{int(t[1]): float(t[0]) for t in pos} for pos in meta["output_top_logprobs"]]
         out.append(Answer(ids=ids, top=top))
     return out
+
+
+def score_on_baseline(
+    server: Any, items: Sequence[tuple[list[int], list[int]]]
+) -> list[list[float]]:
+    """`score_tokens` on the baseline arm's `server` (a `Server`: its call runs in the server's
+    network namespace); a failure there is the baseline's (`BaselineFailure`: not charged to
+    the patch), named with what was scored and whether the server still runs. A relay run's
+    ReadTimeout here, on a stalled baseline at load 15, had read as the candidate's failure."""
+    try:
+        return server.call(score_tokens, items)
+    except Exception as exc:
+        state = "is still running" if server.alive() else "has exited"
+        raise BaselineFailure(
+            f"scoring {len(items)} of the candidate's outputs on the baseline server failed "
+            f"({type(exc).__name__}: {exc}; the server {state})"
+        ) from exc
 
 
 DEFAULT_ALPHA = 1e-3

@@ -73,7 +73,7 @@ from infra_agent.serving.harness.accuracy import (
     DEFAULT_ALPHA,
     GateConfig,
     LikelihoodTest,
-    score_tokens,
+    score_on_baseline,
 )
 from infra_agent.serving.harness.answers import likelihood_test, verify_counts
 from infra_agent.serving.launch import gpu_count, has_gpu
@@ -83,7 +83,7 @@ from infra_agent.serving.load.metrics import summarize
 from infra_agent.serving.overlay import build_overlay
 from infra_agent.serving.server import Server, ServerFailed
 from infra_agent.serving.tiny_model import VOCAB_SIZE
-from infra_agent.tasks.harness import Arm, BaselineFailure, CheckResult, Harness
+from infra_agent.tasks.harness import Arm, CheckResult, Harness
 from infra_agent.tasks.manifest import TaskManifest
 from infra_agent.tasks.workload import Workload
 
@@ -302,21 +302,10 @@ class ServingHarness(Harness):
         of `seeds` both arms answered, every output scored by the baseline server (once: a
         session's score is kept for later tests)."""
         base = self.arms["baseline"]
-
-        def score(items: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-            server = self.server(base)
-            try:
-                return server.call(score_tokens, items)
-            except Exception as exc:  # the baseline server's failure, not the candidate's
-                state = "is still running" if server.alive() else "has exited"
-                raise BaselineFailure(
-                    f"scoring {len(items)} of the candidate's outputs on the baseline server "
-                    f"failed ({type(exc).__name__}: {exc}; the server {state})"
-                ) from exc
-
         return likelihood_test(
             {name: arm.state["runs"] for name, arm in self.arms.items()},
-            seeds, limit, rng, self.scored, score=score, alpha=float(self.params["judge_alpha"]),
+            seeds, limit, rng, self.scored, alpha=float(self.params["judge_alpha"]),
+            score=lambda items: score_on_baseline(self.server(base), items),
         )  # fmt: skip
 
     def workload(self, knobs: dict[str, Any]) -> Workload:
