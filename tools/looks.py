@@ -23,10 +23,10 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from infra_agent.errors import UserError
 
@@ -60,6 +60,8 @@ class Look(BaseModel):
     """True when the server was started by an earlier look at the same patch and knobs."""
     start_s: float
     """Seconds the server took to start and warm up (by this look or the earlier one)."""
+    started_as: list[str] = Field(default_factory=list)
+    """What the server's start-up log said it chose (`serving.instruments.startup`)."""
 
     def render(self) -> str:
         of = f"/{self.limit}" if self.limit is not None else ""
@@ -70,7 +72,10 @@ class Look(BaseModel):
             if self.reused
             else f"server started {self.start_s:.0f} s, kept for later looks at it"
         )
-        return f"look {self.number}{of} at {what} ({NOT_A_VERDICT}); {server}"
+        said = (
+            f"\nthe server as it started: {'; '.join(self.started_as)}" if self.started_as else ""
+        )
+        return f"look {self.number}{of} at {what} ({NOT_A_VERDICT}); {server}{said}"
 
 
 def describe_patch(patch_id: str | None, patch: Patch | None) -> str:
@@ -92,6 +97,8 @@ class LookServer:
     arms: ArmSet
     """The arm's sandbox (its workspace copy), released by `close`."""
     start_s: float
+    started_as: list[str] = field(default_factory=list)
+    """What its start-up log said it chose (attention backend, KV cache, prefix cache class)."""
 
     @contextmanager
     def running(self) -> Iterator[Server]:
@@ -116,6 +123,7 @@ def start_look_server(ctx: ToolContext, patch: Patch | None, knobs: dict[str, An
     """The task's server with `patch` (its workspace copy and knobs) and `knobs` as server
     arguments, logging every scheduler step, started as an experiment's arm is."""
     from infra_agent.experiments.arms import arm_set
+    from infra_agent.serving.instruments.startup import startup_facts
     from infra_agent.serving.instruments.steps import STEP_KNOBS, instrumented
     from infra_agent.serving.server import ServerFailed
     from infra_agent.tools.sandboxed import open_sandbox
@@ -143,7 +151,12 @@ def start_look_server(ctx: ToolContext, patch: Patch | None, knobs: dict[str, An
     except BaseException:
         arms.close()
         raise
-    return LookServer(harness, arm, arms, time.monotonic() - started)
+    server: Server = arm.state["server"]
+    try:
+        facts = startup_facts(server.log_path.read_text(errors="replace"))
+    except OSError:
+        facts = []
+    return LookServer(harness, arm, arms, time.monotonic() - started, facts)
 
 
 def look_key(patch: Patch | None, knobs: dict[str, Any]) -> str:

@@ -89,6 +89,7 @@ def task_server(
     look = Look(
         patch_id=patch_id, patch=describe_patch(patch_id, patch), knobs=dict(knobs or {}),
         number=number, limit=ctx.looks_limit, reused=reused, start_s=round(kept.start_s, 1),
+        started_as=[] if reused else kept.started_as,
     )  # fmt: skip
     label = f"{look.patch} on {harness.workload(effective).summary.split(';')[0]}"
     with kept.running() as server:

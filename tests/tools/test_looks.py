@@ -76,6 +76,7 @@ def test_the_graph_counts_looks_in_its_state_and_the_budget_line_shows_them(
 
     class Kept:
         start_s = 2.0
+        started_as = ["prefix cache class UnifiedRadixCache (default choice)"]
 
         def running(self) -> Any:
             from contextlib import nullcontext
