@@ -73,9 +73,9 @@ class Look(BaseModel):
             else f"server started {self.start_s:.0f} s, kept for later looks at it"
         )
         said = (
-            f"\nthe server as it started: {'; '.join(self.started_as)}" if self.started_as else ""
+            f"the server as it started: {'; '.join(self.started_as)}\n" if self.started_as else ""
         )
-        return f"look {self.number}{of} at {what} ({NOT_A_VERDICT}); {server}{said}"
+        return f"{said}look {self.number}{of} at {what} ({NOT_A_VERDICT}); {server}"
 
 
 def describe_patch(patch_id: str | None, patch: Patch | None) -> str:

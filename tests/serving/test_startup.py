@@ -30,7 +30,10 @@ def test_a_look_tells_them_once_per_server() -> None:
     first = Look(patch_id=None, patch="baseline", knobs={}, number=1, limit=16, reused=False,
                  start_s=40.0, started_as=startup_facts(LOG))  # fmt: skip
     text = first.render()
-    assert "\nthe server as it started: attention backend torch_native (the fallback); " in text
+    assert text.startswith(
+        "the server as it started: attention backend torch_native (the fallback); "
+    )
+    assert text.splitlines()[-1].startswith("look 1/16 at baseline")  # the look's own line last
     assert "prefix cache class UnifiedRadixCache" in text
     again = first.model_copy(update={"number": 2, "reused": True, "started_as": []})
     assert "as it started" not in again.render()

@@ -283,6 +283,7 @@ def test_serving_tools_send_the_tasks_workload_unless_told_otherwise(
 
     class Kept:
         start_s = 1.0
+        started_as: list[str] = []
 
         def running(self) -> Any:
             return _Context(StandIn())
