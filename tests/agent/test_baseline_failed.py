@@ -17,7 +17,7 @@ from infra_agent.agent.configuration import AgentContext
 from infra_agent.agent.state import AgentState
 from infra_agent.store.records import ToolCall
 from infra_agent.store.verdict import Flag, Verdict
-from infra_agent.tasks.manifest import load_task
+from infra_agent.tasks.manifest import Task, load_task
 
 
 def _answer(ctx: AgentContext, state: AgentState, patch_id: str, k: int) -> AgentState:
@@ -25,18 +25,24 @@ def _answer(ctx: AgentContext, state: AgentState, patch_id: str, k: int) -> Agen
     return answer(ctx, state, call)
 
 
-def test_a_patch_whose_baseline_failed_is_measured_again(tmp_path: Path) -> None:
+def _breaking(tmp_path: Path, arm: str, flag: Path, error: str) -> Task:
+    """The test task, its verdicts from scripted timings (no hang on the load), whose `arm`
+    raises `error` in prepare while `flag` exists (created here)."""
     root = shutil.copytree(PYTASK, tmp_path / "pytask")
-    script_timing(root)  # the second experiment's verdict does not hang on the load
-    broken = tmp_path / "baseline-breaks"
-    broken.touch()
+    script_timing(root)
+    flag.touch()
     harness = root / "harness.py"
     hook = "    def prepare(self, arm: Arm) -> None:\n"
     harness.write_text(harness.read_text().replace(hook, hook + (
-        f"        if arm.name == 'baseline' and __import__('os').path.exists({str(broken)!r}):\n"
-        "            raise RuntimeError('server exited with status 137 before it was ready')\n"
+        f"        if arm.name == {arm!r} and __import__('os').path.exists({str(flag)!r}):\n"
+        f"            raise {error}\n"
     )))  # fmt: skip
-    task = load_task(root)
+    return load_task(root)
+
+
+def test_a_patch_whose_baseline_failed_is_measured_again(tmp_path: Path) -> None:
+    broken = tmp_path / "baseline-breaks"
+    task = _breaking(tmp_path, "baseline", broken, "RuntimeError('server exited with status 137 before it was ready')")  # fmt: skip
     ctx = loop_context(task, tmp_path)
     store, run_id = ctx.store, ctx.tool_context.run_id
     patch_id = propose_blank_line(ctx)
@@ -66,17 +72,10 @@ def test_a_failed_candidate_run_is_charged_and_may_be_run_again(tmp_path: Path) 
     machine) measured nothing either: it costs its experiment, but asking again measures the
     patch instead of answering 'already measured ... FAILED; not re-run' (which had pushed the
     model to write a cosmetically different patch)."""
-    root = shutil.copytree(PYTASK, tmp_path / "pytask")
-    script_timing(root)
     broken = tmp_path / "candidate-breaks"
-    broken.touch()
-    harness = root / "harness.py"
-    hook = "    def prepare(self, arm: Arm) -> None:\n"
-    harness.write_text(harness.read_text().replace(hook, hook + (
-        f"        if arm.name == 'candidate' and __import__('os').path.exists({str(broken)!r}):\n"
-        "            raise TimeoutError('timed out')\n"
-    )))  # fmt: skip
-    ctx = loop_context(load_task(root), tmp_path)
+    ctx = loop_context(
+        _breaking(tmp_path, "candidate", broken, "TimeoutError('timed out')"), tmp_path
+    )
     patch_id = propose_blank_line(ctx)
     state = _answer(
         ctx, AgentState(run_id=ctx.tool_context.run_id, patches=[patch_id]), patch_id, 1
