@@ -67,6 +67,9 @@ class LoadSpec(BaseModel):
     logit_bias: dict[str, float] | None = None
     """Every request's logit_bias: token id (as a string, as the APIs take it) -> bias added to
     its logit (-100 bans it), as clients that ban or favour a list of tokens send."""
+    stop: list[str] | None = None
+    stop_regex: list[str] | None = None
+    """Every request's stop strings and stop patterns (SGLang's `stop_regex`)."""
     batch_size: int = 1
     """Prompts per request (native API, single-turn sessions): consecutive sessions go as one
     streamed request whose `input_ids` and `sampling_params` are their lists, each chunk's `index`
@@ -136,6 +139,7 @@ def _payload(
         }
         if load.logit_bias is not None:
             sampling["logit_bias"] = load.logit_bias
+        sampling |= {k: v for k in ("stop", "stop_regex") if (v := getattr(load, k)) is not None}
         body: dict[str, Any] = {"sampling_params": sampling, "stream": True}
         body["text" if text is not None else "input_ids"] = text if text is not None else prompt_ids
         if load.return_logprob:
@@ -161,7 +165,7 @@ def _payload(
         body["logprobs"] = load.top_logprobs_num
     if load.logit_bias is not None:
         body["logit_bias"] = load.logit_bias
-    return body
+    return body | {k: v for k in ("stop", "stop_regex") if (v := getattr(load, k)) is not None}
 
 
 async def _send(
