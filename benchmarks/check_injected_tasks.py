@@ -1,14 +1,15 @@
-"""Every injected-fault task, checked end to end: `tasks check` (the symptom against the
-un-injected engine, the reference fix, the wrong fix) and `diagnose` (does the localization
-measured on the live server name the injected module and function?).
+"""Every task with a fault (injected, or the engine's own code at declared `[fault] sites`),
+checked end to end: `tasks check` (the symptom against the un-injected engine, or `diagnose`'s
+where nothing is injected; the reference fix; the wrong fix) and `diagnose` (does the
+localization measured on the live server name the fault's module and function?).
 
     .venv/bin/python benchmarks/check_injected_tasks.py [--tasks a,b] [--skip-check] [--skip-diagnose]
         [--json FILE]
 
 Run it under the machine's heavy-job lock: each task starts several SGLang servers (one
-experiment takes minutes on a 2-core machine). The injected module and function are read from
+experiment takes minutes on a 2-core machine). The fault's modules and functions are read from
 the task's inject.patch (`tasks.sites.fault_sites`: the innermost function around the changed
-lines), never from the harness, and compared with what `diagnose` reports. Prints one table:
+lines) or its declared sites, never from the harness, and compared with what `diagnose` reports. Prints one table:
 each experiment's verdict, ratio, 95% interval and wall time, and the 1-minute load average
 before and after each task (the machine's load moves wall times and noise far more than the
 code does).
@@ -42,14 +43,18 @@ def named(localization_function: str | None, sites: set[tuple[str, str]]) -> boo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--tasks", default="", help="Comma-separated names (default: all injected)."
+        "--tasks", default="", help="Comma-separated names (default: every task with a fault)."
     )
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--skip-diagnose", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
     args = parser.parse_args()
     wanted = {n for n in args.tasks.split(",") if n}
-    tasks = [t for t in list_tasks() if t.inject_patch is not None]
+    tasks = [
+        t
+        for t in list_tasks()
+        if t.inject_patch is not None or (t.manifest.fault is not None and t.manifest.fault.sites)
+    ]
     tasks = [t for t in tasks if not wanted or t.name in wanted]
     rows = []
     for task in tasks:

@@ -33,7 +33,7 @@ from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import Patch
 from infra_agent.tasks.registry import find_task
-from infra_agent.tasks.sites import at_fault
+from infra_agent.tasks.sites import at_fault, fault_sites
 
 Progress = Callable[[str], None]
 
@@ -70,7 +70,8 @@ def true_success(
     reverification: Reverification | None,
 ) -> bool | None:
     """Whether a solved attempt's win is a true success (ISO-Bench's quadrants): on a task with
-    an injected fault, a solving patch changes a function the fault lives in (False: a win found
+    a fault (injected, or the engine's own code at declared sites), a solving patch changes a
+    function the fault lives in (False: a win found
     elsewhere); on an open task, its best win held when re-measured on fresh seeds (False: not
     re-measured). None: not solved, or a task with neither."""
     if not solving:
@@ -78,7 +79,7 @@ def true_success(
     if task.manifest.open is not None:
         again = reverification
         return again is not None and not (again.disproved or again.unverified)
-    if task.inject_patch is None:
+    if not fault_sites(task):
         return None
     patches = [store.get_patch(e.patch_id) for e in solving]
     return any(at_fault(task, Patch.from_record(p)) for p in patches if p is not None)

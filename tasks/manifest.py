@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra_agent.errors import UserError
 
@@ -206,6 +206,19 @@ class Fault(BaseModel):
     """The merged upstream pull request whose fix the injection reverses (its URL), if any."""
     failure_class: str = ""
     """The failure class of the public case it reproduces, e.g. 'GIL starvation'."""
+    sites: list[str] = []
+    """For a fault that is the engine's own code (no inject.patch): the functions it lives in,
+    'module path::function' (e.g. 'sglang/srt/managers/schedule_batch.py::tail_str'), for
+    telling a win at the fault from one elsewhere (`tasks.sites`)."""
+
+    @field_validator("sites")
+    @classmethod
+    def _sites_named(cls, sites: list[str]) -> list[str]:
+        for site in sites:
+            path, _, function = site.partition("::")
+            if not path.endswith(".py") or not function.isidentifier():
+                raise ValueError(f"fault site {site!r} is not 'module path.py::function'")
+        return sites
 
 
 class OpenGoal(BaseModel):

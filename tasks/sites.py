@@ -1,12 +1,13 @@
 """Where a diff's changes are: the functions around the lines it changes.
 
 `fault_sites(task)` names the functions the task's inject.patch changes (read from the injected
-tree): for checking a diagnosis after the fact, and for telling a win at the fault from a win
+tree), or, for a fault that is the engine's own code, the functions its `[fault] sites` declare:
+for checking a diagnosis after the fact, and for telling a win at the fault from a win
 elsewhere. Nothing shown to the agent and no instrument reads it.
 
     fault_sites(task)            # {("sglang/srt/managers/scheduler.py", "process_batch_result")}
     at_fault(task, patch)        # True: the patch changes a function the fault lives in;
-                                 # False: it wins elsewhere; None: the task injects no fault
+                                 # False: it wins elsewhere; None: the task names no fault
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
 
 def fault_sites(task: Task) -> set[Site]:
     """(module path, function name) around every line the task's inject.patch changes, read from
-    the injected tree. Empty for a task without an injected fault."""
+    the injected tree; without one, the sites its `[fault]` declares. Empty for a task that names
+    no fault."""
     if task.inject_patch is None:
-        return set()
+        declared = task.manifest.fault.sites if task.manifest.fault is not None else []
+        return {(path, function) for path, _, function in (s.partition("::") for s in declared)}
     tree = workspace_tree(task)
     return _sites(_lines(task.inject_patch.read_text(), new=True), tree.read_text)
 
@@ -51,7 +54,7 @@ def patch_sites(task: Task, patch: Patch) -> set[Site]:
 
 def at_fault(task: Task, patch: Patch) -> bool | None:
     """Whether `patch` changes a function the task's injected fault lives in (ISO-Bench's true
-    success, against a win found elsewhere); None for a task that injects no fault. A patch that
+    success, against a win found elsewhere); None for a task that names no fault. A patch that
     no longer applies counts as elsewhere."""
     faults = fault_sites(task)
     if not faults:
