@@ -12,7 +12,8 @@ wrote is read; the server runs the arm's baseline, fault included):
    state) at a light load (a few requests in flight) and at the task's load, with each
    process's CPU time. The process to look in is the scheduler, unless the front end used more
    CPU than the scheduler at the task's load (a fault in request handling, streaming or
-   tokenizing, which the scheduler only waits for). In it, each function's time per generated
+   tokenizing, which the scheduler only waits for), or unless what grows in the scheduler is its
+   idle loop (it waits for requests). In it, each function's time per generated
    token (with its callees): where work that grows with the load (with the number of waiting or
    running requests) enters, the outermost function growing as fast as the fastest-growing
    work, is the localization (`growth_entry`);
@@ -53,6 +54,10 @@ FRONT = "tokenizer"
 FRONT_MIN_CORES = 0.3
 """The front end is looked in only when it kept at least this share of a core busy at the
 task's load (and more than the scheduler did)."""
+IDLE_LOOP = "Scheduler.on_idle"
+"""What the scheduler runs when it has no batch: where that grows with the load, the scheduler
+waits for the front end (sglang-real-scored-stream: the front end at 0.6 cores, below the
+scheduler's 0.7-0.8, held the fault, and the scheduler's growth was in this loop, 43-55x)."""
 
 
 @dataclass
@@ -186,12 +191,21 @@ class Profiles:
         busy_front = (
             sched is not None and front is not None and front >= FRONT_MIN_CORES and front > sched
         )
+        lt, ht = _tokens(light.result), _tokens(heavy.result)
+        if not busy_front and light.front is not None and heavy.front is not None:
+            grown = growth_entry(light.scheduler, heavy.scheduler, dirs, lt, ht)
+            if grown is not None and grown[0].endswith(IDLE_LOOP):
+                evidence.append(
+                    f"the scheduler's work that grows with the load is its idle loop ({grown[0]}, "
+                    f"{grown[2]:.1f}x per token): it waits for requests, so the front end is "
+                    "looked in"
+                )
+                busy_front = True
         if busy_front and light.front is not None and heavy.front is not None:
             process, lp, hp = "front end", light.front, heavy.front
         else:
             process, lp, hp = "scheduler", light.scheduler, heavy.scheduler
         light_rows, heavy_rows = lp.functions(dirs, limit=200), hp.functions(dirs, limit=200)
-        lt, ht = _tokens(light.result), _tokens(heavy.result)
         light_cost, heavy_cost = _per_token(light_rows, lt), _per_token(heavy_rows, ht)
         evidence.append(f"{process} profile, hottest functions at the task's load:")
         evidence.extend(

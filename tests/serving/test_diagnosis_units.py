@@ -338,3 +338,52 @@ def test_the_front_end_is_looked_in_when_it_used_more_cpu_than_the_scheduler(
         # A front end at half the scheduler's CPU or more is shown, though not looked in.
         shown = "front end profile (busy, not looked in), hottest at the task's load:" in evidence
         assert shown is (process == "scheduler" and cores["tokenizer"] >= cores["scheduler"] / 2)
+
+
+def test_a_scheduler_whose_idle_loop_grows_sends_the_look_to_the_front_end(
+    monkeypatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """sglang-real-scored-stream on a quiet machine: the front end (0.6 cores) held the fault but
+    used less CPU than the scheduler (0.7-0.8), whose work that grew with the load was its idle
+    loop, and the diagnosis named that loop. A scheduler idling more per token as the load rises
+    is waiting for requests: the front end is looked in."""
+    from types import SimpleNamespace
+
+    from infra_agent.feedback.pyprofile import FunctionProfile
+    from infra_agent.serving.instruments import diagnosis
+
+    root = tmp_path / "sglang"
+    sched_file, front_file = str(root / "scheduler.py"), str(root / "http_server.py")
+
+    def profile(file: str, counts: dict[str, int]) -> FunctionProfile:
+        stacks = {f"thread (1): MainThread;{name} ({file}:3)": n for name, n in counts.items()}
+        return FunctionProfile(pid=1, duration_s=1, samples=sum(counts.values()), stacks=stacks)
+
+    def runs(idle: tuple[int, int]):  # type: ignore[no-untyped-def]
+        def run(harness, arm, seed, *, concurrency, prompts):  # type: ignore[no-untyped-def]
+            heavy = concurrency is None
+            return diagnosis.ProfiledRun(
+                scheduler=profile(sched_file, {"Scheduler.forward": 100,
+                                               "Scheduler.on_idle": idle[heavy]}),
+                front=profile(front_file, {"stream_results": 90, "handle": 10}),
+                result=SimpleNamespace(records=[SimpleNamespace(output_tokens=1000)]),
+                cores={"scheduler": 0.8, "tokenizer": 0.6},
+            )  # fmt: skip
+
+        return run
+
+    harness = SimpleNamespace(params={"num_prompts": 64, "max_concurrency": 0})
+    monkeypatch.setattr(diagnosis, "package_dirs", lambda harness, arm: [root])
+    monkeypatch.setattr(diagnosis, "describe", lambda result: "1000 tokens")
+    for idle, process, function in (
+        ((5, 200), "front end", "http_server.py:stream_results"),  # idle grows 40x
+        ((5, 6), "scheduler", "scheduler.py:Scheduler.forward"),  # idle as at light load
+    ):
+        monkeypatch.setattr(diagnosis, "profiled_run", runs(idle))
+        evidence: list[str] = []
+        profiles = diagnosis.Profiles.measure(harness, None, evidence, [])
+        assert profiles.process == process
+        found, _ = diagnosis.localize(None, profiles, evidence)
+        assert found.function == f"sglang/{function}"
+        said = any("its idle loop" in line for line in evidence)
+        assert said is (process == "front end")
