@@ -283,53 +283,52 @@ def test_the_diagnosis_sends_the_tasks_own_requests(monkeypatch) -> None:  # typ
     assert sent == [own, own]
 
 
+def _looked_in(monkeypatch, root: Path, runs):  # type: ignore[no-untyped-def]
+    """`Profiles.measure` then `localize` on stub runs: `runs(heavy)` gives a run's scheduler and
+    front-end samples by function (files sglang/scheduler.py, sglang/front.py) and its cores.
+    Returns (profiles, localization, strong, evidence)."""
+    from types import SimpleNamespace
+
+    from infra_agent.feedback.pyprofile import FunctionProfile
+    from infra_agent.serving.instruments import diagnosis
+
+    def profile(file: str, counts: dict[str, int]) -> FunctionProfile:
+        stacks = {f"thread (1): MainThread;{n} ({root / file}:3)": k for n, k in counts.items()}
+        return FunctionProfile(pid=1, duration_s=1, samples=sum(counts.values()), stacks=stacks)
+
+    def run(harness, arm, seed, *, concurrency, prompts):  # type: ignore[no-untyped-def]
+        sched, front, cores = runs(concurrency is None)
+        return diagnosis.ProfiledRun(
+            scheduler=profile("scheduler.py", sched), front=profile("front.py", front),
+            result=SimpleNamespace(records=[SimpleNamespace(output_tokens=1000)]), cores=cores,
+        )  # fmt: skip
+
+    monkeypatch.setattr(diagnosis, "profiled_run", run)
+    monkeypatch.setattr(diagnosis, "package_dirs", lambda harness, arm: [root])
+    monkeypatch.setattr(diagnosis, "describe", lambda result: "1000 tokens")
+    harness = SimpleNamespace(params={"num_prompts": 64, "max_concurrency": 0})
+    evidence: list[str] = []
+    profiles = diagnosis.Profiles.measure(harness, None, evidence, [])
+    found, strong = diagnosis.localize(None, profiles, evidence)
+    return profiles, found, strong, evidence
+
+
 def test_the_front_end_is_looked_in_when_it_used_more_cpu_than_the_scheduler(
     monkeypatch, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     """Faults in request handling run in the HTTP server's process (sglang-real-scored-stream's
     per-token logprob work): the diagnosis profiled only the scheduler and named the model's own
     attention. The process whose CPU use was higher at the task's load is the one looked in."""
-    from types import SimpleNamespace
-
-    from infra_agent.feedback.pyprofile import FunctionProfile
-    from infra_agent.serving.instruments import diagnosis
-
     root = tmp_path / "sglang"
-    sched_file, front_file = str(root / "scheduler.py"), str(root / "tokenizer_manager.py")
-
-    def profile(file: str, name: str, n: int) -> FunctionProfile:
-        stack = f"thread (1): MainThread;{name} ({file}:3)"
-        return FunctionProfile(pid=1, duration_s=1, samples=n, stacks={stack: n})
-
-    def runs(cores: dict[str, float]):  # type: ignore[no-untyped-def]
-        def run(harness, arm, seed, *, concurrency, prompts):  # type: ignore[no-untyped-def]
-            records = [SimpleNamespace(output_tokens=1000)]
-            return diagnosis.ProfiledRun(
-                scheduler=profile(sched_file, "forward", 100),
-                front=profile(front_file, "convert_logprob_style", 100),
-                result=SimpleNamespace(records=records), cores=cores,
-            )  # fmt: skip
-
-        return run
-
-    harness = SimpleNamespace(params={"num_prompts": 64, "max_concurrency": 0})
-    monkeypatch.setattr(diagnosis, "package_dirs", lambda harness, arm: [root])
-    monkeypatch.setattr(diagnosis, "describe", lambda result: "1000 tokens")
     for cores, process, function in (
-        ({"scheduler": 0.55, "tokenizer": 0.95}, "front end", "convert_logprob_style"),
-        ({"scheduler": 0.95, "tokenizer": 0.55}, "scheduler", "forward"),
-        ({"scheduler": 0.1, "tokenizer": 0.2}, "scheduler", "forward"),  # an idle front end
+        ({"scheduler": 0.55, "tokenizer": 0.95}, "front end", "front.py:convert_logprob_style"),
+        ({"scheduler": 0.95, "tokenizer": 0.55}, "scheduler", "scheduler.py:forward"),
+        ({"scheduler": 0.1, "tokenizer": 0.2}, "scheduler", "scheduler.py:forward"),  # idle front
     ):
-        monkeypatch.setattr(diagnosis, "profiled_run", runs(cores))
-        evidence: list[str] = []
-        profiles = diagnosis.Profiles.measure(harness, None, evidence, [])
+        parts = ({"forward": 100}, {"convert_logprob_style": 100}, cores)
+        profiles, found, strong, evidence = _looked_in(monkeypatch, root, lambda heavy, p=parts: p)
         assert profiles.process == process
-        found, strong = diagnosis.localize(None, profiles, evidence)
-        assert (
-            strong
-            and found.function
-            == f"sglang/{'tokenizer_manager' if process == 'front end' else 'scheduler'}.py:{function}"
-        )
+        assert strong and found.function == f"sglang/{function}"
         assert found.stage.startswith(process)
         assert (
             f"scheduler {cores['scheduler']:.2f} cores, front end (HTTP server process) {cores['tokenizer']:.2f}"
@@ -347,43 +346,18 @@ def test_a_scheduler_whose_idle_loop_grows_sends_the_look_to_the_front_end(
     used less CPU than the scheduler (0.7-0.8), whose work that grew with the load was its idle
     loop, and the diagnosis named that loop. A scheduler idling more per token as the load rises
     is waiting for requests: the front end is looked in."""
-    from types import SimpleNamespace
-
-    from infra_agent.feedback.pyprofile import FunctionProfile
-    from infra_agent.serving.instruments import diagnosis
-
-    root = tmp_path / "sglang"
-    sched_file, front_file = str(root / "scheduler.py"), str(root / "http_server.py")
-
-    def profile(file: str, counts: dict[str, int]) -> FunctionProfile:
-        stacks = {f"thread (1): MainThread;{name} ({file}:3)": n for name, n in counts.items()}
-        return FunctionProfile(pid=1, duration_s=1, samples=sum(counts.values()), stacks=stacks)
-
-    def runs(idle: tuple[int, int]):  # type: ignore[no-untyped-def]
-        def run(harness, arm, seed, *, concurrency, prompts):  # type: ignore[no-untyped-def]
-            heavy = concurrency is None
-            return diagnosis.ProfiledRun(
-                scheduler=profile(sched_file, {"Scheduler.forward": 100,
-                                               "Scheduler.on_idle": idle[heavy]}),
-                front=profile(front_file, {"stream_results": 90, "handle": 10}),
-                result=SimpleNamespace(records=[SimpleNamespace(output_tokens=1000)]),
-                cores={"scheduler": 0.8, "tokenizer": 0.6},
-            )  # fmt: skip
-
-        return run
-
-    harness = SimpleNamespace(params={"num_prompts": 64, "max_concurrency": 0})
-    monkeypatch.setattr(diagnosis, "package_dirs", lambda harness, arm: [root])
-    monkeypatch.setattr(diagnosis, "describe", lambda result: "1000 tokens")
+    cores = {"scheduler": 0.8, "tokenizer": 0.6}
     for idle, process, function in (
-        ((5, 200), "front end", "http_server.py:stream_results"),  # idle grows 40x
+        ((5, 200), "front end", "front.py:stream_results"),  # idle grows 40x
         ((5, 6), "scheduler", "scheduler.py:Scheduler.forward"),  # idle as at light load
     ):
-        monkeypatch.setattr(diagnosis, "profiled_run", runs(idle))
-        evidence: list[str] = []
-        profiles = diagnosis.Profiles.measure(harness, None, evidence, [])
+
+        def runs(heavy: bool, idle: tuple[int, int] = idle):  # type: ignore[no-untyped-def]
+            sched = {"Scheduler.forward": 100, "Scheduler.on_idle": idle[heavy]}
+            return sched, {"stream_results": 90, "handle": 10}, cores
+
+        profiles, found, _, evidence = _looked_in(monkeypatch, tmp_path / "sglang", runs)
         assert profiles.process == process
-        found, _ = diagnosis.localize(None, profiles, evidence)
         assert found.function == f"sglang/{function}"
         said = any("its idle loop" in line for line in evidence)
         assert said is (process == "front end")
