@@ -7,13 +7,14 @@ wrote is read; the server runs the arm's baseline, fault included):
 1. a GIL trace of the scheduler process under the task's load (`feedback.gil`): when a thread
    other than the scheduler's main thread holds the GIL while the main thread waits for it,
    that thread and its function are the localization;
-2. otherwise function profiles (`feedback.pyprofile`) of the scheduler and of the front end (the
+2. otherwise function profiles (`feedback.pyprofile`) of the scheduler, the front end (the
    HTTP server's process: its TokenizerManager tokenizes, streams and keeps each request's
-   state) at a light load (a few requests in flight) and at the task's load, with each
-   process's CPU time. The process to look in is the scheduler, unless the front end used more
-   CPU than the scheduler at the task's load (a fault in request handling, streaming or
-   tokenizing, which the scheduler only waits for), or unless what grows in the scheduler is its
-   idle loop (it waits for requests). In it, each function's time per generated
+   state) and the detokenizer at a light load (a few requests in flight) and at the task's load,
+   with each process's CPU time. The process to look in is the scheduler, unless the busier of
+   the other two used more CPU than the scheduler at the task's load (a fault in request
+   handling, streaming, tokenizing or detokenizing, which the scheduler only waits for), or
+   what grows in the scheduler is its idle loop (it waits); a busy process not looked in has
+   its hottest functions shown. In it, each function's time per generated
    token (with its callees): where work that grows with the load (with the number of waiting or
    running requests) enters, the outermost function growing as fast as the fastest-growing
    work, is the localization (`growth_entry`);
@@ -60,9 +61,14 @@ waits for the front end (sglang-real-scored-stream: the front end at 0.6 cores, 
 scheduler's 0.7-0.8, held the fault, and the scheduler's growth was in this loop, 43-55x)."""
 
 
+HELPERS = {FRONT: "front end", "detokenizer": "detokenizer"}
+"""The processes beside the scheduler that diagnose profiles (role -> what it is called)."""
+
+
 @dataclass
 class ProfiledRun:
-    """One workload with the scheduler and the front end profiled, and their CPU use."""
+    """One workload with the scheduler, the front end and the detokenizer profiled, and their
+    CPU use."""
 
     scheduler: FunctionProfile
     front: FunctionProfile | None
@@ -70,6 +76,10 @@ class ProfiledRun:
     result: Any
     cores: dict[str, float]
     """Role -> CPU-seconds per second of the workload (1.0: one core busy throughout)."""
+    detokenizer: FunctionProfile | None = None
+
+    def helper(self, role: str) -> FunctionProfile | None:
+        return self.front if role == FRONT else self.detokenizer
 
 
 def package_dirs(harness: Any, arm: Any) -> list[Path]:
@@ -85,19 +95,20 @@ def package_dirs(harness: Any, arm: Any) -> list[Path]:
 def profiled_run(
     harness: Any, arm: Any, seed: int, *, concurrency: int | None, prompts: int
 ) -> ProfiledRun:
-    """The task's request shape at a given concurrency, with the scheduler and the front end
-    profiled throughout and their CPU time counted."""
+    """The task's request shape at a given concurrency, with the scheduler, the front end and
+    the detokenizer profiled throughout and their CPU time counted."""
     sessions = harness.sessions(prompts, seed=seed)
     load = harness.load(seed).model_copy(update={"max_concurrency": concurrency})
     server = harness.server(arm)
-    pids = {r: p for r, p in server_processes(server).items() if r in ("scheduler", FRONT)}
+    roles = ["scheduler", *HELPERS]
+    pids = {r: p for r, p in server_processes(server).items() if r in roles}
     before, started = {r: cpu_seconds({p}) for r, p in pids.items()}, time.monotonic()
-    (trace, front), result = trace_during(server, sessions, load, ["scheduler", FRONT])
+    (trace, front, detok), result = trace_during(server, sessions, load, roles)
     wall = max(time.monotonic() - started, 1e-9)
     if trace.profile is None:
         raise PySpyUnavailable("; ".join(trace.errors))
     cores = {r: (cpu_seconds({p}) - before[r]) / wall for r, p in pids.items()}
-    return ProfiledRun(trace.profile, front.profile, result, cores)
+    return ProfiledRun(trace.profile, front.profile, result, cores, detok.profile)
 
 
 def _per_token(rows: list[FunctionTime], tokens: int) -> dict[str, float]:
@@ -179,30 +190,35 @@ class Profiles:
             harness, arm, DIAGNOSE_SEED + 13,
             concurrency=int(p["max_concurrency"]) or None, prompts=int(p["num_prompts"]),
         )  # fmt: skip
-        instruments.append("pyprofile.profile_pid scheduler and front end (light load, task load)")
+        instruments.append(
+            "pyprofile.profile_pid scheduler, front end and detokenizer (light load, task load)"
+        )
         evidence.append(f"light load ({LIGHT_CONCURRENCY} in flight): {describe(light.result)}")
         evidence.append(f"task load: {describe(heavy.result)}")
-        sched, front = heavy.cores.get("scheduler"), heavy.cores.get(FRONT)
-        if sched is not None and front is not None:
+        sched = heavy.cores.get("scheduler")
+        profiled = [r for r in HELPERS if light.helper(r) is not None and heavy.helper(r)]
+        busiest = max(profiled, key=lambda r: heavy.cores.get(r, 0.0), default=None)
+        if sched is not None and FRONT in heavy.cores:
             evidence.append(
                 f"CPU at the task's load: scheduler {sched:.2f} cores, front end (HTTP server "
-                f"process) {front:.2f} cores"
+                f"process) {heavy.cores[FRONT]:.2f} cores"
+                + (f", detokenizer {d:.2f} cores" if (d := heavy.cores.get("detokenizer")) else "")
             )
-        busy_front = (
-            sched is not None and front is not None and front >= FRONT_MIN_CORES and front > sched
-        )
+        most = heavy.cores.get(busiest, 0.0) if busiest is not None else 0.0
+        look = busiest if sched is not None and most >= FRONT_MIN_CORES and most > sched else None
         lt, ht = _tokens(light.result), _tokens(heavy.result)
-        if not busy_front and light.front is not None and heavy.front is not None:
+        if look is None and busiest is not None:
             grown = growth_entry(light.scheduler, heavy.scheduler, dirs, lt, ht)
             if grown is not None and grown[0].endswith(IDLE_LOOP):
                 evidence.append(
                     f"the scheduler's work that grows with the load is its idle loop ({grown[0]}, "
-                    f"{grown[2]:.1f}x per token): it waits for requests, so the front end is "
-                    "looked in"
+                    f"{grown[2]:.1f}x per token): it waits, so the busiest process beside it, "
+                    f"the {HELPERS[busiest]}, is looked in"
                 )
-                busy_front = True
-        if busy_front and light.front is not None and heavy.front is not None:
-            process, lp, hp = "front end", light.front, heavy.front
+                look = busiest
+        if look is not None:
+            process, lp, hp = HELPERS[look], light.helper(look), heavy.helper(look)
+            assert lp is not None and hp is not None
         else:
             process, lp, hp = "scheduler", light.scheduler, heavy.scheduler
         light_rows, heavy_rows = lp.functions(dirs, limit=200), hp.functions(dirs, limit=200)
@@ -213,14 +229,14 @@ class Profiles:
             f"{light_cost.get(r.where, 0.0):7.2f} samples/1k tokens  {r.where}"
             for r in heavy_rows[:8]
         )
-        if process == "scheduler" and heavy.front is not None and front and sched:
-            if front >= sched / 2:  # a front end this busy is worth a look, not the verdict
+        for role in profiled:  # a process this busy is worth a look, not the verdict
+            cores, shown = heavy.cores.get(role, 0.0), heavy.helper(role)
+            if HELPERS[role] != process and sched and cores >= sched / 2 and shown is not None:
                 evidence.append(
-                    "front end profile (busy, not looked in), hottest at the task's load:"
+                    f"{HELPERS[role]} profile (busy, not looked in), hottest at the task's load:"
                 )
                 evidence.extend(
-                    f"  {r.self_share:5.1%} self  {r.where}"
-                    for r in heavy.front.functions(dirs, limit=3)
+                    f"  {r.self_share:5.1%} self  {r.where}" for r in shown.functions(dirs, limit=3)
                 )
         return cls(lp, hp, lt, ht, dirs, heavy_rows, process)
 
@@ -265,7 +281,9 @@ def localize(culprit: Any, profiles: Profiles, evidence: list[str]) -> tuple[Loc
 def _stage(profiles: Profiles) -> str:
     if profiles.process == "scheduler":
         return "scheduler process"
-    return "front end (HTTP server process, busier than the scheduler)"
+    if profiles.process == "front end":
+        return "front end (HTTP server process)"
+    return f"{profiles.process} process"
 
 
 def growth_entry(

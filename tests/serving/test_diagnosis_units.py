@@ -285,8 +285,9 @@ def test_the_diagnosis_sends_the_tasks_own_requests(monkeypatch) -> None:  # typ
 
 def _looked_in(monkeypatch, root: Path, runs):  # type: ignore[no-untyped-def]
     """`Profiles.measure` then `localize` on stub runs: `runs(heavy)` gives a run's scheduler and
-    front-end samples by function (files sglang/scheduler.py, sglang/front.py) and its cores.
-    Returns (profiles, localization, strong, evidence)."""
+    front-end samples by function (files sglang/scheduler.py, sglang/front.py), its cores, and
+    optionally the detokenizer's samples (sglang/detok.py). Returns (profiles, localization,
+    strong, evidence)."""
     from types import SimpleNamespace
 
     from infra_agent.feedback.pyprofile import FunctionProfile
@@ -297,10 +298,11 @@ def _looked_in(monkeypatch, root: Path, runs):  # type: ignore[no-untyped-def]
         return FunctionProfile(pid=1, duration_s=1, samples=sum(counts.values()), stacks=stacks)
 
     def run(harness, arm, seed, *, concurrency, prompts):  # type: ignore[no-untyped-def]
-        sched, front, cores = runs(concurrency is None)
+        sched, front, cores, *detok = runs(concurrency is None)
         return diagnosis.ProfiledRun(
             scheduler=profile("scheduler.py", sched), front=profile("front.py", front),
             result=SimpleNamespace(records=[SimpleNamespace(output_tokens=1000)]), cores=cores,
+            detokenizer=profile("detok.py", detok[0]) if detok else None,
         )  # fmt: skip
 
     monkeypatch.setattr(diagnosis, "profiled_run", run)
@@ -361,3 +363,25 @@ def test_a_scheduler_whose_idle_loop_grows_sends_the_look_to_the_front_end(
         assert found.function == f"sglang/{function}"
         said = any("its idle loop" in line for line in evidence)
         assert said is (process == "front end")
+
+
+def test_the_detokenizer_is_profiled_and_looked_in_when_busiest(
+    monkeypatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """sglang-real-long-stream's fault runs in the detokenizer, a process diagnose did not
+    profile: its CPU is stated, a busy one's hottest functions are shown, and one busier than
+    the scheduler is looked in."""
+    root = tmp_path / "sglang"
+    detok = {"DetokenizerManager._decode_batch_token_id_output": 80, "event_loop": 20}
+    for cores, process, function in (
+        ({"scheduler": 0.6, "tokenizer": 0.2, "detokenizer": 0.9}, "detokenizer",
+         "detok.py:DetokenizerManager._decode_batch_token_id_output"),
+        ({"scheduler": 0.9, "tokenizer": 0.2, "detokenizer": 0.5}, "scheduler",
+         "scheduler.py:forward"),
+    ):  # fmt: skip
+        parts = ({"forward": 100}, {"handle": 100}, cores, detok)
+        profiles, found, strong, evidence = _looked_in(monkeypatch, root, lambda h, p=parts: p)
+        assert profiles.process == process and found.function == f"sglang/{function}"
+        assert f"detokenizer {cores['detokenizer']:.2f} cores" in "\n".join(evidence)
+        shown = "detokenizer profile (busy, not looked in), hottest at the task's load:" in evidence
+        assert shown is (process == "scheduler")
