@@ -26,7 +26,7 @@ from pathlib import Path
 from infra_agent.experiments.check import check_task
 from infra_agent.experiments.diagnose import run_diagnosis
 from infra_agent.tasks.registry import list_tasks
-from infra_agent.tasks.sites import fault_sites
+from infra_agent.tasks.sites import fault_sites, has_fault
 
 
 def named(localization_function: str | None, sites: set[tuple[str, str]]) -> bool:
@@ -50,11 +50,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
     args = parser.parse_args()
     wanted = {n for n in args.tasks.split(",") if n}
-    tasks = [
-        t
-        for t in list_tasks()
-        if t.inject_patch is not None or (t.manifest.fault is not None and t.manifest.fault.sites)
-    ]
+    tasks = [t for t in list_tasks() if has_fault(t)]
     tasks = [t for t in tasks if not wanted or t.name in wanted]
     rows = []
     for task in tasks:

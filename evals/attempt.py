@@ -33,7 +33,7 @@ from infra_agent.store.verdict import Flag, Verdict
 from infra_agent.tasks.manifest import Task
 from infra_agent.tasks.patch import Patch
 from infra_agent.tasks.registry import find_task
-from infra_agent.tasks.sites import at_fault, fault_sites
+from infra_agent.tasks.sites import at_fault, has_fault
 
 Progress = Callable[[str], None]
 
@@ -79,7 +79,7 @@ def true_success(
     if task.manifest.open is not None:
         again = reverification
         return again is not None and not (again.disproved or again.unverified)
-    if not fault_sites(task):
+    if not has_fault(task):
         return None
     patches = [store.get_patch(e.patch_id) for e in solving]
     return any(at_fault(task, Patch.from_record(p)) for p in patches if p is not None)

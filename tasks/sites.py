@@ -5,6 +5,7 @@ tree), or, for a fault that is the engine's own code, the functions its `[fault]
 for checking a diagnosis after the fact, and for telling a win at the fault from a win
 elsewhere. Nothing shown to the agent and no instrument reads it.
 
+    has_fault(task)              # True: an injected fault or declared sites (nothing is read)
     fault_sites(task)            # {("sglang/srt/managers/scheduler.py", "process_batch_result")}
     at_fault(task, patch)        # True: the patch changes a function the fault lives in;
                                  # False: it wins elsewhere; None: the task names no fault
@@ -25,6 +26,12 @@ Site = tuple[str, str]
 """(module path in the tree, function name)."""
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+
+
+def has_fault(task: Task) -> bool:
+    """Whether the task names a fault: an inject.patch, or `[fault] sites` declared (cheap: no
+    tree is built)."""
+    return task.inject_patch is not None or bool(task.manifest.fault and task.manifest.fault.sites)
 
 
 def fault_sites(task: Task) -> set[Site]:
