@@ -139,7 +139,7 @@ def _payload(
         }
         if load.logit_bias is not None:
             sampling["logit_bias"] = load.logit_bias
-        sampling |= {k: v for k in ("stop", "stop_regex") if (v := getattr(load, k)) is not None}
+        sampling |= _stops(load)
         body: dict[str, Any] = {"sampling_params": sampling, "stream": True}
         body["text" if text is not None else "input_ids"] = text if text is not None else prompt_ids
         if load.return_logprob:
@@ -165,7 +165,12 @@ def _payload(
         body["logprobs"] = load.top_logprobs_num
     if load.logit_bias is not None:
         body["logit_bias"] = load.logit_bias
-    return body | {k: v for k in ("stop", "stop_regex") if (v := getattr(load, k)) is not None}
+    return body | _stops(load)
+
+
+def _stops(load: LoadSpec) -> dict[str, list[str]]:
+    """The load's stop strings and patterns, by the name both APIs take them under."""
+    return {k: v for k in ("stop", "stop_regex") if (v := getattr(load, k)) is not None}
 
 
 async def _send(
