@@ -196,7 +196,9 @@ class Profiles:
         evidence.append(f"light load ({LIGHT_CONCURRENCY} in flight): {describe(light.result)}")
         evidence.append(f"task load: {describe(heavy.result)}")
         sched = heavy.cores.get("scheduler")
-        profiled = [r for r in HELPERS if light.helper(r) is not None and heavy.helper(r)]
+        profiled = [
+            r for r in HELPERS if light.helper(r) is not None and heavy.helper(r) is not None
+        ]
         busiest = max(profiled, key=lambda r: heavy.cores.get(r, 0.0), default=None)
         if sched is not None and FRONT in heavy.cores:
             evidence.append(
