@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,3 +188,16 @@ def quick_decode_task(parent: Path) -> Path:
     text = re.sub(r"seq_len = \d+", "seq_len = 1024", text)
     toml.write_text(re.sub(r"steps = \d+", "steps = 2", text))
     return folder
+
+
+def assert_agent_reads_no_site(task: Any, sites: set[tuple[str, str]]) -> None:
+    """Nothing an agent reads of `task` (its name, title, story, the README above "Measured
+    here", its harness) names a module or function its fault lives in."""
+    readme = (task.root / "README.md").read_text()
+    visible = readme.split("## Measured here")[0] + task.manifest.story
+    visible += task.manifest.title + task.name
+    harness = task.harness_path.read_text()
+    for rel, function in sites:
+        module = rel.rsplit("/", 1)[-1]
+        assert module not in visible and module.removesuffix(".py") not in harness, rel
+        assert function not in visible and function not in harness, function

@@ -8,7 +8,7 @@ import ast
 
 import pytest
 from pydantic import ValidationError
-from support import needs_sglang_env
+from support import assert_agent_reads_no_site, needs_sglang_env
 
 from infra_agent.serving.env import SGLANG_VERSION
 from infra_agent.serving.overlay import installed_package
@@ -42,13 +42,7 @@ def test_declared_sites_reference_and_wrong_fix(task) -> None:  # type: ignore[n
         assert function in names, f"{rel} has no function {function}"
     assert at_fault(task, load_patch(task.reference_patch)) is True
     assert at_fault(task, load_patch(task.wrong_fix_patch)) is False
-    readme = (task.root / "README.md").read_text()
-    visible = readme.split("## Measured here")[0] + task.manifest.story + task.manifest.title
-    harness = task.harness_path.read_text()
-    for rel, function in sites:
-        module = rel.rsplit("/", 1)[-1]
-        assert module not in visible and module.removesuffix(".py") not in harness
-        assert function not in visible and function not in harness
+    assert_agent_reads_no_site(task, sites)
 
 
 def test_the_suite_has_a_fault_of_the_engines_own() -> None:
