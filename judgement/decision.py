@@ -116,11 +116,18 @@ def settled(c: Comparison, rule: Rule, ratios: list[float], se_goal: float) -> b
 def _verdict(c: Comparison, effect: float, shown: Side | None) -> tuple[Verdict, list[str]]:
     sp, lo, hi = c.speedup, c.ci_low, c.ci_high
     margin = 1.0 + effect / 2
-    beyond = f"beyond the task's minimum effect of {effect:.0%}"
     if shown == "better":
-        return Verdict.IMPROVED, [f"better with confidence, {beyond}"]
+        return Verdict.IMPROVED, [
+            f"better with confidence: {sp:.3f}x is beyond the task's minimum effect of "
+            f"{effect:.0%} ({1 + effect:.3f}x), and the interval's low end {lo:.3f} above "
+            f"{margin:.3f} (half the minimum)"
+        ]
     if shown == "worse":
-        return Verdict.REGRESSED, [f"worse with confidence, {beyond}"]
+        return Verdict.REGRESSED, [
+            f"worse with confidence: {sp:.3f}x is beyond the task's minimum effect of "
+            f"{effect:.0%} ({1 / (1 + effect):.3f}x), and the interval's high end {hi:.3f} "
+            f"below {1 / margin:.3f} (half the minimum)"
+        ]
     if lo <= 1.0 <= hi:
         return Verdict.NO_CHANGE, ["within noise: the interval includes 1.0"]
     if sp > 1.0 + effect or sp < 1.0 / (1.0 + effect):
