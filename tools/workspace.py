@@ -214,8 +214,10 @@ class SearchResult(BaseModel):
             size += sum(len(line) + 1 for line in block)
             if size > SEARCH_CHARS and lines:  # whole hits only, and where to go on
                 go_on = self.skipped_hits + n
+                found = f"{len(self.hits) - n}{'+' * self.truncated} more hits found"
                 lines.append(
-                    f"[answer full after {n} hits: search again with skip={go_on} for the rest]"
+                    f"[answer full after {n} hits (an answer holds {SEARCH_CHARS} characters, "
+                    f"whatever max_hits; {found}): search again with skip={go_on} for the rest]"
                 )
                 return "\n".join(lines)
             lines += block

@@ -277,13 +277,14 @@ def test_a_full_search_answer_says_how_to_go_on(tmp_path: Path) -> None:
     that continues, and that skip shows the rest."""
     line = "    running_batch = merge(running_batch, waiting_queue)  # " + "x" * 100 + "\n"
     task = _copy_with(tmp_path, {"many.py": line * 80})
-    search = [{"regex": "running_batch", "pattern": "many.py"}]
+    search = [{"regex": "running_batch", "pattern": "many.py", "max_hits": 100}]
     steps = _replay(tmp_path, str(task), [{"tool_calls": [{"name": "search_files", "arguments": a}]} for a in search])  # fmt: skip
     (first,) = _answers(steps, "search_files")
     assert "more characters cut" not in first
     tail = next(t for t in first.splitlines() if t.startswith("[answer full after "))
     shown = int(tail.split()[3])
     assert 0 < shown < 80 and tail.endswith(f"search again with skip={shown} for the rest]")
+    assert f"{80 - shown} more hits found" in tail  # why it stopped short of max_hits, and what is left
     rest = [{"regex": "running_batch", "pattern": "many.py", "skip": shown}]
     (tmp_path / "2").mkdir()
     steps = _replay(tmp_path / "2", str(task), [{"tool_calls": [{"name": "search_files", "arguments": a}]} for a in rest])  # fmt: skip
