@@ -27,15 +27,13 @@ Function names are as py-spy reads them (`Class.method`), files relative to the 
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from infra_agent.feedback.gil import PySpyUnavailable
 from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime
-from infra_agent.sandboxes.proctree import cpu_seconds
-from infra_agent.serving.instruments.live import describe, server_processes
+from infra_agent.serving.instruments.live import describe
 from infra_agent.serving.instruments.tracing import trace_during
 from infra_agent.serving.overlay import installed_package
 from infra_agent.tasks.diagnose import DIAGNOSE_SEED, Diagnosis, Localization
@@ -100,14 +98,11 @@ def profiled_run(
     sessions = harness.sessions(prompts, seed=seed)
     load = harness.load(seed).model_copy(update={"max_concurrency": concurrency})
     server = harness.server(arm)
-    roles = ["scheduler", *HELPERS]
-    pids = {r: p for r, p in server_processes(server).items() if r in roles}
-    before, started = {r: cpu_seconds({p}) for r, p in pids.items()}, time.monotonic()
-    (trace, front, detok), result = trace_during(server, sessions, load, roles)
-    wall = max(time.monotonic() - started, 1e-9)
+    (trace, front, detok), result = trace_during(server, sessions, load, ["scheduler", *HELPERS])
     if trace.profile is None:
         raise PySpyUnavailable("; ".join(trace.errors))
-    cores = {r: (cpu_seconds({p}) - before[r]) / wall for r, p in pids.items()}
+    wall = max(result.duration_s if result is not None else 0.0, 1e-9)  # the workload's
+    cores = {t.role: t.cpu_s / wall for t in (trace, front, detok) if t.cpu_s is not None}
     return ProfiledRun(trace.profile, front.profile, result, cores, detok.profile)
 
 

@@ -86,6 +86,8 @@ def describe(result: Any) -> str:
     tokens = sum(counts)
     spread = f" ({min(counts)}-{max(counts)} per request)" if counts else ""
     rate = f", {tokens / result.duration_s:.0f} tok/s" if result.duration_s > 0 else ""
+    if cpu_s := getattr(result, "server_cpu_s", None):  # counted around it (trace_during)
+        rate += f", {tokens / cpu_s:.0f} tok per server CPU-s"
     return (
         f"{len(result.records)} requests, {tokens} output tokens{spread} in "
         f"{result.duration_s:.1f} s{rate}"

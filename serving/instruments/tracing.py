@@ -27,7 +27,7 @@ from infra_agent.errors import UserError
 from infra_agent.feedback.gil import GilReport, ThreadGil, trace_pid
 from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime, profile_pid
 from infra_agent.judgement.intervals import share_error
-from infra_agent.sandboxes.proctree import alive
+from infra_agent.sandboxes.proctree import alive, cpu_seconds
 from infra_agent.serving.instruments.live import LoadRun, describe, server_processes
 from infra_agent.serving.load.datasets import Session
 from infra_agent.serving.load.generator import LoadSpec, WorkloadResult
@@ -54,6 +54,8 @@ class ProcessTrace(BaseModel):
     """None when the server has no such process."""
     profile: FunctionProfile | None = None
     gil: GilReport | None = None
+    cpu_s: float | None = None
+    """User + system CPU seconds the process used over the workload (None: no process)."""
     errors: list[str] = Field(default_factory=list)
     """One line per instrument that could not run (missing process, died, py-spy refused)."""
 
@@ -102,11 +104,17 @@ def trace_during(
         try:
             for ready in attached:
                 ready.wait(timeout=ATTACH_S)
+            before = {t.role: cpu_seconds({t.pid}) for t in live if t.pid is not None}
+            server_before = server.cpu_seconds()
             with run:  # its end joins the workload (and raises the workload's failure)
                 time.sleep(SETTLE_S)
                 for t in live if gil_s else []:
                     assert t.pid is not None and gil_s is not None
                     jobs.append((t, "gil", pool.submit(trace_pid, t.pid, duration_s=gil_s)))
+            for t in live:  # what the workload cost each process, and the whole server
+                t.cpu_s = cpu_seconds({t.pid}) - before[t.role] if t.pid is not None else None
+            if run.result is not None and server_before:
+                run.result.server_cpu_s = server.cpu_seconds() - server_before
         finally:
             stop.set()
         for t, kind, job in jobs:
@@ -146,8 +154,8 @@ WIDTH = 140
 """Characters per rendered line, at most."""
 FEW_SAMPLES = 20
 """Fewer active samples than this: a share is off by 10 points or more (binomial sd at 50%)."""
-RENDER_CHARS = 2800
-"""A server profile's text stays shorter (with the look's own line after it, under 3,000): rows
+RENDER_CHARS = 2500
+"""A server profile's text stays shorter (with the look's own lines after it, under 3,000): rows
 of least self time give way first."""
 
 
@@ -159,6 +167,8 @@ class ProcessProfile(BaseModel):
     samples: int = 0
     """Active-thread samples of the function profile."""
     duration_s: float = 0.0
+    cpu_s: float | None = None
+    """CPU seconds the process used over the workload (`ProcessTrace.cpu_s`)."""
     top_self: list[FunctionTime] = Field(default_factory=list)
     """Hottest by self time (innermost SGLang frame), with their shares of active samples."""
     top_total: list[FunctionTime] = Field(default_factory=list)
@@ -191,7 +201,7 @@ class ProcessProfile(BaseModel):
         return cls(
             role=trace.role, pid=trace.pid,
             samples=profile.samples if profile else 0,
-            duration_s=profile.duration_s if profile else 0.0,
+            duration_s=profile.duration_s if profile else 0.0, cpu_s=trace.cpu_s,
             top_self=[r for r in rows if r.self_samples][:TOP], top_total=(entry + below)[:TOP],
             gil=trace.gil, errors=list(trace.errors), asleep=profile.asleep if profile else {},
         )  # fmt: skip
@@ -199,7 +209,10 @@ class ProcessProfile(BaseModel):
     def render(self, top: int = TOP) -> list[str]:
         """Its lines, with the `top` hottest functions by self time."""
         head = f"{self.role} (pid {self.pid})" if self.pid else self.role
-        lines = [f"{head}: {self.samples} active samples in {self.duration_s:.1f} s"]
+        cpu = f"{self.cpu_s:.1f} CPU-s" if self.cpu_s is not None else "CPU not counted"
+        if self.cpu_s is not None and self.duration_s > 0:
+            cpu += f" ({self.cpu_s / self.duration_s:.2f} cores)"
+        lines = [f"{head}: {cpu}; {self.samples} active samples in {self.duration_s:.1f} s"]
         if 0 < self.samples < FEW_SAMPLES:
             lines[0] += " (few: the shares are rough; a longer workload sharpens them)"
         if self.samples:

@@ -273,11 +273,10 @@ def test_the_diagnosis_sends_the_tasks_own_requests(monkeypatch) -> None:  # typ
 
     def traced(server, sessions, load, processes, **_):  # type: ignore[no-untyped-def]
         sent.append(sessions)
-        trace = SimpleNamespace(profile=object(), gil=None, errors=["no GIL trace"])
+        trace = SimpleNamespace(profile=object(), gil=None, errors=["no GIL trace"], cpu_s=None)
         return tuple(trace for _ in processes), None
 
     monkeypatch.setattr(diagnosis, "trace_during", traced)
-    monkeypatch.setattr(diagnosis, "server_processes", lambda server: {})
     diagnosis.profiled_run(Harness(), None, 1, concurrency=4, prompts=1)
     diagnosis.gil_culprit(Harness(), None, [], [])
     assert sent == [own, own]

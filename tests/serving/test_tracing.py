@@ -37,6 +37,9 @@ class WaitingServer:
         time.sleep(self.seconds)
         return WorkloadResult(records=[], duration_s=self.seconds, load=LoadSpec())
 
+    def cpu_seconds(self) -> float:
+        return 0.0  # no cgroup to count, as a Server without one
+
 
 @pytest.fixture
 def busy_scheduler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> subprocess.Popen[bytes]:
@@ -70,13 +73,17 @@ def test_each_process_gets_its_profile_and_gil_and_a_missing_one_an_error(
     # "runs-no-GIL" in 11 samples (a suite run failed on `holding > 0.5`). Idle in 6 of 11
     # samples would need py-spy to see a thread that never sleeps asleep.
     assert main.idle < 0.5 and main.holding + main.running > 0.5
-    assert detokenizer.pid is None and detokenizer.gil is None
+    # It computed through the 3 s workload: its CPU is counted (most of a core, less on a
+    # loaded machine); a missing process has none.
+    assert scheduler.cpu_s is not None and 0.3 < scheduler.cpu_s < 3.0 * 1.1, scheduler.cpu_s
+    assert detokenizer.pid is None and detokenizer.gil is None and detokenizer.cpu_s is None
     assert detokenizer.errors == [
         f"the server has no detokenizer process (found: scheduler {busy_scheduler.pid})"
     ]
     text = report.render()
     assert text.startswith("baseline: 0 requests, 0 output tokens in 3.0 s")
-    assert f"scheduler (pid {busy_scheduler.pid}): " in text and "sglang/busy.py:hot" in text
+    assert f"scheduler (pid {busy_scheduler.pid}): {scheduler.cpu_s:.1f} CPU-s (" in text
+    assert "sglang/busy.py:hot" in text
     assert f"GIL {main.thread}: holds" in text
     assert "error: the server has no detokenizer process" in text
     assert json.loads(report.model_dump_json())["processes"][0]["role"] == "scheduler"

@@ -42,6 +42,15 @@ def test_server_profile_shows_the_schedulers_loop_and_forward_and_the_tokenizer(
     # The tokenizer is mostly idle while the scheduler works: a loaded suite run read 4 of its
     # active samples in 3.4 s. That it is profiled at all (and its GIL states read) is the point.
     assert scheduler["samples"] >= 50 and tokenizer["samples"] >= 1
+    # What the workload cost each process, and the server per output token (the metric of the
+    # tasks judged on CPU): the scheduler worked, within what one thread can use.
+    assert 0 < scheduler["cpu_s"] <= 1.2 * data["duration_s"] + 1, (
+        scheduler["cpu_s"],
+        data["duration_s"],
+    )
+    assert tokenizer["cpu_s"] is not None and tokenizer["cpu_s"] >= 0
+    assert " tok per server CPU-s" in result.content.splitlines()[0], result.content
+    assert " CPU-s (" in result.content and " cores);" in result.content
     hot = {f"{r['file']}:{r['function']}" for r in scheduler["top_self"] + scheduler["top_total"]}
     print(json.dumps(sorted(hot), indent=1))
     assert any(w.startswith("sglang/srt/managers/scheduler.py:Scheduler.event_loop_") for w in hot)
