@@ -85,8 +85,13 @@ def _target_outcome(t: Target, perf: PerformanceEvidence, metrics: dict[str, flo
     return CriterionOutcome(status, f"{head}: {status} ({value:.4g}{was})")
 
 
+def _times(ratio: float) -> str:
+    """A constraint's ratio (times worse than baseline) said with its direction."""
+    return f"{ratio:.3f}x worse" if ratio >= 1 else f"{1 / ratio:.3f}x better"
+
+
 def _constraint_outcome(c: Constraint, metrics: dict[str, float]) -> CriterionOutcome:
-    head = f"constraint {c.metric} ratio to baseline <= {c.max_ratio:g}"
+    head = f"constraint {c.metric} at most {c.max_ratio:g}x worse than baseline"
     ratio = metrics.get(f"{c.metric}_ratio")
     low, high = metrics.get(f"{c.metric}_ratio_low"), metrics.get(f"{c.metric}_ratio_high")
     if ratio is None or low is None or high is None:
@@ -94,7 +99,7 @@ def _constraint_outcome(c: Constraint, metrics: dict[str, float]) -> CriterionOu
     met: Status = "met" if high <= c.max_ratio else "broken" if low > c.max_ratio else "not shown"
     if met != "met":  # the verdict's reasons state its numbers (judgement.constraints.check)
         return CriterionOutcome(met, f"{head}: {met}")
-    return CriterionOutcome(met, f"{head}: {met} (ratio {ratio:.3f}, at most {high:.3f} at 95%)")
+    return CriterionOutcome(met, f"{head}: {met} ({_times(ratio)}; at worst {_times(high)} at 95%)")
 
 
 def _declares_criteria(manifest: TaskManifest) -> bool:

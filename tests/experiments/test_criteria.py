@@ -90,11 +90,16 @@ def test_a_rate_target_and_a_constraint_state_their_numbers() -> None:
     assert fixed.verdict is Verdict.IMPROVED, fixed.reasons
     assert criteria_outcome(manifest, fixed)[1] == "- target corruptions_per_10k < 3 per 10k (95% upper bound): met"  # fmt: skip
     assert "candidate below 2.5 per 10k at 95%" in fixed.reasons[0]  # the bound, said once
-    assert criteria_outcome(manifest, fixed)[2].startswith("- constraint requests_per_s ratio to baseline <= 1.2: met (ratio 1.0")  # fmt: skip
+    assert criteria_outcome(manifest, fixed)[2].startswith("- constraint requests_per_s at most 1.2x worse than baseline: met (1.0")  # fmt: skip
+    assert "x worse; at worst 1.0" in criteria_outcome(manifest, fixed)[2]
+    # A candidate better on the constraint's metric says so (a relay model read 'ratio 0.726'
+    # on a throughput constraint as a loss).
+    faster = _rate_result(manifest, [0] * 8, [130.0 + i % 2 for i in range(8)])
+    assert "met (1.3" in criteria_outcome(manifest, faster)[2] and "x better; at worst 1.3" in criteria_outcome(manifest, faster)[2]  # fmt: skip
     slow = _rate_result(manifest, [1, 0, 1, 0, 0, 1, 0, 0], [60.0 + i % 2 for i in range(8)])
     lines = criteria_outcome(manifest, slow)
     assert lines[1] == "- target corruptions_per_10k < 3 per 10k (95% upper bound): not met"
-    assert lines[2] == "- constraint requests_per_s ratio to baseline <= 1.2: broken"
+    assert lines[2] == "- constraint requests_per_s at most 1.2x worse than baseline: broken"
     assert any(r.startswith("constraint broken: requests_per_s median 100 -> 60.5 (ratio 1.6") for r in slow.reasons), slow.reasons  # fmt: skip
 
 
