@@ -109,7 +109,9 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
     from infra_agent.serving.load.metrics import summarize
 
     with task_server(ctx, **p.model_dump()) as run:
+        cpu_before = run.server.cpu_seconds()  # the server's CPU per output token, as measured
         result = run.server.call(run_workload, run.sessions, run.load)
+        result.server_cpu_s = run.server.cpu_seconds() - cpu_before  # by harness.sample
         network = run.server.network.render()
         filesystem = run.server.filesystem.render()
     metrics = summarize(result)
@@ -120,6 +122,7 @@ def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
         ),
         data={
             **metrics.model_dump(mode="json"),
+            "output_tokens_per_cpu_s": metrics.output_tokens_per_cpu_s,
             "look": run.look.model_dump(mode="json"),
             "server_network": network,
             "server_filesystem": filesystem,

@@ -97,3 +97,17 @@ def test_server_profile_localizes_the_injected_slow_decode(tmp_path: Path) -> No
         "TorchNativeAttnBackend._run_sdpa_forward_decode"
     ), scheduler["top_self"]
     assert scheduler["samples"] >= 20
+
+
+def test_serving_workload_states_the_servers_output_tokens_per_cpu_second(
+    tiny_looks: ToolContext,
+) -> None:
+    """A relay model on a task judged on CPU per token found no look that said it: the
+    workload's answer states it beside the throughput (the look server kept above, one
+    workload of 16 requests)."""
+    result = default_registry().call("serving_workload", json.dumps({"num_prompts": 16}), tiny_looks)  # fmt: skip
+    print(result.content)
+    assert result.error is None and result.data is not None, result.content
+    per_cpu = result.data["output_tokens_per_cpu_s"]
+    assert per_cpu > 0 and result.data["server_cpu_s"] > 0
+    assert f"; {per_cpu:.0f} output tok per server CPU-s" in result.content.splitlines()[0]
