@@ -284,7 +284,8 @@ def test_a_full_search_answer_says_how_to_go_on(tmp_path: Path) -> None:
     tail = next(t for t in first.splitlines() if t.startswith("[answer full after "))
     shown = int(tail.split()[3])
     assert 0 < shown < 80 and tail.endswith(f"search again with skip={shown} for the rest]")
-    assert f"{80 - shown} more hits found" in tail  # why it stopped short of max_hits, and what is left
+    # Why it stopped short of max_hits, and what is left:
+    assert f"{80 - shown} more hits found" in tail
     rest = [{"regex": "running_batch", "pattern": "many.py", "skip": shown}]
     (tmp_path / "2").mkdir()
     steps = _replay(tmp_path / "2", str(task), [{"tool_calls": [{"name": "search_files", "arguments": a}]} for a in rest])  # fmt: skip
