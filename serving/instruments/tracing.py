@@ -276,6 +276,12 @@ class ServerProfile(BaseModel):
         lines = [f"{self.label}: {self.workload}"]
         for process, top in zip(self.processes, tops, strict=True):
             lines += process.render(top)
+        profiled = max((p.duration_s for p in self.processes), default=0.0)
+        if self.duration_s and profiled > 1.3 * self.duration_s + 1:  # attached before it began
+            lines.append(
+                f"note: the profiles ran {profiled:.1f} s, the workload {self.duration_s:.1f} s: "
+                "the rest is the server waiting (idle-loop rows are not the workload's)"
+            )
         if self.gil_window_s and self.gil_window_s + SETTLE_S > self.duration_s:
             lines.append(
                 f"note: the GIL window ({self.gil_window_s:g} s) outlasted the workload "

@@ -140,6 +140,18 @@ def test_the_rendering_stays_bounded_with_every_process_and_many_threads() -> No
     assert text.count("9 active samples in 3.0 s (few: the shares are rough") == 3
 
 
+def test_a_profile_much_longer_than_its_workload_says_the_rest_is_waiting() -> None:
+    """A relay model read idle-loop rows of an 8.3 s profile around a 4.6 s workload as the
+    workload's: the rendering says how much of the profile the workload was."""
+
+    def report(profiled: float) -> str:
+        process = tracing.ProcessProfile(role="scheduler", pid=1, samples=400, duration_s=profiled)
+        return tracing.ServerProfile(label="b", workload="w", duration_s=4.6, processes=[process]).render()  # fmt: skip
+
+    assert "note: the profiles ran 8.3 s, the workload 4.6 s: the rest is the server waiting" in report(8.3)  # fmt: skip
+    assert "note: the profiles ran" not in report(5.0)
+
+
 def test_a_long_profile_gives_up_its_coolest_rows_first() -> None:
     """Over `RENDER_CHARS`, function rows go in order of least self time, across processes,
     down to one a process; the record keeps them all."""
