@@ -151,9 +151,12 @@ def decide(c: Comparison, rule: Rule, ratios: list[float] | None = None) -> Deci
         sign = sign_overrules(shown, ratios)
         if sign is not None:
             verdict = Verdict.NO_CHANGE
+            agree = sum(r > 1.0 if shown == "better" else r < 1.0 for r in ratios)
             reasons = [
                 f"{SIGN_OVERRULED} 95% interval of per-pair ratios "
-                f"({sign[0]:.3f}-{sign[1]:.3f}) includes 1.0"
+                f"({sign[0]:.3f}-{sign[1]:.3f}) includes 1.0: {agree} of {len(ratios)} pairs "
+                f"were {shown}, too few at this count (the bootstrap interval trusts the "
+                "noise to be steady; the sign test does not)"
             ]
     band = 1.0 + c.equivalence
     decision = Decision(

@@ -183,6 +183,7 @@ def test_an_interval_the_sign_test_overruled_says_so_in_the_headline() -> None:
     head, reason = result.render().splitlines()[:2]
     assert "(bootstrap 95% CI" in head and "overruled by the sign test below" in head, head
     assert reason.startswith("- not shown: the sign test's 95% interval"), reason
+    assert "includes 1.0: 7 of 8 pairs were better, too few at this count" in reason, reason
     clean = result.model_copy(update={"verdict": Verdict.IMPROVED, "reasons": ["better"]})
     assert "overruled" not in clean.render().splitlines()[0]
 
