@@ -230,6 +230,13 @@ SIGN_OVERRULED = "not shown: the sign test's"
 """How a reason starts when the sign test overruled the bootstrap interval (judgement.decision)."""
 
 
+_STOPPED_SHORT = {
+    StopReason.MAX_SAMPLES: "the budget's max_samples",
+    StopReason.TIME_BUDGET: "the budget's measure_budget_s",
+}
+"""What ended sampling before the interval resolved what was asked, as the headline says it."""
+
+
 def _headline(perf: PerformanceEvidence, overruled: bool = False) -> str:
     """The gain, its 95% interval, the pairs it rests on and the metric's medians; an interval
     the sign test overruled says so, since it alone would read as a change."""
@@ -240,6 +247,8 @@ def _headline(perf: PerformanceEvidence, overruled: bool = False) -> str:
     pairs = f"n={perf.n_samples}/arm"
     if perf.extended_from is not None:
         pairs += f", {perf.reused_pairs} of them reused from {perf.extended_from} (extended)"
+    if perf.stopped in _STOPPED_SHORT:  # a relay model asked why an extension took 22, not 24
+        pairs += f"; sampling stopped at {_STOPPED_SHORT[perf.stopped]}"
     medians = f"{perf.metric} median {perf.baseline_median:.4g} -> {perf.candidate_median:.4g} {perf.unit}"  # fmt: skip
     b, c = perf.baseline_median, perf.candidate_median
     of_medians = (c / b if perf.higher_is_better else b / c) if b > 0 and c > 0 else math.nan

@@ -52,7 +52,10 @@ def test_an_underpowered_verdict_is_extended_once_on_its_own_patch(tmp_path: Pat
     pairs = first.result.evidence.performance.n_samples  # type: ignore[union-attr]
     later = state.experiments[-1]
     assert text.startswith(f"experiment {later.experiment_id} on patch {patch_id[:12]}: "), text
-    assert f"{pairs} of them reused from {first.id} (extended))" in text.splitlines()[0], text
+    assert (
+        f"{pairs} of them reused from {first.id} (extended); sampling stopped at "
+        in text.splitlines()[0]
+    ), text
     assert later.patch_id == patch_id and state.usage.experiments == 1
     state, text = _answer(ctx, state, _call(3, extend=first.id))
     assert text.startswith(f"error: not extended: {first.id} was extended already, by {later.experiment_id}")  # fmt: skip

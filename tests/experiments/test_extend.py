@@ -66,7 +66,10 @@ def test_an_extension_continues_from_the_earlier_pairs(manifest: TaskManifest) -
         assert values == [s["output_throughput"] for s in taken[: perf.n_samples]]
     assert perf.wanted_effect == earlier.wanted_effect  # asked what its start asked
     head = later.result.render().splitlines()[0]
-    assert f"n={perf.n_samples}/arm, 12 of them reused from {first.id} (extended))" in head, head
+    assert (
+        f"n={perf.n_samples}/arm, 12 of them reused from {first.id} (extended); sampling stopped at the budget's max_samples)"
+        in head
+    ), head
 
 
 def _result(

@@ -69,7 +69,8 @@ def test_each_number_once_and_the_final_noise_not_the_calibration(manifest: Task
     assert text.count("95% CI") == 1 and text.count("n=12/arm") == 1
     assert text.splitlines()[0].startswith(
         f"experiment {record.id} on patch pppppppppppp: NO_CHANGE [noisy, underpowered]: speedup {perf.speedup:.3f}x "
-        f"(95% CI {perf.ci_low:.3f}-{perf.ci_high:.3f}, n=12/arm); output_throughput median"
+        f"(95% CI {perf.ci_low:.3f}-{perf.ci_high:.3f}, n=12/arm; sampling stopped at the "
+        "budget's max_samples); output_throughput median"
     ), text
     # one noise figure and one resolution: the final ones, over all 12 pairs
     assert perf.pair_noise is not None and perf.detectable_effect is not None
