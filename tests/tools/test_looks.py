@@ -74,6 +74,9 @@ def test_the_graph_counts_looks_in_its_state_and_the_budget_line_shows_them(
         def call(self, fn: Any, sessions: Any, load: Any) -> WorkloadResult:
             return WorkloadResult(records=[], duration_s=1.0, load=load)
 
+        def cpu_seconds(self) -> float:
+            return 0.0
+
     class Kept:
         start_s = 2.0
         started_as = ["prefix cache class UnifiedRadixCache (default choice)"]

@@ -278,6 +278,9 @@ def test_serving_tools_send_the_tasks_workload_unless_told_otherwise(
             sent.append((sessions, load))
             raise _Sent
 
+        def cpu_seconds(self) -> float:
+            return 0.0
+
         def info(self) -> dict[str, Any]:
             return {}
 
