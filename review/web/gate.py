@@ -3,14 +3,18 @@
 From the request head alone, before one byte of a body is read: its size and framing, Host and
 Origin, the token login, and the session (every page but the static assets needs one). Only
 then does the app see the request, and it reads at most the body's announced length (never
-over MAX_BODY_BYTES), counted here whatever the headers said. A refusal closes the connection,
-so an unread body is not read afterwards either. Every response leaves with the security
+over MAX_BODY_BYTES), counted here whatever the headers said. A refusal closes the connection;
+what has arrived of a small body it refused before the app saw it (a form: at most DRAIN_BYTES
+announced, read for at most DRAIN_S) is dropped first, since closing a socket with unread data
+resets the connection and the client may lose the refusal (a suite run saw "connection reset"
+for a 403); a refusal never waits longer for a body, and a larger one is not read at all. Every response leaves with the security
 headers, a 500 included; an error the app did not handle becomes the short refusal page (its
 type only: the message, which may name files, goes to the server's log).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -36,6 +40,10 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",  # own posts carry their Origin; nothing leaks out
     "Cache-Control": "no-store",
 }
+DRAIN_BYTES = 64 * 1024
+"""The largest announced body a gate refusal reads (and drops) before it answers."""
+DRAIN_S = 0.5
+"""The longest a gate refusal waits for such a body's bytes."""
 PUBLIC_PREFIXES = ("/static/", "/assets/")
 """Paths served without a session: the stylesheets and script a refusal page loads."""
 log = logging.getLogger("infra_agent.review")
@@ -80,15 +88,19 @@ class Gate:
             await send(message)
 
         request = Request(scope)
+        entered = False  # whether the app (which may read the body) saw the request
         try:
             allowed = self._admit(scope, request)
             if isinstance(allowed, Response):
                 await allowed(scope, receive, hardened)
                 return
+            entered = True
             await self.app(scope, _bounded(receive, allowed), hardened)
         except Refused as exc:
             if started:
                 raise
+            if not entered:
+                await _drain(receive, request.headers.get("content-length", ""))
             await self._refuse(request, exc.status, str(exc), scope, receive, hardened)
         except Exception as exc:
             if started:
@@ -129,6 +141,26 @@ class Gate:
         response = self.render(request, status, message)
         response.headers["connection"] = "close"  # an unread body is never read
         await response(scope, receive, send)
+
+
+async def _drain(receive: Receive, announced: str) -> None:
+    """Read and drop, for at most DRAIN_S, a body of at most DRAIN_BYTES announced and never
+    read (module docstring); a longer one, or one not announced, is left unread."""
+    if not announced.isdigit() or not 0 < int(announced) <= DRAIN_BYTES:
+        return
+
+    async def read() -> None:
+        seen = 0
+        while seen <= DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            seen += len(message.get("body", b""))
+
+    try:
+        await asyncio.wait_for(read(), DRAIN_S)
+    except asyncio.TimeoutError:
+        return
 
 
 def _bounded(receive: Receive, allowed: int) -> Receive:

@@ -168,6 +168,24 @@ def test_no_session_is_refused_before_the_body_is_read(live: Live) -> None:
     assert status(reply) == 401 and closed(reply)
 
 
+def test_a_refused_small_body_is_dropped_and_one_that_never_comes_is_not_waited_for(
+    live: Live,
+) -> None:
+    """A suite run lost a 403 to "connection reset by peer": the gate closed the socket with the
+    form's bytes unread. A small body that has arrived is read and dropped before the refusal; one
+    announced and never sent delays it by DRAIN_S at most, not the 15 s request timeout."""
+    from infra_agent.review.web.gate import DRAIN_S
+
+    head = f"POST /proposals/{live.good}/decide HTTP/1.1\r\nContent-Type: application/x-www-form-urlencoded"
+    form = b"action=approve&patch_hash=" + b"0" * 64
+    reply = live.request(f"{head}\r\nContent-Length: {len(form)}", form, keep_alive=True)
+    assert status(reply) == 401 and closed(reply)
+    started = time.monotonic()
+    reply = live.request(f"{head}\r\nContent-Length: 1000", b"action=app", keep_alive=True)
+    assert status(reply) == 401 and closed(reply)
+    assert time.monotonic() - started < DRAIN_S + 10  # not the request timeout's 15 s
+
+
 def test_chunked_body_with_a_length_is_refused_unread(live: Live) -> None:
     # The issue's request: chunked and Content-Length: 10 together, a body far longer than 10.
     for cookie in ("", live.cookie()):
