@@ -105,13 +105,11 @@ def task_server(
     needs="serving",
 )
 def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
-    from infra_agent.serving.load.generator import run_workload
+    from infra_agent.serving.load.generator import run_counted
     from infra_agent.serving.load.metrics import summarize
 
     with task_server(ctx, **p.model_dump()) as run:
-        cpu_before = run.server.cpu_seconds()  # the server's CPU per output token, as measured
-        result = run.server.call(run_workload, run.sessions, run.load)
-        result.server_cpu_s = run.server.cpu_seconds() - cpu_before  # by harness.sample
+        result = run_counted(run.server, run.sessions, run.load)  # as harness.sample counts
         network = run.server.network.render()
         filesystem = run.server.filesystem.render()
     metrics = summarize(result)

@@ -21,7 +21,7 @@ from typing import Any
 
 from infra_agent.sandboxes.proctree import descendants
 from infra_agent.serving.load.datasets import Session
-from infra_agent.serving.load.generator import LoadSpec, WorkloadResult, run_workload
+from infra_agent.serving.load.generator import LoadSpec, WorkloadResult, run_counted
 from infra_agent.serving.server import Server
 
 ROLE_TITLES = {"sglang::scheduler": "scheduler", "sglang::detokenizer": "detokenizer"}
@@ -57,7 +57,7 @@ class LoadRun:
 
     def _run(self) -> None:
         try:
-            self.result = self.server.call(run_workload, self.sessions, self.load)
+            self.result = run_counted(self.server, self.sessions, self.load)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the caller's thread
             self.error = exc
 
@@ -86,7 +86,7 @@ def describe(result: Any) -> str:
     tokens = sum(counts)
     spread = f" ({min(counts)}-{max(counts)} per request)" if counts else ""
     rate = f", {tokens / result.duration_s:.0f} tok/s" if result.duration_s > 0 else ""
-    if cpu_s := getattr(result, "server_cpu_s", None):  # counted around it (trace_during)
+    if cpu_s := getattr(result, "server_cpu_s", None):  # counted around it (run_counted)
         rate += f", {tokens / cpu_s:.0f} tok per server CPU-s"
     return (
         f"{len(result.records)} requests, {tokens} output tokens{spread} in "

@@ -105,16 +105,13 @@ def trace_during(
             for ready in attached:
                 ready.wait(timeout=ATTACH_S)
             before = {t.role: cpu_seconds({t.pid}) for t in live if t.pid is not None}
-            server_before = server.cpu_seconds()
             with run:  # its end joins the workload (and raises the workload's failure)
                 time.sleep(SETTLE_S)
                 for t in live if gil_s else []:
                     assert t.pid is not None and gil_s is not None
                     jobs.append((t, "gil", pool.submit(trace_pid, t.pid, duration_s=gil_s)))
-            for t in live:  # what the workload cost each process, and the whole server
+            for t in live:  # what the workload cost each process (the server's: LoadRun)
                 t.cpu_s = cpu_seconds({t.pid}) - before[t.role] if t.pid is not None else None
-            if run.result is not None and server_before:
-                run.result.server_cpu_s = server.cpu_seconds() - server_before
         finally:
             stop.set()
         for t, kind, job in jobs:
