@@ -173,17 +173,15 @@ def test_a_refused_small_body_is_dropped_and_one_that_never_comes_is_not_waited_
 ) -> None:
     """A suite run lost a 403 to "connection reset by peer": the gate closed the socket with the
     form's bytes unread. A small body that has arrived is read and dropped before the refusal; one
-    announced and never sent delays it by DRAIN_S at most, not the 15 s request timeout."""
-    from infra_agent.review.web.gate import DRAIN_S
-
+    announced and never sent is not waited for: had the gate waited, the listener's request
+    deadline would have closed the connection with no answer at all (listener._too_slow, as
+    test_idle_and_slow_clients_are_disconnected shows), so the 401 itself says it did not."""
     head = f"POST /proposals/{live.good}/decide HTTP/1.1\r\nContent-Type: application/x-www-form-urlencoded"
     form = b"action=approve&patch_hash=" + b"0" * 64
     reply = live.request(f"{head}\r\nContent-Length: {len(form)}", form, keep_alive=True)
     assert status(reply) == 401 and closed(reply)
-    started = time.monotonic()
     reply = live.request(f"{head}\r\nContent-Length: 1000", b"action=app", keep_alive=True)
     assert status(reply) == 401 and closed(reply)
-    assert time.monotonic() - started < DRAIN_S + 10  # not the request timeout's 15 s
 
 
 def test_chunked_body_with_a_length_is_refused_unread(live: Live) -> None:
