@@ -105,7 +105,7 @@ def task_server(
     needs="serving",
 )
 def serving_workload(p: ServingWorkload, ctx: ToolContext) -> ToolResult:
-    from infra_agent.serving.load.generator import run_counted
+    from infra_agent.serving.instruments.live import run_counted
     from infra_agent.serving.load.metrics import summarize
 
     with task_server(ctx, **p.model_dump()) as run:

@@ -78,13 +78,7 @@ from infra_agent.serving.harness.accuracy import (
 from infra_agent.serving.harness.answers import likelihood_test, verify_counts
 from infra_agent.serving.launch import gpu_count, has_gpu
 from infra_agent.serving.load.datasets import Session, random_sessions
-from infra_agent.serving.load.generator import (
-    LoadSpec,
-    RequestRecord,
-    WorkloadResult,
-    run_counted,
-    run_workload,
-)
+from infra_agent.serving.load.generator import LoadSpec, RequestRecord, WorkloadResult, run_workload
 from infra_agent.serving.load.metrics import summarize
 from infra_agent.serving.overlay import build_overlay
 from infra_agent.serving.server import Server, ServerFailed
@@ -288,7 +282,9 @@ class ServingHarness(Harness):
                 warm = self.sessions(int(p["warmup_prompts"]), seed=seed ^ 0x5EED)
                 server.call(run_workload, warm, self.load(seed ^ 0x5EED))
         sessions = self.sessions(int(p["num_prompts"]), seed=seed)
-        result = run_counted(server, sessions, self.load(seed))
+        cpu_before = server.cpu_seconds()
+        result = server.call(run_workload, sessions, self.load(seed))
+        result.server_cpu_s = server.cpu_seconds() - cpu_before
         verify_counts(result.records, sessions)
         arm.state["runs"][seed] = result.records
         return result

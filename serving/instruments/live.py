@@ -21,7 +21,7 @@ from typing import Any
 
 from infra_agent.sandboxes.proctree import descendants
 from infra_agent.serving.load.datasets import Session
-from infra_agent.serving.load.generator import LoadSpec, WorkloadResult, run_counted
+from infra_agent.serving.load.generator import LoadSpec, WorkloadResult, run_workload
 from infra_agent.serving.server import Server
 
 ROLE_TITLES = {"sglang::scheduler": "scheduler", "sglang::detokenizer": "detokenizer"}
@@ -44,6 +44,15 @@ def server_processes(server: Server) -> dict[str, int]:
         if b"sglang.launch_server" in argv and "python" in Path(head).name:
             roles.setdefault("tokenizer", pid)
     return roles
+
+
+def run_counted(server: Any, sessions: list[Session], load: LoadSpec) -> WorkloadResult:
+    """`run_workload` against `server` (a `serving.server.Server`: through its `call`), with the
+    CPU seconds its processes used meanwhile in `server_cpu_s` (0 where it counts none)."""
+    before = server.cpu_seconds()
+    result: WorkloadResult = server.call(run_workload, sessions, load)
+    result.server_cpu_s = server.cpu_seconds() - before
+    return result
 
 
 class LoadRun:

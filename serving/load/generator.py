@@ -395,21 +395,4 @@ def run_workload(url: str, sessions: list[Session], load: LoadSpec | None = None
     return result
 
 
-def run_counted(server: Any, sessions: list[Session], load: LoadSpec) -> WorkloadResult:
-    """`run_workload` against `server` (a `serving.server.Server`: through its `call`), with the
-    CPU seconds its processes used meanwhile in `server_cpu_s` (0 where it counts none)."""
-    before = server.cpu_seconds()
-    result: WorkloadResult = server.call(run_workload, sessions, load)
-    result.server_cpu_s = server.cpu_seconds() - before
-    return result
-
-
-__all__ = [
-    "LoadSpec",
-    "RequestRecord",
-    "WorkloadResult",
-    "run_counted",
-    "run_workload",
-    "Turn",
-    "Session",
-]
+__all__ = ["LoadSpec", "RequestRecord", "WorkloadResult", "run_workload", "Turn", "Session"]
