@@ -72,17 +72,20 @@ def main() -> None:
             print(diagnosis.render(), flush=True)
         row["load_after"] = round(os.getloadavg()[0], 2)
         rows.append(row)
-    print("\ntask | symptom | reference | wrong fix | diagnose names the fault | load | injected")
+    print(
+        "\ntask | symptom | reference | wrong fix | baseline | diagnose names the fault | load"
+        " | injected"
+    )
     for row in rows:
         cells = [str(row["task"])]
         check = row.get("check")
         if isinstance(check, dict):
             for r in check["rows"]:
                 cells.append(
-                    f"{r['verdict']} {r['number'].split(';')[0]} [{r['duration_s']:.0f} s]"
+                    f"{r['verdict'] or '-'} {r['number'].split(';')[0]} [{r['duration_s']:.0f} s]"
                 )
         else:
-            cells += ["-", "-", "-"]
+            cells += ["-", "-", "-", "-"]
         diag = row.get("diagnosis")
         cells.append(
             f"{row.get('named')} ({diag['localization']['function']})"

@@ -11,6 +11,10 @@ For a task author (bundled or a user's folder), three questions, each answered b
 - **reference**: an experiment with `reference.patch`; it must be IMPROVED (on an open task,
   its number is set beside the best known gain and the task's target).
 - **wrong fix**: an experiment with `wrong_fix.patch`; it must not be IMPROVED.
+- **baseline**: the faulty baseline is measured afresh in each experiment; how far its medians
+  lie apart (largest over smallest) must be less than the symptom (or, with no symptom
+  experiment, the reference's gain): a task whose baseline swings as much as its fault cannot
+  score an agent.
 
     check = check_task(task, params={}, sandbox="local")   # TaskCheck, rows in that order
     check.passed, check.render()
@@ -47,6 +51,11 @@ class CheckRow(BaseModel):
     reasons: list[str] = Field(default_factory=list)
     experiment_id: str | None = None
     duration_s: float = 0.0
+    baseline_median: float | None = None
+    """The faulty baseline's median in this experiment (None: no performance measured)."""
+    gain: float | None = None
+    """The experiment's gain, oriented so that > 1 is better."""
+    unit: str = ""
 
 
 class TaskCheck(BaseModel):
@@ -91,6 +100,7 @@ def _experiment(
     record = run(task, patch)
     verdict = record.result.verdict
     improved = verdict == Verdict.IMPROVED
+    perf = record.result.evidence.performance
     return CheckRow(
         question=question,
         expected="IMPROVED" if want_improved else "not IMPROVED",
@@ -100,7 +110,34 @@ def _experiment(
         reasons=list(record.result.reasons),
         experiment_id=record.id,
         duration_s=round(time.monotonic() - started, 1),
+        baseline_median=perf.baseline_median if perf else None,
+        gain=perf.speedup if perf else None,
+        unit=perf.unit if perf else "",
     )
+
+
+def _baseline(rows: list[CheckRow]) -> CheckRow:
+    """How steady the faulty baseline was across the check's experiments, against the effect the
+    task must show (the symptom's gain, or the reference's where no experiment measured one)."""
+    row = CheckRow(question="baseline", expected="steadier than the symptom")
+    medians = [r.baseline_median for r in rows if r.baseline_median is not None]
+    unit = next((r.unit for r in rows if r.baseline_median is not None), "")
+    if len(medians) < 2:
+        row.number = f"{len(medians)} experiment(s) measured the baseline: no spread to state"
+        return row
+    listed = ", ".join(f"{m:.4g}" for m in medians)
+    if min(medians) <= 0:
+        row.number = f"medians {listed} {unit}: a median at or below 0, no ratio to state"
+        return row
+    spread = max(medians) / min(medians)
+    effect = next((r for r in rows if r.gain is not None and r.question != "wrong fix"), None)
+    row.number = f"medians {listed} {unit} over {len(medians)} experiments: within {spread:.3g}x"
+    if effect is None or effect.gain is None:
+        return row
+    row.ok = spread < effect.gain
+    row.verdict = "STEADY" if row.ok else "UNSTEADY"
+    row.number += f", against the {effect.question}'s {effect.gain:.3g}x"
+    return row
 
 
 def _diagnosed_symptom(
@@ -180,6 +217,7 @@ def check_task(
                 f"({goal.best_known_by})"
             )
         rows.append(row)
+    rows.append(_baseline(rows))
     return TaskCheck(
         task=task.name,
         objective=task.manifest.objective,
