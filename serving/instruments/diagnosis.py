@@ -13,11 +13,14 @@ wrote is read; the server runs the arm's baseline, fault included):
    with each process's CPU time. The process to look in is the scheduler, unless the busier of
    the other two used more CPU than the scheduler at the task's load (a fault in request
    handling, streaming, tokenizing or detokenizing, which the scheduler only waits for), or
-   what grows in the scheduler is its idle loop (it waits); a busy process not looked in has
-   its hottest functions shown. In it, each function's time per generated
+   what grows in the scheduler is its idle loop (it waits), or a helper's CPU per generated
+   token grows with the answer's length (`answer_growth`: the workload again with answers a
+   quarter as long; a helper runs no model, so its work per token should not depend on how long
+   the answer is); a busy process not looked in has its hottest functions shown. In it, each
+   function's time per generated
    token (with its callees): where work that grows with the load (with the number of waiting or
-   running requests) enters, the outermost function growing as fast as the fastest-growing
-   work, is the localization (`growth_entry`);
+   running requests), or with the answer's length, enters, the outermost function growing as
+   fast as the fastest-growing work, is the localization (`growth_entry`);
 3. otherwise that process's SGLang function with the most self time at the task's load.
 
 Function names are as py-spy reads them (`Class.method`), files relative to the package
@@ -59,6 +62,17 @@ waits for the front end (sglang-real-scored-stream: the front end at 0.6 cores, 
 scheduler's 0.7-0.8, held the fault, and the scheduler's growth was in this loop, 43-55x)."""
 
 
+LENGTH_MIN_OUTPUT = 128
+"""Tasks whose answers (`output_len`) are at least this long are profiled again with answers
+`LENGTH_CUT` times shorter."""
+LENGTH_CUT = 4
+LENGTH_GROWTH = 1.5
+"""A helper whose CPU per generated token is this many times higher with the task's answers than
+with answers `LENGTH_CUT` times shorter does per-token work over the whole answer."""
+LENGTH_MIN_CORES = 0.1
+"""...and it must keep at least this share of a core busy at the task's load (a fault that costs
+the server little CPU is not the symptom)."""
+
 HELPERS = {FRONT: "front end", "detokenizer": "detokenizer"}
 """The processes beside the scheduler that diagnose profiles (role -> what it is called)."""
 
@@ -75,6 +89,8 @@ class ProfiledRun:
     cores: dict[str, float]
     """Role -> CPU-seconds per second of the workload (1.0: one core busy throughout)."""
     detokenizer: FunctionProfile | None = None
+    cpu_s: dict[str, float] | None = None
+    """Role -> CPU-seconds over the workload."""
 
     def helper(self, role: str) -> FunctionProfile | None:
         return self.front if role == FRONT else self.detokenizer
@@ -91,19 +107,63 @@ def package_dirs(harness: Any, arm: Any) -> list[Path]:
 
 
 def profiled_run(
-    harness: Any, arm: Any, seed: int, *, concurrency: int | None, prompts: int
+    harness: Any, arm: Any, seed: int, *, concurrency: int | None, prompts: int, cut: int = 1
 ) -> ProfiledRun:
-    """The task's request shape at a given concurrency, with the scheduler, the front end and
-    the detokenizer profiled throughout and their CPU time counted."""
-    sessions = harness.sessions(prompts, seed=seed)
+    """The task's request shape at a given concurrency (answers `cut` times shorter), with the
+    scheduler, the front end and the detokenizer profiled throughout and their CPU time counted."""
+    sessions = [
+        s.model_copy(update={"turns": [
+            t.model_copy(update={"output_len": max(1, t.output_len // cut)}) for t in s.turns
+        ]})
+        for s in harness.sessions(prompts, seed=seed)
+    ]  # fmt: skip
     load = harness.load(seed).model_copy(update={"max_concurrency": concurrency})
     server = harness.server(arm)
     (trace, front, detok), result = trace_during(server, sessions, load, ["scheduler", *HELPERS])
     if trace.profile is None:
         raise PySpyUnavailable("; ".join(trace.errors))
     wall = max(result.duration_s if result is not None else 0.0, 1e-9)  # the workload's
-    cores = {t.role: t.cpu_s / wall for t in (trace, front, detok) if t.cpu_s is not None}
-    return ProfiledRun(trace.profile, front.profile, result, cores, detok.profile)
+    cpu = {t.role: t.cpu_s for t in (trace, front, detok) if t.cpu_s is not None}
+    cores = {role: c / wall for role, c in cpu.items()}
+    return ProfiledRun(trace.profile, front.profile, result, cores, detok.profile, cpu)
+
+
+def answer_growth(
+    harness: Any, arm: Any, heavy: ProfiledRun, evidence: list[str], instruments: list[str]
+) -> tuple[str, ProfiledRun] | None:
+    """The helper process (front end or detokenizer) whose CPU per generated token grows with
+    the answer's length, and the run with answers `LENGTH_CUT` times shorter (same prompts, same
+    concurrency) that shows it; None where answers are short or no helper's does."""
+    p = harness.params
+    if int(p["output_len"]) < LENGTH_MIN_OUTPUT or not heavy.cpu_s:
+        return None
+    short = profiled_run(
+        harness, arm, DIAGNOSE_SEED + 13, concurrency=int(p["max_concurrency"]) or None,
+        prompts=int(p["num_prompts"]), cut=LENGTH_CUT,
+    )  # fmt: skip
+    instruments.append(f"the same profiles with answers {LENGTH_CUT}x shorter")
+    evidence.append(f"answers {LENGTH_CUT}x shorter: {describe(short.result)}")
+    st, ht, grown = max(_tokens(short.result), 1), max(_tokens(heavy.result), 1), []
+    for role, name in HELPERS.items():
+        a, b = (short.cpu_s or {}).get(role), heavy.cpu_s.get(role)
+        if a is None or b is None or a <= 0:
+            continue
+        ratio = (b / ht) / (a / st)
+        evidence.append(
+            f"{name} CPU per 1k tokens: {1000 * b / ht:.3g} CPU-s with the task's answers, "
+            f"{1000 * a / st:.3g} with answers {LENGTH_CUT}x shorter ({ratio:.2f}x)"
+        )
+        busy = heavy.cores.get(role, 0.0) >= LENGTH_MIN_CORES
+        if ratio >= LENGTH_GROWTH and busy and short.helper(role) and heavy.helper(role):
+            grown.append((b / ht - a / st, role))
+    if not grown:
+        return None
+    role = max(grown)[1]
+    evidence.append(
+        f"the {HELPERS[role]}'s CPU per token grows with the answer's length (it runs no model: "
+        "its work per token should not depend on it), so it is looked in"
+    )
+    return role, short
 
 
 def _per_token(rows: list[FunctionTime], tokens: int) -> dict[str, float]:
@@ -171,6 +231,8 @@ class Profiles:
     heavy_rows: list[Any]
     process: str = "scheduler"
     """'scheduler' or 'front end' (the HTTP server's process)."""
+    axis: str = "load"
+    """What `light` differs in: 'load' (requests in flight) or 'answer length'."""
 
     @classmethod
     def measure(
@@ -213,6 +275,9 @@ class Profiles:
                     f"the {HELPERS[busiest]}, is looked in"
                 )
                 look = busiest
+        axis = "load"
+        if (by_length := answer_growth(harness, arm, heavy, evidence, instruments)) is not None:
+            (look, light), lt, axis = by_length, _tokens(by_length[1].result), "answer length"
         if look is not None:
             process, lp, hp = HELPERS[look], light.helper(look), heavy.helper(look)
             assert lp is not None and hp is not None
@@ -235,7 +300,7 @@ class Profiles:
                 evidence.extend(
                     f"  {r.self_share:5.1%} self  {r.where}" for r in shown.functions(dirs, limit=3)
                 )
-        return cls(lp, hp, lt, ht, dirs, heavy_rows, process)
+        return cls(lp, hp, lt, ht, dirs, heavy_rows, process, axis)
 
 
 def localize(culprit: Any, profiles: Profiles, evidence: list[str]) -> tuple[Localization, bool]:
@@ -254,15 +319,20 @@ def localize(culprit: Any, profiles: Profiles, evidence: list[str]) -> tuple[Loc
         profiles.light, profiles.heavy, profiles.dirs, profiles.light_tokens, profiles.heavy_tokens
     )
     if growing is not None:
-        where, share, ratio = growing
-        evidence.append(f"growth with the load: {where} {ratio:.1f}x per token")
+        where, share, ratio, others = growing
+        evidence.append(f"growth with the {profiles.axis}: {where} {ratio:.1f}x per token")
+        against = (
+            f"{LIGHT_CONCURRENCY} requests in flight"
+            if profiles.axis == "load"
+            else f"answers {LENGTH_CUT}x shorter"
+        )
         return Localization(
-            stage=f"{_stage(profiles)}: work that grows with the load",
+            stage=f"{_stage(profiles)}: work that grows with the {profiles.axis}",
             function=where,
             detail=f"{share:.0%} of the {profiles.process}'s samples at the task's load are in it or "
             f"its callees; its time per generated token is {ratio:.1f}x what it is with "
-            f"{LIGHT_CONCURRENCY} requests in flight (the outermost function that grows as "
-            "fast as the fastest-growing work)",
+            f"{against} (the outermost function that grows as fast as the fastest-growing work"
+            + (f"; growing as fast with it: {', '.join(others)})" if others else ")"),
         ), True
     if heavy_rows:
         top = heavy_rows[0]
@@ -289,12 +359,13 @@ def growth_entry(
     dirs: list[Path],
     light_tokens: int,
     heavy_tokens: int,
-) -> tuple[str, float, float] | None:
+) -> tuple[str, float, float, list[str]] | None:
     """Where work that grows with the load enters: of the functions holding at least
     `MIN_SHARE` of the heavy profile (with callees) whose time per token grows at least `GROWTH`
     times, those growing at least half as fast as the fastest, the outermost (the most samples):
     its callers grow slower (they also do work that does not grow), its callees are parts of it.
-    Returns (function, share at the task's load, growth ratio) or None."""
+    Returns (function, share at the task's load, growth ratio, the others that grow as fast,
+    most samples first, as 'function N.Nx') or None."""
     a, b = light.inclusive(dirs), heavy.inclusive(dirs)
     floor = 1.0 / max(light_tokens, 1)  # one sample: the light profile's resolution
     ratios = {}
@@ -308,8 +379,9 @@ def growth_entry(
     if not ratios:
         return None
     fastest = max(ratios.values())
-    outer = max((w for w, r in ratios.items() if r >= fastest / 2), key=lambda w: b[w])
-    return outer, b[outer] / max(heavy.samples, 1), ratios[outer]
+    fast = sorted((w for w, r in ratios.items() if r >= fastest / 2), key=lambda w: -b[w])
+    others = [f"{w.rsplit(':', 1)[-1]} {ratios[w]:.1f}x" for w in fast[1:4]]
+    return fast[0], b[fast[0]] / max(heavy.samples, 1), ratios[fast[0]], others
 
 
 def _tokens(result: Any) -> int:

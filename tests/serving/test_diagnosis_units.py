@@ -168,8 +168,10 @@ def test_growth_entry_names_where_work_that_grows_with_the_load_enters(tmp_path:
     # 275x: the policy is where the growing work enters (its callers also do work that does not).
     found = growth_entry(light, heavy, [root], light_tokens=1000, heavy_tokens=1000)
     assert found is not None
-    where, share, ratio = found
-    assert where == "sglang/srt/sched.py:Policy.calc_priority"
+    where, share, ratio, others = found
+    assert where == "sglang/srt/sched.py:Policy.calc_priority" and others == [
+        "Policy._matches 275.0x"
+    ]
     assert share == pytest.approx(0.6) and ratio == pytest.approx(200.0)
     flat = FunctionProfile(pid=1, duration_s=1, samples=100, stacks=dict(light.stacks))
     assert growth_entry(light, flat, [root], light_tokens=1000, heavy_tokens=1000) is None
@@ -282,11 +284,11 @@ def test_the_diagnosis_sends_the_tasks_own_requests(monkeypatch) -> None:  # typ
     assert sent == [own, own]
 
 
-def _looked_in(monkeypatch, root: Path, runs):  # type: ignore[no-untyped-def]
-    """`Profiles.measure` then `localize` on stub runs: `runs(heavy)` gives a run's scheduler and
-    front-end samples by function (files sglang/scheduler.py, sglang/front.py), its cores, and
-    optionally the detokenizer's samples (sglang/detok.py). Returns (profiles, localization,
-    strong, evidence)."""
+def _looked_in(monkeypatch, root: Path, runs, params=None):  # type: ignore[no-untyped-def]
+    """`Profiles.measure` then `localize` on stub runs: `runs(heavy)` (or `runs(heavy, cut)` with
+    `output_len` in `params`) gives a run's scheduler and front-end samples by function (files
+    sglang/scheduler.py, sglang/front.py), its cores (and CPU-seconds), and optionally the
+    detokenizer's samples (sglang/detok.py). Returns (profiles, localization, strong, evidence)."""
     from types import SimpleNamespace
 
     from infra_agent.feedback.pyprofile import FunctionProfile
@@ -296,18 +298,21 @@ def _looked_in(monkeypatch, root: Path, runs):  # type: ignore[no-untyped-def]
         stacks = {f"thread (1): MainThread;{n} ({root / file}:3)": k for n, k in counts.items()}
         return FunctionProfile(pid=1, duration_s=1, samples=sum(counts.values()), stacks=stacks)
 
-    def run(harness, arm, seed, *, concurrency, prompts):  # type: ignore[no-untyped-def]
-        sched, front, cores, *detok = runs(concurrency is None)
+    def run(harness, arm, seed, *, concurrency, prompts, cut=1):  # type: ignore[no-untyped-def]
+        heavy = concurrency is None
+        sched, front, cores, *detok = runs(heavy, cut) if params else runs(heavy)
         return diagnosis.ProfiledRun(
             scheduler=profile("scheduler.py", sched), front=profile("front.py", front),
             result=SimpleNamespace(records=[SimpleNamespace(output_tokens=1000)]), cores=cores,
-            detokenizer=profile("detok.py", detok[0]) if detok else None,
+            detokenizer=profile("detok.py", detok[0]) if detok else None, cpu_s=cores,
         )  # fmt: skip
 
     monkeypatch.setattr(diagnosis, "profiled_run", run)
     monkeypatch.setattr(diagnosis, "package_dirs", lambda harness, arm: [root])
     monkeypatch.setattr(diagnosis, "describe", lambda result: "1000 tokens")
-    harness = SimpleNamespace(params={"num_prompts": 64, "max_concurrency": 0})
+    harness = SimpleNamespace(
+        params={"num_prompts": 64, "max_concurrency": 0, "output_len": 32} | (params or {})
+    )
     evidence: list[str] = []
     profiles = diagnosis.Profiles.measure(harness, None, evidence, [])
     found, strong = diagnosis.localize(None, profiles, evidence)
@@ -384,3 +389,40 @@ def test_the_detokenizer_is_profiled_and_looked_in_when_busiest(
         assert f"detokenizer {cores['detokenizer']:.2f} cores" in "\n".join(evidence)
         shown = "detokenizer profile (busy, not looked in), hottest at the task's load:" in evidence
         assert shown is (process == "scheduler")
+
+
+def test_a_helper_whose_cpu_per_token_grows_with_the_answer_is_looked_in(
+    monkeypatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """sglang-real-long-stream at 16 answers of 1024 tokens: the detokenizer (0.29 cores) held the
+    fault beside a scheduler at 0.98, and diagnose named a scheduler function that grew with the
+    load. The workload again with answers 4x shorter shows the detokenizer's CPU per token grow
+    with the answer (a helper runs no model: its work per token should not): it is looked in, and
+    the function that grows with the length is named. Flat, the scheduler is as before; short
+    answers are not profiled again."""
+    cores = {"scheduler": 0.98, "tokenizer": 0.13, "detokenizer": 0.29}
+
+    def runs(heavy: bool, cut: int, grows: bool = True):  # type: ignore[no-untyped-def]
+        whole = 80 // cut if grows else 80
+        detok = {"DetokenizerManager.decode_whole": whole, "event_loop": 20}
+        scaled = dict(cores, detokenizer=0.29 * (whole + 20) / 100)
+        return {"forward": 100}, {"handle": 100}, scaled, detok
+
+    long = {"output_len": 1024}
+    profiles, found, strong, evidence = _looked_in(monkeypatch, tmp_path / "sglang", runs, long)
+    assert profiles.process == "detokenizer" and profiles.axis == "answer length" and strong
+    assert found.function == "sglang/detok.py:DetokenizerManager.decode_whole"
+    assert "grows with the answer length" in found.stage and "answers 4x shorter" in found.detail
+    assert "growing as fast with it" not in found.detail  # the one function that grows
+    text = "\n".join(evidence)
+    assert "detokenizer CPU per 1k tokens: 0.29 CPU-s with the task's answers, 0.116" in text
+    assert "(2.50x)" in text and "front end CPU per 1k tokens" in text
+
+    def flat(heavy: bool, cut: int):  # type: ignore[no-untyped-def]
+        return runs(heavy, cut, grows=False)
+
+    for params in (long, {"output_len": 64}):
+        profiles, found, _, evidence = _looked_in(monkeypatch, tmp_path / "sglang", flat, params)
+        assert profiles.process == "scheduler" and profiles.axis == "load"
+        said = any("answers 4x shorter" in line for line in evidence)
+        assert said is (params is long)
