@@ -92,6 +92,17 @@ def record_trace(harness: Any, arm: Any, steps: int = 6) -> list[dict[str, Any]]
     return events
 
 
+def _server_said(harness: Any, arm: Any, lines: int = 6) -> list[str]:
+    """The server log's last error lines (what a dropped profiled request left there), if any."""
+    try:
+        tail = harness.server(arm).log_tail(200).splitlines()
+    except (AttributeError, KeyError, OSError):
+        return []
+    marks = ("Error", "Traceback", "error:", "Killed", "Exception")
+    said = [line.strip()[:200] for line in tail if any(m in line for m in marks)]
+    return [f"  server log: {line}" for line in said[-lines:]]
+
+
 def findings(events: list[dict[str, Any]], vocab: int) -> list[Finding]:
     """Reduced-precision operators on vocabulary-wide tensors, in time order (see the module
     docstring), each charged to its innermost SGLang Python frame."""
@@ -160,7 +171,10 @@ def audit_sampling_precision(harness: Any, arm: Any) -> PrecisionAudit:
         # fault, sglang-real-rollout-logprob-mismatch); the rest of the diagnosis still stands
         return PrecisionAudit(
             localization=Localization(detail=f"no precision audit: {describe(exc, typed=True)}"),
-            evidence=[f"precision audit failed: {describe(exc, typed=True)}"],
+            evidence=[
+                f"precision audit failed: {describe(exc, typed=True)}",
+                *_server_said(harness, arm),
+            ],
         )
     found = findings(events, harness.vocab)
     ops = sum(1 for e in events if e.get("cat") == "cpu_op")

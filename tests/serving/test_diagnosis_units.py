@@ -246,6 +246,16 @@ def test_a_dropped_profiled_request_is_a_failed_audit_not_a_crash(monkeypatch) -
         "precision audit failed: RemoteProtocolError: Server disconnected without sending a response."
     ]
     assert audit.localization.detail.startswith("no precision audit: RemoteProtocolError")
+    # What the server's log says about it is brought into the evidence.
+    from types import SimpleNamespace
+
+    log = "INFO: step\nTraceback (most recent call last):\n  x\nRuntimeError: profiler died\n"
+    server = SimpleNamespace(log_tail=lambda n: log)
+    audit = precision.audit_sampling_precision(SimpleNamespace(server=lambda arm: server), None)
+    assert audit.evidence[1:] == [
+        "  server log: Traceback (most recent call last):",
+        "  server log: RuntimeError: profiler died",
+    ]
 
 
 def test_the_diagnosis_sends_the_tasks_own_requests(monkeypatch) -> None:  # type: ignore[no-untyped-def]
