@@ -14,13 +14,15 @@ wrote is read; the server runs the arm's baseline, fault included):
    the other two used more CPU than the scheduler at the task's load (a fault in request
    handling, streaming, tokenizing or detokenizing, which the scheduler only waits for), or
    what grows in the scheduler is its idle loop (it waits), or a helper's CPU per generated
-   token grows with the answer's length (`answer_growth`: the workload again with answers a
-   quarter as long; a helper runs no model, so its work per token should not depend on how long
-   the answer is); a busy process not looked in has its hottest functions shown. In it, each
+   token grows with the answer's length (`lengths.helper_growth`: the workload again with answers
+   a quarter as long; a helper runs no model, so its work per token should not depend on how
+   long the answer is); a busy process not looked in has its hottest functions shown. In it, each
    function's time per generated
    token (with its callees): where work that grows with the load (with the number of waiting or
    running requests), or with the answer's length, enters, the outermost function growing as
-   fast as the fastest-growing work, is the localization (`growth_entry`);
+   fast as the fastest-growing work, is the localization (`growth_entry`); where nothing in the
+   scheduler grows with the load, what grows with the answer outside the model's forward pass
+   (`lengths.outside_model`: attention grows with the context by design);
 3. otherwise that process's SGLang function with the most self time at the task's load.
 
 Function names are as py-spy reads them (`Class.method`), files relative to the package
@@ -36,6 +38,12 @@ from typing import Any
 
 from infra_agent.feedback.gil import PySpyUnavailable
 from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime
+from infra_agent.serving.instruments.lengths import (
+    LENGTH_CUT,
+    LENGTH_MIN_OUTPUT,
+    helper_growth,
+    outside_model,
+)
 from infra_agent.serving.instruments.live import describe
 from infra_agent.serving.instruments.tracing import trace_during
 from infra_agent.serving.overlay import installed_package
@@ -61,17 +69,6 @@ IDLE_LOOP = "Scheduler.on_idle"
 waits for the front end (sglang-real-scored-stream: the front end at 0.6 cores, below the
 scheduler's 0.7-0.8, held the fault, and the scheduler's growth was in this loop, 43-55x)."""
 
-
-LENGTH_MIN_OUTPUT = 128
-"""Tasks whose answers (`output_len`) are at least this long are profiled again with answers
-`LENGTH_CUT` times shorter."""
-LENGTH_CUT = 4
-LENGTH_GROWTH = 1.5
-"""A helper whose CPU per generated token is this many times higher with the task's answers than
-with answers `LENGTH_CUT` times shorter does per-token work over the whole answer."""
-LENGTH_MIN_CORES = 0.1
-"""...and it must keep at least this share of a core busy at the task's load (a fault that costs
-the server little CPU is not the symptom)."""
 
 HELPERS = {FRONT: "front end", "detokenizer": "detokenizer"}
 """The processes beside the scheduler that diagnose profiles (role -> what it is called)."""
@@ -126,44 +123,6 @@ def profiled_run(
     cpu = {t.role: t.cpu_s for t in (trace, front, detok) if t.cpu_s is not None}
     cores = {role: c / wall for role, c in cpu.items()}
     return ProfiledRun(trace.profile, front.profile, result, cores, detok.profile, cpu)
-
-
-def answer_growth(
-    harness: Any, arm: Any, heavy: ProfiledRun, evidence: list[str], instruments: list[str]
-) -> tuple[str, ProfiledRun] | None:
-    """The helper process (front end or detokenizer) whose CPU per generated token grows with
-    the answer's length, and the run with answers `LENGTH_CUT` times shorter (same prompts, same
-    concurrency) that shows it; None where answers are short or no helper's does."""
-    p = harness.params
-    if int(p["output_len"]) < LENGTH_MIN_OUTPUT or not heavy.cpu_s:
-        return None
-    short = profiled_run(
-        harness, arm, DIAGNOSE_SEED + 13, concurrency=int(p["max_concurrency"]) or None,
-        prompts=int(p["num_prompts"]), cut=LENGTH_CUT,
-    )  # fmt: skip
-    instruments.append(f"the same profiles with answers {LENGTH_CUT}x shorter")
-    evidence.append(f"answers {LENGTH_CUT}x shorter: {describe(short.result)}")
-    st, ht, grown = max(_tokens(short.result), 1), max(_tokens(heavy.result), 1), []
-    for role, name in HELPERS.items():
-        a, b = (short.cpu_s or {}).get(role), heavy.cpu_s.get(role)
-        if a is None or b is None or a <= 0:
-            continue
-        ratio = (b / ht) / (a / st)
-        evidence.append(
-            f"{name} CPU per 1k tokens: {1000 * b / ht:.3g} CPU-s with the task's answers, "
-            f"{1000 * a / st:.3g} with answers {LENGTH_CUT}x shorter ({ratio:.2f}x)"
-        )
-        busy = heavy.cores.get(role, 0.0) >= LENGTH_MIN_CORES
-        if ratio >= LENGTH_GROWTH and busy and short.helper(role) and heavy.helper(role):
-            grown.append((b / ht - a / st, role))
-    if not grown:
-        return None
-    role = max(grown)[1]
-    evidence.append(
-        f"the {HELPERS[role]}'s CPU per token grows with the answer's length (it runs no model: "
-        "its work per token should not depend on it), so it is looked in"
-    )
-    return role, short
 
 
 def _per_token(rows: list[FunctionTime], tokens: int) -> dict[str, float]:
@@ -233,51 +192,38 @@ class Profiles:
     """'scheduler' or 'front end' (the HTTP server's process)."""
     axis: str = "load"
     """What `light` differs in: 'load' (requests in flight) or 'answer length'."""
+    short: tuple[FunctionProfile, int] | None = None
+    """The scheduler's profile and output tokens with answers `LENGTH_CUT` times shorter (None:
+    the task's answers are short, or the look is in a helper)."""
 
     @classmethod
     def measure(
         cls, harness: Any, arm: Any, evidence: list[str], instruments: list[str]
     ) -> Profiles:
         p, dirs = harness.params, package_dirs(harness, arm)
+        conc, n = int(p["max_concurrency"]) or None, int(p["num_prompts"])
         light = profiled_run(
             harness, arm, DIAGNOSE_SEED + 11,
             concurrency=LIGHT_CONCURRENCY, prompts=min(int(p["num_prompts"]), LIGHT_PROMPTS),
         )  # fmt: skip
-        heavy = profiled_run(
-            harness, arm, DIAGNOSE_SEED + 13,
-            concurrency=int(p["max_concurrency"]) or None, prompts=int(p["num_prompts"]),
-        )  # fmt: skip
+        heavy = profiled_run(harness, arm, DIAGNOSE_SEED + 13, concurrency=conc, prompts=n)
         instruments.append(
             "pyprofile.profile_pid scheduler, front end and detokenizer (light load, task load)"
         )
         evidence.append(f"light load ({LIGHT_CONCURRENCY} in flight): {describe(light.result)}")
         evidence.append(f"task load: {describe(heavy.result)}")
-        sched = heavy.cores.get("scheduler")
-        profiled = [
-            r for r in HELPERS if light.helper(r) is not None and heavy.helper(r) is not None
-        ]
-        busiest = max(profiled, key=lambda r: heavy.cores.get(r, 0.0), default=None)
-        if sched is not None and FRONT in heavy.cores:
-            evidence.append(
-                f"CPU at the task's load: scheduler {sched:.2f} cores, front end (HTTP server "
-                f"process) {heavy.cores[FRONT]:.2f} cores"
-                + (f", detokenizer {d:.2f} cores" if (d := heavy.cores.get("detokenizer")) else "")
-            )
-        most = heavy.cores.get(busiest, 0.0) if busiest is not None else 0.0
-        look = busiest if sched is not None and most >= FRONT_MIN_CORES and most > sched else None
         lt, ht = _tokens(light.result), _tokens(heavy.result)
-        if look is None and busiest is not None:
-            grown = growth_entry(light.scheduler, heavy.scheduler, dirs, lt, ht)
-            if grown is not None and grown[0].endswith(IDLE_LOOP):
-                evidence.append(
-                    f"the scheduler's work that grows with the load is its idle loop ({grown[0]}, "
-                    f"{grown[2]:.1f}x per token): it waits, so the busiest process beside it, "
-                    f"the {HELPERS[busiest]}, is looked in"
-                )
-                look = busiest
-        axis = "load"
-        if (by_length := answer_growth(harness, arm, heavy, evidence, instruments)) is not None:
-            (look, light), lt, axis = by_length, _tokens(by_length[1].result), "answer length"
+        look, profiled = _process_to_look_in(light, heavy, dirs, evidence)
+        axis, short = "load", None
+        if int(p.get("output_len", 0)) >= LENGTH_MIN_OUTPUT and heavy.cpu_s:
+            short = profiled_run(
+                harness, arm, DIAGNOSE_SEED + 13, concurrency=conc, prompts=n, cut=LENGTH_CUT
+            )
+            st = _tokens(short.result)
+            instruments.append(f"the same profiles with answers {LENGTH_CUT}x shorter")
+            evidence.append(f"answers {LENGTH_CUT}x shorter: {describe(short.result)}")
+            if (grown := helper_growth(short, heavy, (st, ht), HELPERS, evidence)) is not None:
+                look, light, lt, axis = grown, short, st, "answer length"
         if look is not None:
             process, lp, hp = HELPERS[look], light.helper(look), heavy.helper(look)
             assert lp is not None and hp is not None
@@ -291,6 +237,7 @@ class Profiles:
             f"{light_cost.get(r.where, 0.0):7.2f} samples/1k tokens  {r.where}"
             for r in heavy_rows[:8]
         )
+        sched = heavy.cores.get("scheduler")
         for role in profiled:  # a process this busy is worth a look, not the verdict
             cores, shown = heavy.cores.get(role, 0.0), heavy.helper(role)
             if HELPERS[role] != process and sched and cores >= sched / 2 and shown is not None:
@@ -300,7 +247,41 @@ class Profiles:
                 evidence.extend(
                     f"  {r.self_share:5.1%} self  {r.where}" for r in shown.functions(dirs, limit=3)
                 )
-        return cls(lp, hp, lt, ht, dirs, heavy_rows, process, axis)
+        kept = (
+            (short.scheduler, _tokens(short.result)) if short and process == "scheduler" else None
+        )
+        return cls(lp, hp, lt, ht, dirs, heavy_rows, process, axis, kept)
+
+
+def _process_to_look_in(
+    light: ProfiledRun, heavy: ProfiledRun, dirs: list[Path], evidence: list[str]
+) -> tuple[str | None, list[str]]:
+    """The helper role to look in by CPU (None: the scheduler), and the helpers profiled in both
+    runs: the busiest helper where it used more CPU than the scheduler at the task's load, or
+    where what grows in the scheduler is its idle loop (it waits)."""
+    sched = heavy.cores.get("scheduler")
+    profiled = [r for r in HELPERS if light.helper(r) is not None and heavy.helper(r) is not None]
+    busiest = max(profiled, key=lambda r: heavy.cores.get(r, 0.0), default=None)
+    if sched is not None and FRONT in heavy.cores:
+        evidence.append(
+            f"CPU at the task's load: scheduler {sched:.2f} cores, front end (HTTP server "
+            f"process) {heavy.cores[FRONT]:.2f} cores"
+            + (f", detokenizer {d:.2f} cores" if (d := heavy.cores.get("detokenizer")) else "")
+        )
+    most = heavy.cores.get(busiest, 0.0) if busiest is not None else 0.0
+    if sched is not None and most >= FRONT_MIN_CORES and most > sched:
+        return busiest, profiled
+    if busiest is not None:
+        lt, ht = _tokens(light.result), _tokens(heavy.result)
+        grown = growth_entry(light.scheduler, heavy.scheduler, dirs, lt, ht)
+        if grown is not None and grown[0].endswith(IDLE_LOOP):
+            evidence.append(
+                f"the scheduler's work that grows with the load is its idle loop ({grown[0]}, "
+                f"{grown[2]:.1f}x per token): it waits, so the busiest process beside it, "
+                f"the {HELPERS[busiest]}, is looked in"
+            )
+            return busiest, profiled
+    return None, profiled
 
 
 def localize(culprit: Any, profiles: Profiles, evidence: list[str]) -> tuple[Localization, bool]:
@@ -318,16 +299,24 @@ def localize(culprit: Any, profiles: Profiles, evidence: list[str]) -> tuple[Loc
     growing = growth_entry(
         profiles.light, profiles.heavy, profiles.dirs, profiles.light_tokens, profiles.heavy_tokens
     )
+    axis = profiles.axis
+    if growing is None and profiles.short is not None:  # the model's work left out
+        short, tokens = profiles.short
+        growing = growth_entry(
+            outside_model(short), outside_model(profiles.heavy), profiles.dirs, tokens,
+            profiles.heavy_tokens,
+        )  # fmt: skip
+        axis = "answer length, outside the model's forward pass"
     if growing is not None:
         where, share, ratio, others = growing
-        evidence.append(f"growth with the {profiles.axis}: {where} {ratio:.1f}x per token")
+        evidence.append(f"growth with the {axis}: {where} {ratio:.1f}x per token")
         against = (
             f"{LIGHT_CONCURRENCY} requests in flight"
-            if profiles.axis == "load"
+            if axis == "load"
             else f"answers {LENGTH_CUT}x shorter"
         )
         return Localization(
-            stage=f"{_stage(profiles)}: work that grows with the {profiles.axis}",
+            stage=f"{_stage(profiles)}: work that grows with the {axis}",
             function=where,
             detail=f"{share:.0%} of the {profiles.process}'s samples at the task's load are in it or "
             f"its callees; its time per generated token is {ratio:.1f}x what it is with "

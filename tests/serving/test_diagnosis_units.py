@@ -305,7 +305,10 @@ def _looked_in(monkeypatch, root: Path, runs, params=None):  # type: ignore[no-u
     from infra_agent.serving.instruments import diagnosis
 
     def profile(file: str, counts: dict[str, int]) -> FunctionProfile:
-        stacks = {f"thread (1): MainThread;{n} ({root / file}:3)": k for n, k in counts.items()}
+        stacks = {
+            "thread (1): MainThread;" + ";".join(f"{f} ({root / file}:3)" for f in n.split(";")): k
+            for n, k in counts.items()
+        }  # 'a;b': b called by a
         return FunctionProfile(pid=1, duration_s=1, samples=sum(counts.values()), stacks=stacks)
 
     def run(harness, arm, seed, *, concurrency, prompts, cut=1):  # type: ignore[no-untyped-def]
@@ -436,3 +439,32 @@ def test_a_helper_whose_cpu_per_token_grows_with_the_answer_is_looked_in(
         assert profiles.process == "scheduler" and profiles.axis == "load"
         said = any("answers 4x shorter" in line for line in evidence)
         assert said is (params is long)
+
+
+def test_scheduler_work_outside_the_model_that_grows_with_the_answer_is_named(
+    monkeypatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """sglang-real-stop-pattern (the engine's own fault): `Req.tail_str` decodes the whole answer
+    every step, in the scheduler; nothing there grows with the load, and the hottest function is
+    the model's decode attention, which grows with the context by design (and faster in samples
+    than the fault). With the model's forward pass left out, what grows with the answer is named;
+    with no such growth, the hottest function is, as before."""
+    cores = {"scheduler": 1.0, "tokenizer": 0.13, "detokenizer": 0.05}
+
+    def runs(heavy: bool, cut: int, fault: bool = True):  # type: ignore[no-untyped-def]
+        tail = 16 // cut if fault else 4
+        sched = {"ModelRunner.forward;attention": 60 // cut + 5, "Req.tail_str": tail, "step": 24}
+        return sched, {"handle": 100}, cores, {"decode": 10}
+
+    long = {"output_len": 1024}
+    profiles, found, strong, evidence = _looked_in(monkeypatch, tmp_path / "sglang", runs, long)
+    assert profiles.process == "scheduler" and strong
+    assert found.function == "sglang/scheduler.py:Req.tail_str"
+    assert "answer length, outside the model's forward pass" in found.stage
+    assert "answers 4x shorter" in found.detail
+
+    def flat(heavy: bool, cut: int):  # type: ignore[no-untyped-def]
+        return runs(heavy, cut, fault=False)
+
+    _, found, _, _ = _looked_in(monkeypatch, tmp_path / "sglang", flat, long)
+    assert found.function == "sglang/scheduler.py:attention" and "hottest" in found.stage
