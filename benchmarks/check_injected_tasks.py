@@ -82,7 +82,8 @@ def main() -> None:
         if isinstance(check, dict):
             for r in check["rows"]:
                 cells.append(
-                    f"{r['verdict'] or '-'} {r['number'].split(';')[0]} [{r['duration_s']:.0f} s]"
+                    f"{r['verdict'] or '-'} {r['number'].split(';')[0]}"
+                    + (f" [{r['duration_s']:.0f} s]" if r["duration_s"] else "")
                 )
         else:
             cells += ["-", "-", "-", "-"]

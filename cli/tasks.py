@@ -163,7 +163,7 @@ def check_command(
             mark = {True: "ok", False: "FAIL", None: "n/a"}[row.ok]
             table.add_row(
                 row.question, row.verdict or "-", row.expected, mark, row.number,
-                f"{row.duration_s:.0f} s",
+                f"{row.duration_s:.0f} s" if row.duration_s else "-",
             )  # fmt: skip
         console.print(table)
         console.print(

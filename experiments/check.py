@@ -77,7 +77,8 @@ class TaskCheck(BaseModel):
             mark = {True: "ok", False: "FAIL", None: "n/a"}[row.ok]
             lines.append(
                 f"- {row.question}: {row.verdict or '-'} (want {row.expected}) {mark}"
-                f"{'; ' + row.number if row.number else ''} [{row.duration_s:.0f} s]"
+                f"{'; ' + row.number if row.number else ''}"
+                + (f" [{row.duration_s:.0f} s]" if row.duration_s else "")
             )
             lines.extend(f"    {reason}" for reason in row.reasons[:2])
         return "\n".join(lines)
