@@ -41,6 +41,7 @@ from infra_agent.feedback.pyprofile import FunctionProfile, FunctionTime
 from infra_agent.serving.instruments.lengths import (
     LENGTH_CUT,
     LENGTH_MIN_OUTPUT,
+    LENGTH_NEAR,
     helper_growth,
     outside_model,
 )
@@ -65,9 +66,11 @@ FRONT_MIN_CORES = 0.3
 """The front end is looked in only when it kept at least this share of a core busy at the
 task's load (and more than the scheduler did)."""
 IDLE_LOOP = "Scheduler.on_idle"
-"""What the scheduler runs when it has no batch: where that grows with the load, the scheduler
-waits for the front end (sglang-real-scored-stream: the front end at 0.6 cores, below the
-scheduler's 0.7-0.8, held the fault, and the scheduler's growth was in this loop, 43-55x)."""
+"""What the scheduler runs when it has no batch: where that grows with the load and the busiest
+helper used at least half the scheduler's CPU, the scheduler waits for it (sglang-real-scored-
+stream: the front end at 0.6 cores, below the scheduler's 0.7-0.8, held the fault, and the
+scheduler's growth was in this loop, 43-55x). A busy scheduler beside a quieter helper
+(label-burst: 0.94 cores against 0.38) is not waiting; its idle loop is never the answer."""
 
 
 HELPERS = {FRONT: "front end", "detokenizer": "detokenizer"}
@@ -216,9 +219,10 @@ class Profiles:
         look, profiled = _process_to_look_in(light, heavy, dirs, evidence)
         axis, short = "load", None
         if int(p.get("output_len", 0)) >= LENGTH_MIN_OUTPUT and heavy.cpu_s:
-            short = profiled_run(
-                harness, arm, DIAGNOSE_SEED + 13, concurrency=conc, prompts=n, cut=LENGTH_CUT
-            )
+            short = profiled_run(  # as many tokens as the task's run, as many in flight
+                harness, arm, DIAGNOSE_SEED + 13, concurrency=conc or n, prompts=n * LENGTH_CUT,
+                cut=LENGTH_CUT,
+            )  # fmt: skip
             st = _tokens(short.result)
             instruments.append(f"the same profiles with answers {LENGTH_CUT}x shorter")
             evidence.append(f"answers {LENGTH_CUT}x shorter: {describe(short.result)}")
@@ -271,7 +275,7 @@ def _process_to_look_in(
     most = heavy.cores.get(busiest, 0.0) if busiest is not None else 0.0
     if sched is not None and most >= FRONT_MIN_CORES and most > sched:
         return busiest, profiled
-    if busiest is not None:
+    if busiest is not None and sched is not None and most >= sched / 2:
         lt, ht = _tokens(light.result), _tokens(heavy.result)
         grown = growth_entry(light.scheduler, heavy.scheduler, dirs, lt, ht)
         if grown is not None and grown[0].endswith(IDLE_LOOP):
@@ -297,14 +301,15 @@ def localize(culprit: Any, profiles: Profiles, evidence: list[str]) -> tuple[Loc
             detail=culprit.detail,
         ), True
     growing = growth_entry(
-        profiles.light, profiles.heavy, profiles.dirs, profiles.light_tokens, profiles.heavy_tokens
-    )
+        profiles.light, profiles.heavy, profiles.dirs, profiles.light_tokens, profiles.heavy_tokens,
+        near=0.5 if profiles.axis == "load" else LENGTH_NEAR, skip=IDLE_LOOP,
+    )  # fmt: skip
     axis = profiles.axis
     if growing is None and profiles.short is not None:  # the model's work left out
         short, tokens = profiles.short
         growing = growth_entry(
             outside_model(short), outside_model(profiles.heavy), profiles.dirs, tokens,
-            profiles.heavy_tokens,
+            profiles.heavy_tokens, near=LENGTH_NEAR,
         )  # fmt: skip
         axis = "answer length, outside the model's forward pass"
     if growing is not None:
@@ -348,10 +353,13 @@ def growth_entry(
     dirs: list[Path],
     light_tokens: int,
     heavy_tokens: int,
+    near: float = 0.5,
+    skip: str | None = None,
 ) -> tuple[str, float, float, list[str]] | None:
     """Where work that grows with the load enters: of the functions holding at least
     `MIN_SHARE` of the heavy profile (with callees) whose time per token grows at least `GROWTH`
-    times, those growing at least half as fast as the fastest, the outermost (the most samples):
+    times, those growing at least `near` times as fast as the fastest (half), the outermost (the
+    most samples):
     its callers grow slower (they also do work that does not grow), its callees are parts of it.
     Returns (function, share at the task's load, growth ratio, the others that grow as fast,
     most samples first, as 'function N.Nx') or None."""
@@ -359,7 +367,7 @@ def growth_entry(
     floor = 1.0 / max(light_tokens, 1)  # one sample: the light profile's resolution
     ratios = {}
     for where, n in b.items():
-        if n / max(heavy.samples, 1) < MIN_SHARE:
+        if n / max(heavy.samples, 1) < MIN_SHARE or (skip and where.endswith(skip)):
             continue
         per_heavy = n / max(heavy_tokens, 1)
         per_light = max(a.get(where, 0) / max(light_tokens, 1), floor)
@@ -368,7 +376,7 @@ def growth_entry(
     if not ratios:
         return None
     fastest = max(ratios.values())
-    fast = sorted((w for w, r in ratios.items() if r >= fastest / 2), key=lambda w: -b[w])
+    fast = sorted((w for w, r in ratios.items() if r >= fastest * near), key=lambda w: -b[w])
     others = [f"{w.rsplit(':', 1)[-1]} {ratios[w]:.1f}x" for w in fast[1:4]]
     return fast[0], b[fast[0]] / max(heavy.samples, 1), ratios[fast[0]], others
 

@@ -28,6 +28,11 @@ with answers `LENGTH_CUT` times shorter does per-token work over the whole answe
 LENGTH_MIN_CORES = 0.1
 """...and it must keep at least this share of a core busy at the task's load (a fault that costs
 the server little CPU is not the symptom)."""
+LENGTH_NEAR = 0.8
+"""What grows with the answer dominates the loops around it (stop-pattern: the scheduler's
+`run_scheduler_process` 2.1x per token around a faster `Req.tail_str`; rl-rollout: the front
+end's `handle_loop` 4.8x around the injected function's 5.9x), so a function named on that axis
+must grow nearly as fast as the fastest."""
 MODEL_FORWARD = "ModelRunner.forward ("
 """The frame (as py-spy writes it: 'name (file:line)') of the model's forward pass in SGLang's
 scheduler process; what runs under it is the model."""
