@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import gzip
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,9 @@ def record_trace(harness: Any, arm: Any, steps: int = 6) -> list[dict[str, Any]]
     server = harness.server(arm)
     out = Path(server.workdir) / "torch-profile"
     out.mkdir(parents=True, exist_ok=True)
+    owner = Path(server.workdir).stat()  # a confined server runs as the workdir's uid, not ours
+    if out.stat().st_uid != owner.st_uid:
+        os.chown(out, owner.st_uid, owner.st_gid)
     status, text = server.call(
         _post,
         "/start_profile",

@@ -493,3 +493,38 @@ def test_a_busy_schedulers_idle_loop_sends_no_look_away_and_is_never_named(
         profiles.process == "scheduler" and found.function == "sglang/scheduler.py:Allocator.free"
     )
     assert not any("its idle loop" in line for line in evidence)
+
+
+def test_the_profile_folder_is_the_confined_servers_to_write(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A confined server runs as a uid of its own that owns its workdir; the precision audit made
+    the trace folder there as root, and the scheduler died writing its trace into it
+    (PermissionError, sglang-real-rollout-logprob-mismatch: "Server disconnected")."""
+    import os
+    from types import SimpleNamespace
+
+    from infra_agent.serving.instruments import precision
+
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another uid needs root")
+    workdir = tmp_path / "serving"
+    workdir.mkdir()
+    os.chown(workdir, 54321, 54321)
+    owners: list[int] = []
+
+    class Server:
+        def __init__(self) -> None:
+            self.workdir = workdir
+
+        def call(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if fn is precision._post:
+                return 200, ""
+            out = workdir / "torch-profile"
+            owners.append(out.stat().st_uid)
+            (out / "audit.trace.json").write_text('{"traceEvents": []}')
+            return None
+
+    monkeypatch.setattr(precision, "gate_prompts", lambda *a, **k: [])
+    monkeypatch.setattr(precision.time, "sleep", lambda s: None)
+    harness = SimpleNamespace(server=lambda arm: Server(), gate=None, vocab=10)
+    assert precision.record_trace(harness, None) == []
+    assert owners == [54321]
