@@ -14,15 +14,15 @@ wrote is read; the server runs the arm's baseline, fault included):
    the other two used more CPU than the scheduler at the task's load (a fault in request
    handling, streaming, tokenizing or detokenizing, which the scheduler only waits for), or
    what grows in the scheduler is its idle loop (it waits), or a helper's CPU per generated
-   token grows with the answer's length (`lengths.helper_growth`: the workload again with answers
-   a quarter as long; a helper runs no model, so its work per token should not depend on how
-   long the answer is); a busy process not looked in has its hottest functions shown. In it, each
-   function's time per generated
-   token (with its callees): where work that grows with the load (with the number of waiting or
-   running requests), or with the answer's length, enters, the outermost function growing as
-   fast as the fastest-growing work, is the localization (`growth_entry`); where nothing in the
-   scheduler grows with the load, what grows with the answer outside the model's forward pass
-   (`lengths.outside_model`: attention grows with the context by design);
+   token grows with the answer's length (`lengths.helper_growth`: the workload again with
+   answers a quarter as long; a helper runs no model, so its work per token should not depend
+   on the answer's length); a busy process not looked in has its hottest functions shown. In
+   it, each function's time per generated token (with its callees): where work that grows with
+   the load (with the number of waiting or running requests), or with the answer's length,
+   enters, the outermost function growing nearly as fast as the fastest-growing work, is the
+   localization (`growth_entry`); where nothing in the scheduler grows with the load, what
+   grows with the answer outside the model's forward pass (`lengths.outside_model`: attention
+   grows with the context by design);
 3. otherwise that process's SGLang function with the most self time at the task's load.
 
 Function names are as py-spy reads them (`Class.method`), files relative to the package
