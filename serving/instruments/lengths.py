@@ -1,5 +1,6 @@
 """Work that grows with the answer's length, for `diagnosis`: the task's workload profiled again
-with answers `LENGTH_CUT` times shorter (same prompts, same concurrency), against the task's own.
+with answers `LENGTH_CUT` times shorter (`LENGTH_CUT` times the requests, as many in flight:
+as many tokens), against the task's own.
 
 - A helper process (front end, detokenizer) runs no model: its CPU per generated token should
   not depend on how long the answer is. One whose does (`helper_growth`) is the process to look
