@@ -86,11 +86,15 @@ class ProfiledRun:
     front: FunctionProfile | None
     """None where the front end could not be profiled (the scheduler's profile still stands)."""
     result: Any
-    cores: dict[str, float]
-    """Role -> CPU-seconds per second of the workload (1.0: one core busy throughout)."""
-    detokenizer: FunctionProfile | None = None
-    cpu_s: dict[str, float] | None = None
+    cpu_s: dict[str, float]
     """Role -> CPU-seconds over the workload."""
+    wall_s: float
+    detokenizer: FunctionProfile | None = None
+
+    @property
+    def cores(self) -> dict[str, float]:
+        """Role -> CPU-seconds per second of the workload (1.0: one core busy throughout)."""
+        return {role: c / max(self.wall_s, 1e-9) for role, c in self.cpu_s.items()}
 
     def helper(self, role: str) -> FunctionProfile | None:
         return self.front if role == FRONT else self.detokenizer
@@ -122,10 +126,9 @@ def profiled_run(
     (trace, front, detok), result = trace_during(server, sessions, load, ["scheduler", *HELPERS])
     if trace.profile is None:
         raise PySpyUnavailable("; ".join(trace.errors))
-    wall = max(result.duration_s if result is not None else 0.0, 1e-9)  # the workload's
     cpu = {t.role: t.cpu_s for t in (trace, front, detok) if t.cpu_s is not None}
-    cores = {role: c / wall for role, c in cpu.items()}
-    return ProfiledRun(trace.profile, front.profile, result, cores, detok.profile, cpu)
+    wall = result.duration_s if result is not None else 0.0  # the workload's
+    return ProfiledRun(trace.profile, front.profile, result, cpu, wall, detok.profile)
 
 
 def _per_token(rows: list[FunctionTime], tokens: int) -> dict[str, float]:

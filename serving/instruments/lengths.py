@@ -48,7 +48,7 @@ def helper_growth(
     st, ht = max(tokens[0], 1), max(tokens[1], 1)
     grown = []
     for role, name in helpers.items():
-        a, b = (short.cpu_s or {}).get(role), (heavy.cpu_s or {}).get(role)
+        a, b = short.cpu_s.get(role), heavy.cpu_s.get(role)
         if a is None or b is None or a <= 0:
             continue
         ratio = (b / ht) / (a / st)

@@ -316,8 +316,8 @@ def _looked_in(monkeypatch, root: Path, runs, params=None):  # type: ignore[no-u
         sched, front, cores, *detok = runs(heavy, cut) if params else runs(heavy)
         return diagnosis.ProfiledRun(
             scheduler=profile("scheduler.py", sched), front=profile("front.py", front),
-            result=SimpleNamespace(records=[SimpleNamespace(output_tokens=1000)]), cores=cores,
-            detokenizer=profile("detok.py", detok[0]) if detok else None, cpu_s=cores,
+            result=SimpleNamespace(records=[SimpleNamespace(output_tokens=1000)]), cpu_s=cores,
+            wall_s=1.0, detokenizer=profile("detok.py", detok[0]) if detok else None,
         )  # fmt: skip
 
     monkeypatch.setattr(diagnosis, "profiled_run", run)
