@@ -7,6 +7,7 @@ document goes to stdout and nothing else does; progress and logs go to stderr.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -14,9 +15,21 @@ from typing import Any
 from pydantic import BaseModel
 from rich.console import Console
 
+LOG_WIDTH = 160
+"""Columns of output written to a file or a pipe (a run's log under nohup): rich's 80 broke an
+eval report's table into one character a line. A terminal keeps its own width, and COLUMNS
+still rules where it is set."""
+
+
+def _console(*, stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    logged = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=LOG_WIDTH if logged else None)
+
+
 # Human output and progress go to stderr when --json is on, so stdout stays machine-readable.
-console = Console()
-err_console = Console(stderr=True)
+console = _console()
+err_console = _console(stderr=True)
 
 
 def to_jsonable(value: Any) -> Any:

@@ -110,3 +110,20 @@ def test_unknown_options_and_commands_fail(args: list[str]) -> None:
     result = run_cli(*args)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("columns", "width"), [(None, "160"), ("100", "100")])
+def test_output_to_a_log_is_wide_enough_for_the_tables(columns: str | None, width: str) -> None:
+    """Piped or logged (an eval under nohup), rich's default 80 columns broke the eval report's
+    table into a character a line; a log gets 160, and COLUMNS still rules where it is set."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env |= {"COLUMNS": columns} if columns else {}
+    code = "from infra_agent.output import console, err_console; print(console.width, err_console.width)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == [width, width]
