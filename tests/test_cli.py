@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,10 +119,6 @@ def test_unknown_options_and_commands_fail(args: list[str]) -> None:
 def test_output_to_a_log_is_wide_enough_for_the_tables(columns: str | None, width: str) -> None:
     """Piped or logged (an eval under nohup), rich's default 80 columns broke the eval report's
     table into a character a line; a log gets 160, and COLUMNS still rules where it is set."""
-    import os
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     env |= {"COLUMNS": columns} if columns else {}
     code = "from infra_agent.output import console, err_console; print(console.width, err_console.width)"
