@@ -148,8 +148,8 @@ class GilReport(BaseModel):
         where = top.holding_in or top.top_functions
         function = frame_function(where[0].rsplit(" ", 1)[0]) if where else None
         detail = f"holds the GIL in {top.holding:.0%} of samples"
-        others = sorted(  # a thread seen only idle is not waiting for anything
-            (t for t in self.threads if t.thread != top.thread and t.waiting + t.running > 0),
+        others = sorted(
+            (t for t in self.threads if t.thread != top.thread),
             key=lambda t: t.waiting + t.running,
             reverse=True,
         )

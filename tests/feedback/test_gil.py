@@ -284,26 +284,6 @@ def test_without_waits_the_culprit_is_where_the_holder_held_the_gil() -> None:
     assert main_row.holding_in == ["intranode_dispatch (dispatch.py) 100%"]
     culprit = report.culprit()
     assert (culprit.thread, culprit.function) == ("MainThread", "dispatch.py:intranode_dispatch")
-    assert "'kv' is not idle" in culprit.detail  # it waits (a condition wait, not idle-marked)
-
-
-def test_a_thread_seen_only_idle_is_not_said_to_wait_for_the_gil() -> None:
-    """stalled-scheduler's diagnose read "thread 'tqdm_monitor' is not idle but has no GIL in 0%
-    of samples (waiting for it)" about a thread idle throughout: nobody else is named then."""
-    spin = Frame(name="_watchdog_once", file="/w/watchdog.py", line=9)
-    wait = Frame(name="Condition.wait", file="/usr/lib/threading.py", line=327)
-    snaps = [
-        [
-            ThreadSample(thread_id=1, thread_name="watchdog", active=True, owns_gil=True,
-                         frames=[spin]),
-            ThreadSample(thread_id=2, thread_name="tqdm_monitor", active=False, owns_gil=False,
-                         frames=[wait]),
-        ]
-        for _ in range(4)
-    ]  # fmt: skip
-    culprit = analyze(snaps, method="test", duration_s=1.0).culprit()
-    assert culprit.function == "watchdog.py:_watchdog_once"
-    assert culprit.detail == "holds the GIL in 100% of samples"
 
 
 def test_in_process_fallback_is_marked_blind_to_the_gil() -> None:
